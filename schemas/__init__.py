@@ -1,0 +1,1 @@
+"""runledger: schemas."""
