@@ -1,0 +1,115 @@
+"""Payload types of GitHub events (from webhooks or a PyGithub backfill).
+
+Their stream is the repository (``owner/name``), their ``source`` is ``github:owner/name``, and
+their ``id`` is derived from the content (kind, number, the object's own update time), so the same
+update arriving by webhook and by backfill is one event.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from schemas.payloads import Payload
+
+
+class GitHubIssue(Payload, kw_only=True):
+    action: str
+    repo: str
+    number: int
+    title: str = ""
+    state: str = ""
+    author: str | None = None
+    actor: str | None = None
+    labels: list[str] = []
+    body: str | None = None
+    url: str | None = None
+    created_at: str | None = None
+    updated_at: str | None = None
+    closed_at: str | None = None
+
+
+class GitHubPullRequest(Payload, kw_only=True):
+    action: str
+    repo: str
+    number: int
+    title: str = ""
+    state: str = ""
+    author: str | None = None
+    actor: str | None = None
+    merged: bool = False
+    merge_commit_sha: str | None = None
+    head_sha: str | None = None
+    base_sha: str | None = None
+    head_ref: str | None = None
+    base_ref: str | None = None
+    labels: list[str] = []
+    changed_files: list[str] | None = None
+    body: str | None = None
+    url: str | None = None
+    created_at: str | None = None
+    updated_at: str | None = None
+    merged_at: str | None = None
+    closed_at: str | None = None
+
+
+class GitHubReview(Payload, kw_only=True):
+    action: str
+    repo: str
+    pr_number: int
+    review_id: int
+    state: str = ""
+    author: str | None = None
+    body: str | None = None
+    commit_id: str | None = None
+    submitted_at: str | None = None
+    url: str | None = None
+
+
+class GitHubComment(Payload, kw_only=True):
+    action: str
+    repo: str
+    number: int  # the issue or pull request the comment is on
+    comment_id: int
+    kind: str = "issue_comment"  # or "review_comment"
+    author: str | None = None
+    body: str = ""
+    path: str | None = None
+    commit_id: str | None = None
+    url: str | None = None
+    created_at: str | None = None
+    updated_at: str | None = None
+
+
+class PushedCommit(msgspec.Struct, kw_only=True):
+    sha: str
+    message: str = ""
+    author: str | None = None
+    timestamp: str | None = None
+
+
+class GitHubPush(Payload, kw_only=True):
+    repo: str
+    ref: str
+    before: str
+    after: str
+    pusher: str | None = None
+    commits: list[PushedCommit] = []
+
+
+class GitHubCommit(Payload, kw_only=True):
+    repo: str
+    sha: str
+    message: str = ""
+    author: str | None = None
+    committed_at: str | None = None
+    parents: list[str] = []
+
+
+class GitHubRaw(Payload, kw_only=True):
+    """Any other GitHub event: kept whole, never dropped."""
+
+    event: str
+    action: str | None = None
+    payload: dict[str, Any]
