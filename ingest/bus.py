@@ -1,0 +1,61 @@
+"""The producer side of the bus: where events go once a producer has made them.
+
+Producers (the trainer, the webhook receiver, backfills) hold an ``EventSink``; they never know
+whether Kafka or the embedded spool is behind it. ``open_sink`` picks: Kafka when a bootstrap
+server is configured (``RUNLEDGER_KAFKA_BOOTSTRAP``), else the on-disk spool.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Protocol
+
+from ingest.spool import SpoolWriter
+from schemas import Envelope, encode_event
+
+DEFAULT_SPOOL = Path(".runledger/spool")
+
+
+class EventSink(Protocol):
+    def emit(self, envelope: Envelope) -> None:
+        """Hand one event to the bus. Must not block the caller for long."""
+
+    def sync(self) -> None:
+        """Return once everything emitted so far is durable (used before a crash exit)."""
+
+    def close(self) -> None: ...
+
+
+class SpoolSink:
+    """The embedded default: events appended to a local spool."""
+
+    def __init__(self, directory: str | Path, *, fsync_interval_s: float = 0.2) -> None:
+        self.writer = SpoolWriter(directory, fsync_interval_s=fsync_interval_s)
+
+    def emit(self, envelope: Envelope) -> None:
+        self.writer.append(encode_event(envelope))
+
+    def emit_raw(self, raw: bytes) -> None:
+        self.writer.append(raw)
+
+    def sync(self) -> None:
+        self.writer.sync()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def default_spool_dir() -> Path:
+    return Path(os.environ.get("RUNLEDGER_SPOOL", DEFAULT_SPOOL))
+
+
+def open_sink(spool_dir: str | Path | None = None, kafka_bootstrap: str | None = None) -> EventSink:
+    """Kafka if a bootstrap server is given or configured, else the spool."""
+    bootstrap = kafka_bootstrap or os.environ.get("RUNLEDGER_KAFKA_BOOTSTRAP")
+    spool = Path(spool_dir) if spool_dir is not None else default_spool_dir()
+    if bootstrap:
+        from ingest.kafka_producer import KafkaSink  # imported lazily: kafka-python is heavy to import
+
+        return KafkaSink(bootstrap=bootstrap, outage_spool=spool)
+    return SpoolSink(spool)
