@@ -1,0 +1,446 @@
+"""The ledger on disk: append-only hive-partitioned Parquet files and a log of commits.
+
+Layout (all paths relative to the ledger root)::
+
+    LEDGER.json                                  format marker
+    _commits/0000000042.json                     commit 42: files it added, positions, stream heads
+    <table>/<partition>=<value>/part-0000000042-003.parquet
+
+A commit is atomic and exactly-once:
+  1. rows are written to ``*.parquet.tmp`` files (invisible to ``*.parquet`` globs) and fsynced;
+  2. the commit record is written (tmp file + rename: the commit point). It holds the source
+     positions the commit covers and the cumulative state: the next position of every source and
+     each stream's size and Merkle state;
+  3. the tmp files are renamed to their final names.
+A writer killed before 2 leaves only tmp files, removed on the next open; killed after 2, the next
+writer finishes the renames (roll forward). Records at positions the ledger already covers are
+skipped, so ingesting the same source again is a no-op. Writers serialise on an flock, so several
+ingesters (say, a Kafka consumer group) can share one ledger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from ledger.merkle import CompactRange, leaf_hash
+from ledger.tables import TABLES, FoldState, RowBuffer, rows_for_event
+from schemas.codec import Event, Quarantined, decode_event
+
+FORMAT = {"format": "runledger-ledger", "version": 1}
+COMMITS = "_commits"
+
+
+class LedgerError(Exception):
+    """A user-facing problem with a ledger (missing, not a ledger, locked...)."""
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    """One record read from a bus: where it came from and its raw bytes."""
+
+    source: str  # "spool:<spool id>" or "kafka:<topic>:<partition>"
+    position: int  # its index/offset in that source
+    raw: bytes
+    corrupt: str | None = None  # the bus already knows these bytes are damaged, and why
+
+
+@dataclass
+class CommitResult:
+    commit: int | None
+    accepted: int = 0
+    duplicates: int = 0
+    skipped: int = 0  # at positions an earlier commit already covered
+    quarantined: list[tuple[SourceRecord, Quarantined]] = field(default_factory=list)
+    metric_values: int = 0
+
+
+@dataclass
+class StreamHead:
+    size: int
+    tree: CompactRange
+
+    def to_json(self) -> dict[str, Any]:
+        return {"size": self.size, "tree": self.tree.to_json()}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> StreamHead:
+        return cls(size=obj["size"], tree=CompactRange.from_json(obj["tree"]))
+
+
+def stream_type(stream: str) -> str:
+    return "repo" if "/" in stream else "run"
+
+
+class Ledger:
+    """A ledger directory. Open for reading anywhere; ``commit`` takes the writer lock."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._last_commit = -1
+        self._positions: dict[str, int] = {}
+        self._streams: dict[str, StreamHead] = {}
+        self._seen: set[tuple[str, str]] | None = None
+        self._fold = FoldState(load_config=self._load_config)
+        self._swept = False
+
+    # ----------------------------------------------------------------- opening
+    @classmethod
+    def create(cls, root: str | Path) -> Ledger:
+        root = Path(root)
+        root.mkdir(parents=True, exist_ok=True)
+        marker = root / "LEDGER.json"
+        if not marker.exists():
+            (root / COMMITS).mkdir(exist_ok=True)
+            for table in TABLES.values():
+                _write_empty(root, table.name)
+            _atomic_write(marker, json.dumps(FORMAT).encode())
+        return cls.open(root)
+
+    @classmethod
+    def open(cls, root: str | Path) -> Ledger:
+        root = Path(root)
+        marker = root / "LEDGER.json"
+        if not marker.exists():
+            raise LedgerError(f"no ledger at {root} (create one with `ledger ingest` or `ledger demo`)")
+        ledger = cls(root)
+        ledger._load_head()
+        return ledger
+
+    # ----------------------------------------------------------------- state
+    def commit_paths(self) -> list[Path]:
+        return sorted((self.root / COMMITS).glob("*.json"))
+
+    def read_commit(self, number: int) -> dict[str, Any]:
+        return json.loads((self.root / COMMITS / f"{number:010d}.json").read_bytes())
+
+    def _load_head(self) -> None:
+        paths = self.commit_paths()
+        if not paths:
+            return
+        record = json.loads(paths[-1].read_bytes())
+        self._last_commit = record["commit"]
+        self._positions = dict(record["positions"])
+        self._streams = {s: StreamHead.from_json(h) for s, h in record["streams"].items()}
+
+    def positions(self) -> dict[str, int]:
+        """The next position to read from each source (everything before it is in the ledger)."""
+        self._catch_up()
+        return dict(self._positions)
+
+    def stream_heads(self) -> dict[str, StreamHead]:
+        self._catch_up()
+        return dict(self._streams)
+
+    @property
+    def last_commit(self) -> int:
+        return self._last_commit
+
+    def _catch_up(self) -> None:
+        """Fold in commits other writers made since we last looked."""
+        paths = self.commit_paths()
+        if not paths or int(paths[-1].stem) == self._last_commit:
+            return
+        newer = [p for p in paths if int(p.stem) > self._last_commit]
+        if self._seen is not None:
+            for path in newer:
+                record = json.loads(path.read_bytes())
+                for rel in record["files"]:
+                    if rel.startswith("events/"):
+                        for src, ident in _read_ids(self.root / rel):
+                            self._seen.add((src, ident))
+            self._fold.configs.clear()  # another writer may have moved a run's config on
+        self._load_head()
+
+    def _seen_ids(self) -> set[tuple[str, str]]:
+        if self._seen is None:
+            seen: set[tuple[str, str]] = set()
+            for path in (self.root / "events").rglob("*.parquet"):
+                seen.update(_read_ids(path))
+            self._seen = seen
+        return self._seen
+
+    def _load_config(self, run_id: str, attempt: int) -> dict[str, Any] | None:
+        """The latest config of an attempt already in the ledger (for a change that follows it)."""
+        directory = self.root / "configs" / f"run_id={run_id}"
+        if not directory.exists():
+            return None
+        table = ds.dataset(directory, format="parquet").to_table(
+            columns=["attempt", "stream_seq", "config"], filter=ds.field("attempt") == attempt
+        )
+        if table.num_rows == 0:
+            return None
+        rows = table.sort_by("stream_seq").column("config").to_pylist()
+        return json.loads(rows[-1])
+
+    # ----------------------------------------------------------------- writing
+    @contextlib.contextmanager
+    def _writer_lock(self) -> Iterator[None]:
+        with open(self.root / ".writer.lock", "a+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                self._recover()
+                self._catch_up()
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _recover(self) -> None:
+        """Finish a commit whose writer died after its commit point; drop uncommitted tmp files.
+
+        Writers hold the lock for a whole commit, so only the latest commit can be unfinished.
+        """
+        paths = self.commit_paths()
+        listed: set[Path] = set()
+        if paths:
+            record = json.loads(paths[-1].read_bytes())
+            for rel in record.get("removed", []):  # a compaction: old files go before new appear
+                (self.root / rel).unlink(missing_ok=True)
+            for rel in record["files"]:
+                final = self.root / rel
+                tmp = final.with_name(final.name + ".tmp")
+                listed.add(tmp)
+                if not final.exists() and tmp.exists():
+                    os.replace(tmp, final)
+        if not self._swept:  # strays from writers that died before their commit point
+            for tmp in self.root.rglob("*.tmp"):
+                if tmp not in listed:
+                    tmp.unlink(missing_ok=True)
+            self._swept = True
+
+    def commit(self, records: Sequence[SourceRecord], *, writer: str = "") -> CommitResult:
+        """Validate, deduplicate and append records in one atomic commit. Idempotent per position."""
+        with self._writer_lock():
+            return self._commit_locked(records, writer)
+
+    def _commit_locked(self, records: Sequence[SourceRecord], writer: str) -> CommitResult:
+        seen = self._seen_ids()
+        number = self._last_commit + 1
+        result = CommitResult(commit=None)
+        positions = dict(self._positions)
+        streams = {s: StreamHead(h.size, h.tree.copy()) for s, h in self._streams.items()}
+        buf = RowBuffer()
+        now = datetime.now(UTC)
+        new_ids: list[tuple[str, str]] = []
+        fold_before = dict(self._fold.configs)
+        for record in records:
+            if record.position < positions.get(record.source, 0):
+                result.skipped += 1
+                continue
+            positions[record.source] = record.position + 1
+            decoded = (
+                Quarantined(raw=record.raw, reason=f"bus: {record.corrupt}")
+                if record.corrupt
+                else decode_event(record.raw)
+            )
+            if isinstance(decoded, Quarantined):
+                result.quarantined.append((record, decoded))
+                buf.add("quarantine", now.strftime("%Y-%m-%d"), _quarantine_row(record, decoded, now, number))
+                continue
+            env = decoded.envelope
+            key = (env.source, env.id)
+            if key in seen:
+                result.duplicates += 1
+                continue
+            seen.add(key)
+            new_ids.append(key)
+            head = streams.get(env.stream)
+            if head is None:
+                head = streams[env.stream] = StreamHead(0, CompactRange())
+            stream_seq = head.size
+            head.size += 1
+            head.tree.append(leaf_hash(decoded.canonical))
+            buf.add("events", stream_type(env.stream), _event_row(decoded, stream_seq, number, record))
+            rows_for_event(decoded, stream_seq, buf, self._fold)
+            result.accepted += 1
+        if not buf.columns and positions == self._positions:
+            return result
+        try:
+            files = self._write_files(buf, number)
+            record_json = {
+                "commit": number,
+                "time": now.isoformat(),
+                "writer": writer,
+                "covers": _covered(records, self._positions),
+                "positions": positions,
+                "files": files,
+                "streams": {s: h.to_json() for s, h in sorted(streams.items())},
+                "counts": {
+                    "accepted": result.accepted,
+                    "duplicates": result.duplicates,
+                    "quarantined": len(result.quarantined),
+                },
+            }
+            _atomic_write(self.root / COMMITS / f"{number:010d}.json", json.dumps(record_json).encode())
+        except BaseException:
+            for key in new_ids:
+                seen.discard(key)
+            self._fold.configs = fold_before
+            raise
+        for rel in files:
+            final = self.root / rel
+            os.replace(final.with_name(final.name + ".tmp"), final)
+        _fsync_dirs({(self.root / rel).parent for rel in files})
+        self._last_commit = number
+        self._positions = positions
+        self._streams = streams
+        result.commit = number
+        result.metric_values = sum(
+            len(cols["name"]) for (t, _), cols in buf.columns.items() if t == "metrics"
+        )
+        return result
+
+    def _write_files(self, buf: RowBuffer, number: int) -> list[str]:
+        files: list[str] = []
+        for i, (table, partition, data) in enumerate(sorted(buf.tables(), key=lambda x: (x[0], x[1]))):
+            rel = f"{table}/{TABLES[table].partition}={partition or '_'}/part-{number:010d}-{i:03d}.parquet"
+            final = self.root / rel
+            final.parent.mkdir(parents=True, exist_ok=True)
+            tmp = final.with_name(final.name + ".tmp")
+            pq.write_table(data, tmp, compression="zstd")
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
+            files.append(rel)
+        return files
+
+    # ----------------------------------------------------------------- compaction
+    def compact(self, *, min_files: int = 2) -> dict[str, int]:
+        """Merge each partition's small files into one. No query's answer changes."""
+        merged = 0
+        removed = 0
+        with self._writer_lock():
+            number = self._last_commit + 1
+            added: list[str] = []
+            dropped: list[str] = []
+            for table in TABLES.values():
+                for partition_dir in sorted((self.root / table.name).glob(f"{table.partition}=*")):
+                    parts = sorted(partition_dir.glob("*.parquet"))
+                    if len(parts) < min_files:
+                        continue
+                    data = pa.concat_tables(pq.read_table(p, schema=table.schema) for p in parts)
+                    if table.name != "quarantine":
+                        data = data.sort_by([("stream", "ascending"), ("stream_seq", "ascending")])
+                    rel = str(
+                        (partition_dir / f"part-{number:010d}-c{merged:03d}.parquet").relative_to(self.root)
+                    )
+                    tmp = self.root / (rel + ".tmp")
+                    pq.write_table(data, tmp, compression="zstd")
+                    added.append(rel)
+                    dropped.extend(str(p.relative_to(self.root)) for p in parts)
+                    merged += 1
+            if not added:
+                return {"merged_partitions": 0, "removed_files": 0}
+            record = {
+                "commit": number,
+                "time": datetime.now(UTC).isoformat(),
+                "writer": "compact",
+                "covers": {},
+                "positions": self._positions,
+                "files": added,
+                "removed": dropped,
+                "streams": {s: h.to_json() for s, h in sorted(self._streams.items())},
+                "counts": {"accepted": 0, "duplicates": 0, "quarantined": 0},
+            }
+            _atomic_write(self.root / COMMITS / f"{number:010d}.json", json.dumps(record).encode())
+            # Old files go first, then the merged ones appear: a racing glob reader may see a
+            # partition briefly empty, never doubled.
+            for rel in dropped:
+                (self.root / rel).unlink(missing_ok=True)
+            for rel in added:
+                os.replace(self.root / (rel + ".tmp"), self.root / rel)
+            removed = len(dropped)
+            self._last_commit = number
+        return {"merged_partitions": merged, "removed_files": removed}
+
+
+def _covered(records: Sequence[SourceRecord], before: dict[str, int]) -> dict[str, list[int]]:
+    """Per source, the [first, last] positions this commit consumed."""
+    spans: dict[str, list[int]] = {}
+    for r in records:
+        if r.position < before.get(r.source, 0):
+            continue
+        span = spans.setdefault(r.source, [r.position, r.position])
+        span[0] = min(span[0], r.position)
+        span[1] = max(span[1], r.position)
+    return spans
+
+
+def _event_row(event: Event, stream_seq: int, commit: int, record: SourceRecord) -> dict[str, Any]:
+    env = event.envelope
+    return {
+        "stream": env.stream,
+        "stream_seq": stream_seq,
+        "source": env.source,
+        "id": env.id,
+        "type": env.type,
+        "schema_version": env.schema_version,
+        "time": env.time,
+        "subject": env.subject,
+        "run_id": env.run_id,
+        "attempt": env.attempt,
+        "step": env.step,
+        "seq": env.seq,
+        "commit": commit,
+        "ingest_source": record.source,
+        "ingest_position": record.position,
+        "canonical": event.canonical.decode(),
+    }
+
+
+def _quarantine_row(record: SourceRecord, q: Quarantined, now: datetime, commit: int) -> dict[str, Any]:
+    return {
+        "time": now,
+        "ingest_source": record.source,
+        "ingest_position": record.position,
+        "reason": q.reason,
+        "event_source": q.source,
+        "event_id": q.id,
+        "event_type": q.type,
+        "stream": q.stream,
+        "raw": record.raw,
+        "commit": commit,
+    }
+
+
+def _read_ids(path: Path) -> Iterable[tuple[str, str]]:
+    table = pq.read_table(path, columns=["source", "id"])
+    return zip(table.column("source").to_pylist(), table.column("id").to_pylist(), strict=True)
+
+
+def _write_empty(root: Path, table: str) -> None:
+    """One empty file per table so globs always match and every view has its columns."""
+    spec = TABLES[table]
+    path = root / table / f"{spec.partition}=_" / "part-0000000000-000.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(spec.schema.empty_table(), path)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    _fsync_dirs({path.parent})
+
+
+def _fsync_dirs(directories: Iterable[Path]) -> None:
+    for directory in directories:
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,96 @@
+"""DuckDB views over the ledger's Parquet files: the names an analyst can rely on.
+
+``views_sql(root)`` is plain SQL, also written to ``<ledger>/views.sql`` so that
+``duckdb -init <ledger>/views.sql`` gives the same names without runledger installed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+
+from ledger.tables import TABLES
+
+# Physical tables whose public name is a derived view (the physical one gets a leading underscore).
+_DERIVED = {"metrics", "moe_layer_stats"}
+
+DERIVED_VIEWS = """
+CREATE OR REPLACE VIEW attempts AS
+SELECT l.run_id, l.attempt, l.kind, coalesce(l.from_checkpoint_step, 0) AS start_step,
+       l.time AS started_at, l.git_commit, l.git_dirty, l.git_branch, l.repository, l.config_hash,
+       l.host, l.cluster, l.job_id, l.world_size, l.parent_run, l.fork_step,
+       (SELECT min(b.from_checkpoint_step) FROM launches b
+         WHERE b.run_id = l.run_id AND b.attempt > l.attempt) AS superseded_after
+FROM launches l;
+
+CREATE OR REPLACE VIEW metrics_all AS
+SELECT m.run_id, m.attempt, m.step, m.time, m.name, m.value,
+       coalesce(m.step > a.superseded_after, false) AS superseded, m.stream, m.stream_seq
+FROM _metrics m LEFT JOIN attempts a ON a.run_id = m.run_id AND a.attempt = m.attempt;
+
+CREATE OR REPLACE VIEW metrics AS
+SELECT * EXCLUDE (superseded) FROM metrics_all WHERE NOT superseded;
+
+CREATE OR REPLACE VIEW moe_layer_stats_all AS
+SELECT m.* EXCLUDE (stream, stream_seq),
+       coalesce(m.step > a.superseded_after, false) AS superseded, m.stream, m.stream_seq
+FROM _moe_layer_stats m LEFT JOIN attempts a ON a.run_id = m.run_id AND a.attempt = m.attempt;
+
+CREATE OR REPLACE VIEW moe_layer_stats AS
+SELECT * EXCLUDE (superseded) FROM moe_layer_stats_all WHERE NOT superseded;
+
+CREATE OR REPLACE VIEW crashes AS SELECT * FROM incidents WHERE kind <> 'skipped';
+
+CREATE OR REPLACE VIEW runs AS
+SELECT a.run_id,
+       min(a.started_at) AS started_at,
+       count(*) AS attempts,
+       arg_max(a.git_commit, a.attempt) AS git_commit,
+       arg_max(a.config_hash, a.attempt) AS config_hash,
+       (SELECT max(m.step) FROM _metrics m WHERE m.run_id = a.run_id) AS last_step,
+       (SELECT count(*) FROM crashes c WHERE c.run_id = a.run_id) AS crashes,
+       (SELECT arg_max(e.status, e.attempt) FROM run_ends e WHERE e.run_id = a.run_id) AS last_status
+FROM attempts a GROUP BY a.run_id;
+
+-- The config live at step s of run r, on the run's final lineage.
+CREATE OR REPLACE MACRO config_at(r, s) AS TABLE
+WITH covering AS (
+  SELECT coalesce(max(attempt) FILTER (WHERE start_step < s), min(attempt)) AS attempt
+  FROM attempts WHERE run_id = r
+)
+SELECT c.run_id, c.attempt, c.step, c.config_hash, c.config
+FROM configs c, covering
+WHERE c.run_id = r AND c.attempt = covering.attempt AND coalesce(c.step, 0) <= s
+ORDER BY c.stream_seq DESC LIMIT 1;
+"""
+
+
+def _base_view(root: Path, name: str) -> str:
+    table = TABLES[name]
+    glob = (root / name / "*" / "*.parquet").as_posix().replace("'", "''")
+    view = f"_{name}" if name in _DERIVED else name
+    return (
+        f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM read_parquet('{glob}', hive_partitioning = true, "
+        f"hive_types = {{'{table.partition}': VARCHAR}}, union_by_name = true);"
+    )
+
+
+def views_sql(root: Path) -> str:
+    root = root.resolve()
+    base = "\n".join(_base_view(root, name) for name in TABLES)
+    return base + "\n" + DERIVED_VIEWS
+
+
+def connect(root: Path) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with every view defined over the ledger at ``root``."""
+    con = duckdb.connect(":memory:")
+    con.execute("SET TimeZone = 'UTC'")
+    con.execute(views_sql(root))
+    return con
+
+
+def write_views_file(root: Path) -> Path:
+    path = root / "views.sql"
+    path.write_text(views_sql(root))
+    return path
