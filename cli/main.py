@@ -1,0 +1,239 @@
+"""`ledger`: the command line over runledger's library. Every command here is a thin shell."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.output import (
+    DEFAULT_LEDGER,
+    Format,
+    FormatOption,
+    LedgerOption,
+    OutputOption,
+    console,
+    fail,
+    print_json,
+    print_rows,
+    user_errors,
+)
+
+app = typer.Typer(
+    name="ledger",
+    help="runledger: an append-only, verifiable, SQL-queryable record of a training run.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+ingest_app = typer.Typer(
+    help="Fold events from a bus or an outside system into the ledger.", no_args_is_help=True
+)
+schemas_app = typer.Typer(help="The event catalogue.", no_args_is_help=True)
+serve_app = typer.Typer(help="Long-running receivers.", no_args_is_help=True)
+app.add_typer(ingest_app, name="ingest")
+app.add_typer(schemas_app, name="schemas")
+app.add_typer(serve_app, name="serve")
+
+
+def _reader(ledger: Path):
+    from ledger.query import Reader
+
+    return Reader(ledger)
+
+
+@app.command()
+def query(
+    sql: Annotated[str, typer.Argument(help="SQL over the ledger's views (read-only).")],
+    ledger: LedgerOption = DEFAULT_LEDGER,
+    fmt: FormatOption = Format.table,
+    output: OutputOption = None,
+) -> None:
+    """Run SQL over the ledger's views. Statements that would write are refused."""
+    with user_errors():
+        result = _reader(ledger).sql(sql)
+    print_rows(result.columns, result.rows, fmt, output)
+
+
+@app.command()
+def runs(
+    ledger: LedgerOption = DEFAULT_LEDGER, fmt: FormatOption = Format.table, output: OutputOption = None
+) -> None:
+    """List the runs in the ledger."""
+    with user_errors():
+        result = _reader(ledger).runs()
+    print_rows(result.columns, result.rows, fmt, output, title="runs")
+
+
+@app.command()
+def history(
+    run: Annotated[str, typer.Argument(help="Run id.")],
+    ledger: LedgerOption = DEFAULT_LEDGER,
+    fmt: FormatOption = Format.table,
+    output: OutputOption = None,
+) -> None:
+    """The run's story in order: launches, config changes, checkpoints, crashes, GitHub events."""
+    with user_errors():
+        items = _reader(ledger).history(run)
+    rows = [(i.time, i.step, i.attempt, i.kind, i.text) for i in items]
+    print_rows(["time", "step", "attempt", "kind", "what"], rows, fmt, output, title=f"history of {run}")
+
+
+@app.command()
+def state(
+    run: Annotated[str, typer.Argument(help="Run id.")],
+    step: Annotated[int | None, typer.Option("--step", help="Training step.")] = None,
+    at: Annotated[
+        datetime | None, typer.Option("--at", help="Wall-clock time (ISO 8601, UTC if no offset).")
+    ] = None,
+    ledger: LedgerOption = DEFAULT_LEDGER,
+    fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json.")] = Format.table,
+    output: OutputOption = None,
+) -> None:
+    """The run's state at a step or a time: config, commit, attempt, last checkpoint, crashes so far."""
+    if step is not None and at is not None:
+        raise fail("give --step or --at, not both", 2)
+    if at is not None and at.tzinfo is None:
+        from datetime import UTC
+
+        at = at.replace(tzinfo=UTC)
+    with user_errors():
+        result = _reader(ledger).state(run, step=step, at=at)
+    if fmt == Format.json:
+        print_json(result.to_dict(), output)
+        return
+    if fmt != Format.table:
+        raise fail("state prints as table or json", 2)
+    console.print(f"[bold]{run}[/] at step {result.step} (attempt {result.attempt})")
+    console.print(f"  commit: {result.git_commit}{' (dirty)' if result.git_dirty else ''}")
+    console.print(f"  config hash: {result.config_hash}")
+    ckpt = result.last_checkpoint
+    where = f"step {ckpt['step']} ({ckpt['path']})" if ckpt else "none"
+    console.print(f"  last checkpoint: {where}")
+    console.print(
+        f"  crashes so far: {len(result.crashes)}; config changes so far: {len(result.config_changes)}"
+    )
+    console.print(f"  GitHub events so far: {len(result.github)}")
+    rows = sorted(_flatten(result.config).items())
+    print_rows(["key", "value"], rows, Format.table, None, title="config")
+
+
+@app.command()
+def diff(
+    run: Annotated[str, typer.Argument(help="Run id.")],
+    from_step: Annotated[int, typer.Option("--from-step", help="Earlier step.")],
+    to_step: Annotated[int, typer.Option("--to-step", help="Later step.")],
+    ledger: LedgerOption = DEFAULT_LEDGER,
+    fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json.")] = Format.table,
+    output: OutputOption = None,
+) -> None:
+    """Config diff between two steps, and everything that happened between them."""
+    with user_errors():
+        result = _reader(ledger).diff(run, from_step, to_step)
+    if fmt == Format.json:
+        print_json(result, output)
+        return
+    console.print(
+        f"[bold]{run}[/] step {from_step} (attempt {result['from']['attempt']}) → "
+        f"step {to_step} (attempt {result['to']['attempt']})"
+    )
+    rows = [(op["op"], op["path"], op.get("value")) for op in result["config_patch"]]
+    print_rows(["op", "path", "value"], rows, Format.table, None, title="config diff")
+    rows = [(i.time, i.step, i.attempt, i.kind, i.text) for i in result["events"]]
+    print_rows(["time", "step", "attempt", "kind", "what"], rows, Format.table, None, title="in between")
+
+
+@app.command()
+def compact(ledger: LedgerOption = DEFAULT_LEDGER) -> None:
+    """Merge each partition's small Parquet files into one (answers do not change)."""
+    from ledger.store import Ledger
+
+    with user_errors():
+        result = Ledger.open(ledger).compact()
+    console.print(f"merged {result['merged_partitions']} partitions, removed {result['removed_files']} files")
+
+
+@app.command()
+def views(ledger: LedgerOption = DEFAULT_LEDGER) -> None:
+    """Write <ledger>/views.sql: the views, for `duckdb -init <ledger>/views.sql` without runledger."""
+    from ledger.store import Ledger
+    from ledger.views import write_views_file
+
+    with user_errors():
+        path = write_views_file(Ledger.open(ledger).root)
+    console.print(f"wrote {path}")
+
+
+@ingest_app.command("spool")
+def ingest_spool_cmd(
+    spool: Annotated[Path, typer.Option("--spool", envvar="RUNLEDGER_SPOOL", help="Spool directory.")] = Path(
+        ".runledger/spool"
+    ),
+    ledger: LedgerOption = DEFAULT_LEDGER,
+    batch_size: Annotated[int, typer.Option(help="Events per commit.")] = 5000,
+) -> None:
+    """Fold the embedded spool into the ledger (exactly once; safe to repeat)."""
+    from ingest.spool_ingest import ingest_spool
+    from ledger.store import Ledger
+
+    with user_errors():
+        if not spool.is_dir():
+            raise fail(f"no spool at {spool}")
+        stats = ingest_spool(Ledger.create(ledger), spool, batch_size=batch_size)
+    console.print(
+        f"ingested {stats.accepted} events ({stats.metric_values} metric values) in {stats.commits} commits; "
+        f"{stats.duplicates} duplicates dropped, {stats.quarantined} quarantined"
+    )
+
+
+@schemas_app.command("export")
+def schemas_export(
+    directory: Annotated[Path, typer.Argument(help="Where to write the JSON Schemas.")],
+) -> None:
+    """Write one JSON Schema per event type and version, for producers in other languages."""
+    from schemas.codec import export_json_schemas
+
+    with user_errors():
+        written = export_json_schemas(directory)
+    console.print(f"wrote {len(written)} schemas to {directory}")
+
+
+@schemas_app.command("list")
+def schemas_list(fmt: FormatOption = Format.table, output: OutputOption = None) -> None:
+    """The event types, their versions and what each records."""
+    from schemas import CATALOGUE
+
+    rows = [(t.name, ", ".join(map(str, sorted(t.versions))), t.doc) for t in CATALOGUE.values()]
+    print_rows(["type", "versions", "what"], rows, fmt, output, title="event catalogue")
+
+
+def _flatten(value: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(value, dict):
+        out: dict[str, object] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: value}
+
+
+def _register_extensions() -> None:
+    """Commands that live beside their subsystem (trainer, Kafka, GitHub/W&B, Merkle)."""
+    import importlib
+
+    for name in ("cli.train_cmd", "cli.kafka_cmd", "cli.github_cmd", "cli.merkle_cmd", "cli.demo_cmd"):
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(app, ingest_app=ingest_app, serve_app=serve_app)
+
+
+_register_extensions()
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,197 @@
+"""The fold: a run's state at a step or a time, rebuilt from its events alone.
+
+Lineage: attempt ``b`` resumed from checkpoint step ``S_b``. Step ``N`` belongs, on the run's final
+lineage, to the latest attempt that started below it (``S_b < N``); an earlier attempt's steps after
+a later attempt's resume point are superseded. The config live at step ``N`` is that attempt's launch
+config with its accepted patches of step <= N applied in stream order (a change's step is the first
+step trained with it).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import jsonpatch
+import msgspec
+
+from schemas import Envelope
+from schemas import catalogue as c
+from schemas.canonical import config_hash
+
+# The event types the fold reads (metrics are not needed to know a run's state).
+STATE_TYPES = (
+    c.RUN_STARTED,
+    c.RUN_RESUMED,
+    c.CONFIG_CHANGED,
+    c.CONFIG_REJECTED,
+    c.CHECKPOINT_SAVED,
+    c.RUN_CRASHED,
+    c.STEP_SKIPPED,
+    c.RUN_FINISHED,
+    c.ANNOTATION,
+)
+
+
+@dataclass
+class Attempt:
+    attempt: int
+    start_step: int
+    started_at: datetime
+    kind: str
+    git_commit: str | None
+    git_dirty: bool | None
+    host: str
+    config: dict[str, Any]
+    config_hash: str
+    repository: str | None = None
+    job_id: str | None = None
+    cluster: str | None = None
+
+
+@dataclass
+class RunState:
+    run_id: str
+    step: int | None
+    at: datetime | None
+    attempt: int | None
+    config: dict[str, Any]
+    config_hash: str | None
+    git_commit: str | None
+    git_dirty: bool | None
+    last_checkpoint: dict[str, Any] | None
+    crashes: list[dict[str, Any]] = field(default_factory=list)
+    config_changes: list[dict[str, Any]] = field(default_factory=list)
+    annotations: list[dict[str, Any]] = field(default_factory=list)
+    github: list[dict[str, Any]] = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = msgspec.to_builtins(self.__dict__)
+        return out
+
+
+def attempts_of(events: Iterable[Envelope]) -> dict[int, Attempt]:
+    out: dict[int, Attempt] = {}
+    for e in events:
+        if e.type in (c.RUN_STARTED, c.RUN_RESUMED):
+            d = e.data
+            attempt = e.attempt or 1
+            out[attempt] = Attempt(
+                attempt=attempt,
+                start_step=getattr(d, "from_checkpoint_step", 0) or 0,
+                started_at=e.time,
+                kind="start" if e.type == c.RUN_STARTED else "resume",
+                git_commit=d.git_commit,
+                git_dirty=d.git_dirty,
+                host=d.host,
+                config=d.config,
+                config_hash=d.config_hash,
+                repository=d.repository,
+                job_id=d.job_id,
+                cluster=d.cluster,
+            )
+    return out
+
+
+def covering_attempt(attempts: dict[int, Attempt], step: int) -> int | None:
+    """The attempt that owns ``step`` on the final lineage."""
+    if not attempts:
+        return None
+    below = [a for a in attempts.values() if a.start_step < step]
+    return max(a.attempt for a in below) if below else min(attempts)
+
+
+def superseded_after(attempts: dict[int, Attempt], attempt: int) -> int | None:
+    later = [a.start_step for a in attempts.values() if a.attempt > attempt]
+    return min(later) if later else None
+
+
+def on_lineage(attempts: dict[int, Attempt], attempt: int, step: int | None) -> bool:
+    cutoff = superseded_after(attempts, attempt)
+    return cutoff is None or step is None or step <= cutoff
+
+
+def fold_run(
+    run_id: str,
+    events: Sequence[Envelope],
+    *,
+    step: int | None = None,
+    at: datetime | None = None,
+    github: Sequence[dict[str, Any]] = (),
+) -> RunState:
+    """State of ``run_id`` at ``step`` (on the final lineage) or as known at time ``at``.
+
+    ``events`` are the run's events in stream order; ``github`` the rows of its repository's
+    GitHub events (with a ``time``), of which those up to the cut time are kept.
+    """
+    if at is not None:
+        events = [e for e in events if e.time <= at]
+    attempts = attempts_of(events)
+    if at is not None:
+        live = max(attempts) if attempts else None
+        steps = [e.step for e in events if e.attempt == live and e.step is not None]
+        if step is None:
+            step = max(steps) if steps else None
+    else:
+        live = covering_attempt(attempts, step if step is not None else 0)
+    state = RunState(run_id, step, at, live, {}, None, None, None, None, attempts=list(attempts.values()))
+    if live is None:
+        return state
+    launch = attempts[live]
+    config = copy.deepcopy(launch.config)
+    state.git_commit, state.git_dirty = launch.git_commit, launch.git_dirty
+    cut_time = at or launch.started_at
+    for e in events:
+        attempt = e.attempt or 1
+        in_live = attempt == live and (step is None or e.step is None or e.step <= step)
+        # Earlier attempts count only up to where the lineage left them.
+        in_past = attempt < live and on_lineage(attempts, attempt, e.step)
+        if not (in_live or in_past or (attempt < live and e.type == c.RUN_CRASHED)):
+            continue
+        if in_live and e.time > cut_time:
+            cut_time = e.time
+        d = e.data
+        if e.type == c.CONFIG_CHANGED and in_live:
+            config = jsonpatch.apply_patch(config, msgspec.to_builtins(d.patch))
+            state.config_changes.append(_change(e, accepted=True))
+        elif e.type == c.CONFIG_REJECTED and (in_live or in_past):
+            state.config_changes.append(_change(e, accepted=False))
+        elif e.type == c.CONFIG_CHANGED and in_past:
+            state.config_changes.append(_change(e, accepted=True))
+        elif e.type == c.CHECKPOINT_SAVED and (in_live or in_past):
+            state.last_checkpoint = {"step": e.step, "attempt": attempt, "path": d.path, "time": e.time}
+        elif e.type == c.RUN_CRASHED:
+            state.crashes.append(
+                {
+                    "step": e.step,
+                    "attempt": attempt,
+                    "kind": d.kind,
+                    "exc_type": d.exc_type,
+                    "message": d.message,
+                    "rank": d.rank,
+                    "host": d.host,
+                    "time": e.time,
+                }
+            )
+        elif e.type == c.ANNOTATION and (in_live or in_past):
+            state.annotations.append({"step": e.step, "author": d.author, "text": d.text, "time": e.time})
+    state.config = config
+    state.config_hash = config_hash(config)
+    state.github = [g for g in github if g["time"] <= cut_time]
+    return state
+
+
+def _change(e: Envelope, *, accepted: bool) -> dict[str, Any]:
+    return {
+        "step": e.step,
+        "attempt": e.attempt,
+        "accepted": accepted,
+        "patch": msgspec.to_builtins(e.data.patch),
+        "reason": getattr(e.data, "reason", None),
+        "cause": msgspec.to_builtins(e.data.cause),
+        "time": e.time,
+    }
