@@ -1,0 +1,155 @@
+"""Tests against a real single-node Kafka broker started by scripts/kafka.sh."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import pytest
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+# kafka-python ships gzip support in the stdlib; lz4/zstd/snappy need extra packages.
+COMPRESSION = "gzip"
+
+
+def produce(bootstrap: str, topic: str, records: list[tuple[str, str]]) -> dict[str, set[int]]:
+    """Send (key, value) pairs with acks=all; return key -> partitions used."""
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        compression_type=COMPRESSION,
+        linger_ms=5,
+        # Keep per-key order even if a batch is retried.
+        max_in_flight_requests_per_connection=1,
+        retries=5,
+    )
+    try:
+        futures = [
+            (key, producer.send(topic, key=key.encode(), value=value.encode())) for key, value in records
+        ]
+        producer.flush(timeout=60)
+        partitions: dict[str, set[int]] = defaultdict(set)
+        for key, fut in futures:
+            partitions[key].add(fut.get(timeout=30).partition)
+        return partitions
+    finally:
+        producer.close(timeout=10)
+
+
+def consume_all(bootstrap: str, topic: str, expected: int, timeout: float = 60.0):
+    """Read a topic from the beginning (no group) until `expected` records arrive."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=1000,
+    )
+    try:
+        parts = consumer.partitions_for_topic(topic)
+        assert parts, f"no partitions for {topic}"
+        consumer.assign([TopicPartition(topic, p) for p in sorted(parts)])
+        consumer.seek_to_beginning()
+        out = []
+        deadline = time.monotonic() + timeout
+        while len(out) < expected and time.monotonic() < deadline:
+            for batch in consumer.poll(timeout_ms=500).values():
+                out.extend(batch)
+        return out
+    finally:
+        consumer.close()
+
+
+def keyed_records(n_keys: int, per_key: int) -> list[tuple[str, str]]:
+    # Interleave keys so each partition sees many keys mixed together.
+    return [(f"run-{k:03d}", f"run-{k:03d}:{i}") for i in range(per_key) for k in range(n_keys)]
+
+
+def test_produce_consume_1000_keyed_records_keep_per_key_order(kafka_broker, make_topic):
+    topic = make_topic(partitions=4)
+    records = keyed_records(n_keys=40, per_key=25)
+    assert len(records) == 1000
+
+    key_partitions = produce(kafka_broker.bootstrap, topic, records)
+    assert all(len(p) == 1 for p in key_partitions.values()), "a key landed in >1 partition"
+    assert len({p for ps in key_partitions.values() for p in ps}) == 4, "keys not spread over 4 partitions"
+
+    got = consume_all(kafka_broker.bootstrap, topic, expected=1000)
+    assert len(got) == 1000
+    seqs: dict[str, list[int]] = defaultdict(list)
+    for rec in got:
+        key, value = rec.key.decode(), rec.value.decode()
+        assert value.startswith(key + ":")
+        assert rec.partition in key_partitions[key]
+        seqs[key].append(int(value.rsplit(":", 1)[1]))
+    assert len(seqs) == 40
+    for key, s in seqs.items():
+        assert s == list(range(25)), f"order broken for {key}: {s}"
+
+
+def test_data_survives_broker_restart(kafka_broker_factory, make_topic):
+    broker = kafka_broker_factory()
+    cluster_id = (broker.dir / "cluster.id").read_text().strip()
+    topic = make_topic(partitions=2, bootstrap=broker.bootstrap)
+    before = keyed_records(n_keys=10, per_key=20)
+    produce(broker.bootstrap, topic, before)
+
+    broker.stop()
+    assert not broker.is_running()
+    broker.start()  # same dir, same ports
+    assert broker.is_running()
+    assert (broker.dir / "cluster.id").read_text().strip() == cluster_id
+
+    after = [(k, v + ":after") for k, v in keyed_records(n_keys=10, per_key=2)]
+    produce(broker.bootstrap, topic, after)
+    got = consume_all(broker.bootstrap, topic, expected=len(before) + len(after))
+    values = [r.value.decode() for r in got]
+    assert sorted(values) == sorted(v for _, v in before + after)
+
+
+@pytest.mark.parametrize("kafka_topic", [4], indirect=True)
+def test_consumer_group_of_two_shares_four_partitions(kafka_broker, kafka_topic):
+    topic = kafka_topic
+    group = f"{topic}.group"
+
+    def consumer():
+        return KafkaConsumer(
+            topic,
+            bootstrap_servers=kafka_broker.bootstrap,
+            group_id=group,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            session_timeout_ms=10000,
+            heartbeat_interval_ms=1000,
+        )
+
+    a, b = consumer(), consumer()
+    try:
+        got: dict[str, list] = {"a": [], "b": []}
+        produced = False
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for name, c in (("a", a), ("b", b)):
+                for batch in c.poll(timeout_ms=200).values():
+                    got[name].extend(batch)
+            pa, pb = a.assignment(), b.assignment()
+            balanced = len(pa) == 2 and len(pb) == 2 and not (pa & pb)
+            if balanced and not produced:
+                produce(kafka_broker.bootstrap, topic, keyed_records(n_keys=16, per_key=25))
+                produced = True
+            if produced and len(got["a"]) + len(got["b"]) >= 400:
+                break
+        pa, pb = a.assignment(), b.assignment()
+        assert len(pa) == 2 and len(pb) == 2, (pa, pb)
+        assert pa.isdisjoint(pb)
+        assert {tp.partition for tp in pa | pb} == {0, 1, 2, 3}
+
+        # Every record consumed exactly once, each by the owner of its partition.
+        assert got["a"] and got["b"]
+        assert {r.partition for r in got["a"]} <= {tp.partition for tp in pa}
+        assert {r.partition for r in got["b"]} <= {tp.partition for tp in pb}
+        offsets = [(r.partition, r.offset) for r in got["a"] + got["b"]]
+        assert len(offsets) == len(set(offsets)) == 400
+    finally:
+        a.close()
+        b.close()
