@@ -2,7 +2,9 @@
 
 Their stream is the repository (``owner/name``), their ``source`` is ``github:owner/name``, and
 their ``id`` is derived from the content (kind, number, the object's own update time), so the same
-update arriving by webhook and by backfill is one event.
+update arriving by webhook and by backfill is one event. Their ``seq`` is always 0: two producers
+(webhook receiver, backfill) write the same source, so a per-source counter cannot be gap-free;
+order GitHub events by ``time`` then ``id``. The id scheme lives in ``ingest.github_events``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class GitHubIssue(Payload, kw_only=True):
     created_at: str | None = None
     updated_at: str | None = None
     closed_at: str | None = None
+    via: str | None = None  # "webhook" or "backfill": which producer saw it (same id either way)
 
 
 class GitHubPullRequest(Payload, kw_only=True):
@@ -52,6 +55,9 @@ class GitHubPullRequest(Payload, kw_only=True):
     updated_at: str | None = None
     merged_at: str | None = None
     closed_at: str | None = None
+    draft: bool | None = None
+    changed_files_count: int | None = None  # webhooks carry only the count, not the names
+    via: str | None = None  # "webhook" or "backfill": which producer saw it (same id either way)
 
 
 class GitHubReview(Payload, kw_only=True):
@@ -65,6 +71,7 @@ class GitHubReview(Payload, kw_only=True):
     commit_id: str | None = None
     submitted_at: str | None = None
     url: str | None = None
+    via: str | None = None  # "webhook" or "backfill": which producer saw it (same id either way)
 
 
 class GitHubComment(Payload, kw_only=True):
@@ -80,6 +87,8 @@ class GitHubComment(Payload, kw_only=True):
     url: str | None = None
     created_at: str | None = None
     updated_at: str | None = None
+    in_reply_to: int | None = None  # the review comment this one answers
+    via: str | None = None  # "webhook" or "backfill": which producer saw it (same id either way)
 
 
 class PushedCommit(msgspec.Struct, kw_only=True):
@@ -96,6 +105,11 @@ class GitHubPush(Payload, kw_only=True):
     after: str
     pusher: str | None = None
     commits: list[PushedCommit] = []
+    created: bool = False
+    deleted: bool = False
+    forced: bool = False
+    pushed_at: str | None = None
+    via: str | None = None  # "webhook" or "backfill": which producer saw it (same id either way)
 
 
 class GitHubCommit(Payload, kw_only=True):
@@ -105,6 +119,8 @@ class GitHubCommit(Payload, kw_only=True):
     author: str | None = None
     committed_at: str | None = None
     parents: list[str] = []
+    url: str | None = None
+    via: str | None = None  # "webhook" or "backfill": which producer saw it (same id either way)
 
 
 class GitHubRaw(Payload, kw_only=True):
@@ -113,3 +129,4 @@ class GitHubRaw(Payload, kw_only=True):
     event: str
     action: str | None = None
     payload: dict[str, Any]
+    delivery: str | None = None  # X-GitHub-Delivery of the webhook that brought it
