@@ -1,0 +1,480 @@
+"""The GitHub webhook receiver: a Starlette app that verifies, deduplicates and hands deliveries to the bus.
+
+``POST /webhook`` (configure GitHub with content type ``application/json``; the form encoding is
+accepted too). Each request is checked in this order, and a refusal stores nothing:
+
+  1. ``Content-Length`` over ``max_body_bytes``                        → 413 (before reading)
+  2. no ``X-Hub-Signature-256`` header                                → 401
+  3. body longer than ``max_body_bytes`` while reading (chunked)      → 413
+  4. signature ≠ ``sha256=`` + hex HMAC-SHA256(secret, raw body)      → 401 (``hmac.compare_digest``)
+  5. ``X-GitHub-Event`` / ``X-GitHub-Delivery`` missing or malformed  → 400
+  6. delivery id seen before (a redelivery or a replay)               → 200 ``{"status": "duplicate"}``
+  7. body not a JSON object                                           → 400
+  8. accepted                                                         → 202
+
+An accepted delivery is mapped to envelopes (``ingest.github_events``: typed for issues,
+issue_comment, pull_request, pull_request_review, pull_request_review_comment and push; anything else,
+``ping`` included, is kept whole as ``github.raw``) and queued to ONE worker thread that owns the
+sink (the spool writer is single-threaded). The worker emits, syncs, and only then records the
+delivery id, so 202 normally means "durable": the handler waits for that acknowledgement up to
+``ack_timeout_s`` (well inside GitHub's 10 s) and answers 202 ``queued`` if it takes longer.
+
+Delivery ids are remembered in a bounded SQLite file beside the spool, so a redelivery after a
+restart is still answered ``duplicate``; the ledger's (source, content-derived id) dedupe is the
+second line. Refusals are counted by reason (``GET /metrics``, ``GET /healthz``) and logged; the
+secret is never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import logging
+import queue
+import re
+import sqlite3
+import threading
+import time
+import urllib.parse
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ingest.bus import EventSink, default_spool_dir, open_sink
+from ingest.github_events import webhook_events
+from schemas import Envelope
+
+log = logging.getLogger("runledger.github_webhook")
+
+# GitHub caps webhook payloads at 25 MB; anything larger cannot be from GitHub.
+DEFAULT_MAX_BODY_BYTES = 25 * 1024 * 1024
+DEFAULT_MAX_DELIVERIES = 100_000
+DELIVERY_RE = re.compile(r"^[A-Za-z0-9-]{1,128}$")
+EVENT_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+REFUSAL_REASONS = (
+    "too_large",
+    "signature_missing",
+    "signature_mismatch",
+    "headers_missing",
+    "bad_json",
+    "queue_full",
+    "sink_error",
+    "shutting_down",
+)
+
+
+def signature_of(secret: bytes, body: bytes) -> str:
+    """The ``X-Hub-Signature-256`` value GitHub sends for ``body``."""
+    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+
+
+def verify_signature(secret: bytes, body: bytes, header: str | None) -> bool:
+    if not header:
+        return False
+    # Header text arrives latin-1 decoded; compare bytes so odd characters cannot raise.
+    return hmac.compare_digest(header.encode("latin-1", "replace"), signature_of(secret, body).encode())
+
+
+def read_secret(path: str | Path) -> bytes:
+    """The webhook secret from a file; one trailing newline (as editors write it) is not part of it."""
+    secret = Path(path).read_bytes().rstrip(b"\r\n")
+    if not secret:
+        raise ValueError(f"secret file {path} is empty")
+    return secret
+
+
+def default_delivery_db(spool_dir: str | Path) -> Path:
+    spool = Path(spool_dir)
+    return spool.parent / f"{spool.name}.github-deliveries.sqlite"
+
+
+class DeliveryLog:
+    """The most recent ``max_entries`` delivery ids, in memory and (if ``path``) in SQLite."""
+
+    def __init__(self, path: str | Path | None = None, *, max_entries: int = DEFAULT_MAX_DELIVERIES) -> None:
+        self.max_entries = max_entries
+        self._lock = threading.Lock()
+        self._recent: OrderedDict[str, None] = OrderedDict()
+        self._db: sqlite3.Connection | None = None
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            # Written by the worker thread, opened here: the lock serialises every use.
+            self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS deliveries ("
+                "n INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, at TEXT NOT NULL)"
+            )
+            rows = self._db.execute(
+                "SELECT id FROM deliveries ORDER BY n DESC LIMIT ?", (max_entries,)
+            ).fetchall()
+            for (delivery,) in reversed(rows):
+                self._recent[delivery] = None
+
+    def __contains__(self, delivery: str) -> bool:
+        with self._lock:
+            return delivery in self._recent
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._recent)
+
+    def record(self, deliveries: list[str]) -> None:
+        if not deliveries:
+            return
+        now = datetime.now(UTC).isoformat()
+        with self._lock:
+            for delivery in deliveries:
+                self._recent[delivery] = None
+                self._recent.move_to_end(delivery)
+            while len(self._recent) > self.max_entries:
+                self._recent.popitem(last=False)
+            if self._db is not None:
+                with self._db:  # one transaction per batch
+                    self._db.execute("BEGIN")
+                    self._db.executemany(
+                        "INSERT OR IGNORE INTO deliveries (id, at) VALUES (?, ?)",
+                        [(d, now) for d in deliveries],
+                    )
+                    self._db.execute(
+                        "DELETE FROM deliveries WHERE n <= (SELECT MAX(n) FROM deliveries) - ?",
+                        (self.max_entries,),
+                    )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+
+@dataclass
+class _Item:
+    delivery: str
+    envelopes: list[Envelope]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[str | None]
+
+
+_STOP = object()
+
+
+@dataclass
+class Metrics:
+    counts: dict[str, int] = field(
+        default_factory=lambda: {"received": 0, "accepted": 0, "duplicate": 0, "events": 0}
+    )
+    refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REFUSAL_REASONS, 0))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, key: str, n: int = 1) -> None:
+        with self.lock:
+            self.counts[key] = self.counts.get(key, 0) + n
+
+    def refuse(self, reason: str) -> None:
+        with self.lock:
+            self.refused[reason] = self.refused.get(reason, 0) + 1
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            return {"counts": dict(self.counts), "refused": dict(self.refused)}
+
+
+class WebhookReceiver:
+    """Owns the sink on one worker thread; the ASGI handlers only validate and queue."""
+
+    def __init__(
+        self,
+        secret: bytes,
+        sink: EventSink,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        delivery_log: DeliveryLog | None = None,
+        ack_timeout_s: float = 5.0,
+        max_queue: int = 10_000,
+    ) -> None:
+        if not secret:
+            raise ValueError("webhook secret must not be empty")
+        self._secret = secret
+        self.sink = sink
+        self.max_body_bytes = max_body_bytes
+        self.deliveries = delivery_log if delivery_log is not None else DeliveryLog(None)
+        self.ack_timeout_s = ack_timeout_s
+        self.metrics = Metrics()
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
+        self._inflight: set[str] = set()
+        self._inflight_lock = threading.Lock()
+        self._closed = False
+        self._worker = threading.Thread(target=self._run, name="github-webhook-sink", daemon=True)
+        self._worker.start()
+
+    def __repr__(self) -> str:  # keeps the secret out of any accidental repr in logs
+        return f"WebhookReceiver(max_body_bytes={self.max_body_bytes}, queued={self._queue.qsize()})"
+
+    # -- the worker: the only thread that touches the sink -------------------------------------
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is _STOP:
+                return
+            batch: list[_Item] = [first]
+            stop = False
+            while len(batch) < 512:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    stop = True
+                    break
+                batch.append(nxt)
+            self._emit_batch(batch)
+            if stop:
+                return
+
+    def _emit_batch(self, batch: list[_Item]) -> None:
+        emitted: list[_Item] = []
+        for item in batch:
+            try:
+                for envelope in item.envelopes:
+                    self.sink.emit(envelope)
+            except Exception:
+                log.exception("sink refused delivery %s", item.delivery)
+                self._finish(item, "sink_error")
+                continue
+            emitted.append(item)
+        if not emitted:
+            return
+        try:
+            self.sink.sync()  # group commit: one fsync acknowledges the whole batch
+        except Exception:
+            log.exception("sink sync failed; %d deliveries not acknowledged", len(emitted))
+            for item in emitted:
+                self._finish(item, "sink_error")
+            return
+        try:
+            self.deliveries.record([item.delivery for item in emitted])
+        except Exception:  # the ledger's content-id dedupe still catches a redelivery
+            log.exception("could not record delivery ids")
+        self.metrics.add("events", sum(len(item.envelopes) for item in emitted))
+        for item in emitted:
+            self._finish(item, None)
+
+    def _finish(self, item: _Item, error: str | None) -> None:
+        with self._inflight_lock:
+            self._inflight.discard(item.delivery)
+        with contextlib.suppress(RuntimeError):  # the loop may already be closed at shutdown
+            item.loop.call_soon_threadsafe(_resolve, item.future, error)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Emit what is queued, then stop the worker. The sink stays open (its owner closes it)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._worker.join(timeout)
+
+    @property
+    def worker_alive(self) -> bool:
+        return self._worker.is_alive()
+
+    # -- the ASGI side -----------------------------------------------------------------------
+    def _refuse(self, status: int, reason: str, delivery: str | None, request: Request) -> JSONResponse:
+        self.metrics.refuse(reason)
+        client = request.client.host if request.client else "-"
+        log.warning("refused delivery %.64r from %s: %s", delivery or "-", client, reason)
+        return JSONResponse({"status": "refused", "reason": reason}, status_code=status)
+
+    async def _read_body(self, request: Request) -> bytes | None:
+        """The raw body, or None once it exceeds the limit (the rest is not read)."""
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def handle(self, request: Request) -> Response:
+        self.metrics.add("received")
+        headers = request.headers
+        delivery = headers.get("x-github-delivery")
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
+            return self._refuse(413, "too_large", delivery, request)
+        signature = headers.get("x-hub-signature-256")
+        if not signature:
+            return self._refuse(401, "signature_missing", delivery, request)
+        try:
+            body = await self._read_body(request)
+        except ClientDisconnect:
+            return Response(status_code=400)
+        if body is None:
+            return self._refuse(413, "too_large", delivery, request)
+        if not verify_signature(self._secret, body, signature):
+            return self._refuse(401, "signature_mismatch", delivery, request)
+        event = headers.get("x-github-event")
+        if not delivery or not event or not DELIVERY_RE.match(delivery) or not EVENT_RE.match(event):
+            return self._refuse(400, "headers_missing", delivery, request)
+        if self._closed:
+            return self._refuse(503, "shutting_down", delivery, request)
+        with self._inflight_lock:
+            duplicate = delivery in self._inflight or delivery in self.deliveries
+            if not duplicate:
+                self._inflight.add(delivery)
+        if duplicate:
+            self.metrics.add("duplicate")
+            log.info("duplicate delivery %s (%s) ignored", delivery, event)
+            return JSONResponse({"status": "duplicate", "delivery": delivery}, status_code=200)
+        return await self._accept(request, body, event, delivery)
+
+    async def _accept(self, request: Request, body: bytes, event: str, delivery: str) -> Response:
+        payload = _decode_payload(body, request.headers.get("content-type", ""))
+        if payload is None:
+            self._forget(delivery)
+            return self._refuse(400, "bad_json", delivery, request)
+        envelopes = webhook_events(event, payload, received_at=datetime.now(UTC), delivery=delivery)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[str | None] = loop.create_future()
+        try:
+            self._queue.put_nowait(_Item(delivery, envelopes, loop, future))
+        except queue.Full:
+            self._forget(delivery)
+            return self._refuse(503, "queue_full", delivery, request)
+        try:
+            error = await asyncio.wait_for(asyncio.shield(future), self.ack_timeout_s)
+        except TimeoutError:
+            error, status = None, "queued"  # still queued: the worker emits it, just not yet
+        else:
+            status = "accepted"
+        if error is not None:
+            return self._refuse(503, error, delivery, request)
+        self.metrics.add("accepted")
+        return JSONResponse(
+            {"status": status, "delivery": delivery, "event": event, "events": len(envelopes)},
+            status_code=202,
+        )
+
+    def _forget(self, delivery: str) -> None:
+        with self._inflight_lock:
+            self._inflight.discard(delivery)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "status": "ok" if self.worker_alive and not self._closed else "degraded",
+            "worker_alive": self.worker_alive,
+            "queue_depth": self._queue.qsize(),
+            "deliveries_remembered": len(self.deliveries),
+            "max_body_bytes": self.max_body_bytes,
+            **self.metrics.snapshot(),
+        }
+
+
+def _resolve(future: asyncio.Future[str | None], error: str | None) -> None:
+    if not future.done():
+        future.set_result(error)
+
+
+def _decode_payload(body: bytes, content_type: str) -> dict[str, Any] | None:
+    if content_type.split(";")[0].strip().lower() == "application/x-www-form-urlencoded":
+        try:
+            form = urllib.parse.parse_qs(body.decode("utf-8"), strict_parsing=True)
+            body = form["payload"][0].encode()
+        except (UnicodeDecodeError, ValueError, KeyError):
+            return None
+    try:
+        payload = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+def create_app(
+    secret: bytes,
+    sink: EventSink,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    delivery_log: DeliveryLog | None = None,
+    ack_timeout_s: float = 5.0,
+    max_queue: int = 10_000,
+    path: str = "/webhook",
+) -> Starlette:
+    """The receiver as an ASGI app. ``app.state.receiver`` is its ``WebhookReceiver``."""
+    receiver = WebhookReceiver(
+        secret,
+        sink,
+        max_body_bytes=max_body_bytes,
+        delivery_log=delivery_log,
+        ack_timeout_s=ack_timeout_s,
+        max_queue=max_queue,
+    )
+
+    async def webhook(request: Request) -> Response:
+        return await receiver.handle(request)
+
+    async def metrics(request: Request) -> Response:
+        return JSONResponse(receiver.status())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        # Drain on shutdown so that what was acknowledged (or queued) reaches the sink.
+        await asyncio.to_thread(receiver.close)
+
+    app = Starlette(
+        routes=[
+            Route(path, webhook, methods=["POST"]),
+            Route("/metrics", metrics, methods=["GET"]),
+            Route("/healthz", metrics, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.receiver = receiver
+    return app
+
+
+def build_server(
+    app: Starlette, host: str = "127.0.0.1", port: int = 8787, *, log_level: str = "info"
+) -> uvicorn.Server:
+    # Headers (and so signatures) never reach uvicorn's access log: it logs the request line only.
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", access_log=True)
+    return uvicorn.Server(config)
+
+
+def serve(
+    host: str,
+    port: int,
+    secret_file: str | Path,
+    spool_dir: str | Path | None = None,
+    *,
+    delivery_db: str | Path | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    log_level: str = "info",
+) -> None:
+    """Run the receiver with uvicorn until interrupted. Events go to ``open_sink(spool_dir)``."""
+    secret = read_secret(secret_file)
+    spool = Path(spool_dir) if spool_dir is not None else default_spool_dir()
+    deliveries = DeliveryLog(delivery_db if delivery_db is not None else default_delivery_db(spool))
+    sink = open_sink(spool)
+    app = create_app(secret, sink, max_body_bytes=max_body_bytes, delivery_log=deliveries)
+    started = time.monotonic()
+    try:
+        build_server(app, host, port, log_level=log_level).run()
+    finally:
+        app.state.receiver.close()
+        sink.close()
+        deliveries.close()
+        log.info("webhook receiver stopped after %.0f s: %s", time.monotonic() - started, app.state.receiver)
