@@ -20,11 +20,13 @@ ingesters (say, a Kafka consumer group) can share one ledger.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import json
 import os
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -95,6 +97,7 @@ class Ledger:
         self._seen: set[tuple[str, str]] | None = None
         self._fold = FoldState(load_config=self._load_config)
         self._swept = False
+        self.ledger_id = "ledger"
 
     # ----------------------------------------------------------------- opening
     @classmethod
@@ -106,7 +109,7 @@ class Ledger:
             (root / COMMITS).mkdir(exist_ok=True)
             for table in TABLES.values():
                 _write_empty(root, table.name)
-            _atomic_write(marker, json.dumps(FORMAT).encode())
+            _atomic_write(marker, json.dumps(FORMAT | {"id": uuid.uuid4().hex[:16]}).encode())
         return cls.open(root)
 
     @classmethod
@@ -116,6 +119,7 @@ class Ledger:
         if not marker.exists():
             raise LedgerError(f"no ledger at {root} (create one with `ledger ingest` or `ledger demo`)")
         ledger = cls(root)
+        ledger.ledger_id = json.loads(marker.read_bytes()).get("id", "ledger")
         ledger._load_head()
         return ledger
 
@@ -234,6 +238,7 @@ class Ledger:
         buf = RowBuffer()
         now = datetime.now(UTC)
         new_ids: list[tuple[str, str]] = []
+        added: dict[str, dict[str, Any]] = {}  # per stream: first seq, leaf hashes and ids appended
         fold_before = dict(self._fold.configs)
         for record in records:
             if record.position < positions.get(record.source, 0):
@@ -261,7 +266,11 @@ class Ledger:
                 head = streams[env.stream] = StreamHead(0, CompactRange())
             stream_seq = head.size
             head.size += 1
-            head.tree.append(leaf_hash(decoded.canonical))
+            leaf = leaf_hash(decoded.canonical)
+            head.tree.append(leaf)
+            log = added.setdefault(env.stream, {"first": stream_seq, "leaves": [], "ids": []})
+            log["leaves"].append(leaf)
+            log["ids"].append([env.source, env.id])
             buf.add("events", stream_type(env.stream), _event_row(decoded, stream_seq, number, record))
             rows_for_event(decoded, stream_seq, buf, self._fold)
             result.accepted += 1
@@ -277,6 +286,15 @@ class Ledger:
                 "positions": positions,
                 "files": files,
                 "streams": {s: h.to_json() for s, h in sorted(streams.items())},
+                # The leaves this commit appended, so `ledger verify` can name a changed event.
+                "appended": {
+                    s: {
+                        "first": a["first"],
+                        "leaves": base64.b64encode(b"".join(a["leaves"])).decode(),
+                        "ids": a["ids"],
+                    }
+                    for s, a in sorted(added.items())
+                },
                 "counts": {
                     "accepted": result.accepted,
                     "duplicates": result.duplicates,

@@ -1,0 +1,209 @@
+"""`ledger verify` names every kind of tampering; proofs check out with the stand-alone verifier."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from ledger.store import Ledger, SourceRecord
+
+from .factory import RunBuilder
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def signed(tmp_path: Path) -> Path:
+    run = RunBuilder()
+    run.start()
+    for s in range(1, 41):
+        run.step(s)
+    run.change(20, "lr", 0.5)
+    ledger = Ledger.create(tmp_path / "l")
+    records = [SourceRecord("spool:t", i, raw) for i, raw in enumerate(run.events)]
+    ledger.commit(records[:20])
+    ledger.commit(records[20:])
+    keys = tmp_path / "keys"
+    assert runner.invoke(app, ["keys", "init", "--keys", str(keys)]).exit_code == 0
+    assert (keys / "runledger.key").stat().st_mode & 0o777 == 0o600
+    result = runner.invoke(app, ["checkpoint", "--ledger", str(tmp_path / "l"), "--keys", str(keys)])
+    assert result.exit_code == 0, result.output
+    return tmp_path
+
+
+def _verify(tmp: Path) -> tuple[int, str]:
+    result = runner.invoke(app, ["verify", "--ledger", str(tmp / "l"), "--keys", str(tmp / "keys")])
+    return result.exit_code, result.output
+
+
+def _events_file(tmp: Path) -> Path:
+    return sorted((tmp / "l" / "events").rglob("part-0000000001-*.parquet"))[0]
+
+
+def test_clean_ledger_verifies(signed: Path) -> None:
+    code, out = _verify(signed)
+    assert code == 0, out
+    assert "OK: 1 streams, 42 events, 1 signed checkpoints" in out
+
+
+def test_edited_byte_is_detected(signed: Path) -> None:
+    path = _events_file(signed)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    code, out = _verify(signed)
+    assert code == 1
+    assert "run-a" in out or "unreadable" in out
+
+
+def test_modified_event_is_named(signed: Path) -> None:
+    path = _events_file(signed)
+    table = pq.read_table(path)
+    canon = table.column("canonical").to_pylist()
+    canon[3] = canon[3].replace('"loss":1.0', '"loss":0.5')
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("canonical"), "canonical", pa.array(canon)), path
+    )
+    code, out = _verify(signed)
+    assert code == 1
+    assert "modified: stream run-a event run-a-23 (#23)" in out
+
+
+def test_deleted_row_is_named(signed: Path) -> None:
+    path = _events_file(signed)
+    table = pq.read_table(path)
+    pq.write_table(pa.concat_tables([table.slice(0, 5), table.slice(6)]), path)
+    code, out = _verify(signed)
+    assert code == 1
+    assert "removed: stream run-a event run-a-25 (#25)" in out
+
+
+def test_swapped_rows_are_named(signed: Path) -> None:
+    path = _events_file(signed)
+    table = pq.read_table(path)
+    order = list(range(table.num_rows))
+    order[7], order[8] = order[8], order[7]
+    pq.write_table(table.take(order), path)
+    code, out = _verify(signed)
+    assert code == 1
+    assert "reordered: stream run-a event run-a-27 (#27)" in out
+
+
+def test_forged_event_is_named(signed: Path) -> None:
+    path = _events_file(signed)
+    table = pq.read_table(path)
+    forged = table.slice(0, 1).to_pylist()[0] | {"stream_seq": 42, "id": "forged-1"}
+    pq.write_table(
+        pa.Table.from_pylist([forged], schema=table.schema), path.with_name("part-9999999999-000.parquet")
+    )
+    code, out = _verify(signed)
+    assert code == 1
+    assert "inserted: stream run-a event forged-1 (#42)" in out
+
+
+def test_edited_metric_value_is_named(signed: Path) -> None:
+    path = sorted((signed / "l" / "metrics").rglob("part-0000000001-*.parquet"))[0]
+    table = pq.read_table(path)
+    values = table.column("value").to_pylist()
+    values[0] = 123.0
+    pq.write_table(table.set_column(table.schema.get_field_index("value"), "value", pa.array(values)), path)
+    code, out = _verify(signed)
+    assert code == 1
+    assert "table-mismatch: stream run-a event run-a-20 (#20)" in out
+
+
+def test_rewritten_history_fails_the_signed_checkpoint(signed: Path) -> None:
+    # Rewrite data AND commit log consistently: only the signed checkpoint can tell.
+    cp = next((signed / "l" / "_checkpoints").glob("*.txt"))
+    other = signed / "l2"
+    run = RunBuilder()
+    run.start()
+    for s in range(1, 41):
+        run.step(s, loss=9.0)
+    run.change(20, "lr", 0.5)
+    ledger = Ledger.create(other)
+    ledger.commit([SourceRecord("spool:t", i, raw) for i, raw in enumerate(run.events)])
+    (other / "LEDGER.json").write_bytes((signed / "l" / "LEDGER.json").read_bytes())
+    (other / "_checkpoints").mkdir()
+    (other / "_checkpoints" / cp.name).write_text(cp.read_text())
+    result = runner.invoke(app, ["verify", "--ledger", str(other), "--keys", str(signed / "keys")])
+    assert result.exit_code == 1
+    assert "history was rewritten" in result.output
+
+
+def test_proofs_verify_with_the_standalone_verifier(signed: Path) -> None:
+    proof = signed / "proof.json"
+    result = runner.invoke(
+        app, ["prove", "inclusion", "run-a-17", "--ledger", str(signed / "l"), "-o", str(proof)]
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(proof.read_text())
+    assert doc["leaf_index"] == 17 and doc["tree_size"] == 42
+    cp = next((signed / "l" / "_checkpoints").glob("*.txt"))
+    pub = signed / "keys" / "runledger.pub"
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ledger.verifier",
+            "inclusion",
+            "--proof",
+            str(proof),
+            "--checkpoint",
+            str(cp),
+            "--public-key",
+            str(pub),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    doc["leaf_index"] = 16
+    proof.write_text(json.dumps(doc))
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ledger.verifier",
+            "inclusion",
+            "--proof",
+            str(proof),
+            "--checkpoint",
+            str(cp),
+            "--public-key",
+            str(pub),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 1
+    cons = signed / "cons.json"
+    result = runner.invoke(
+        app, ["prove", "consistency", "run-a", "--from", "20", "--ledger", str(signed / "l"), "-o", str(cons)]
+    )
+    assert result.exit_code == 0, result.output
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ledger.verifier",
+            "consistency",
+            "--proof",
+            str(cons),
+            "--checkpoint",
+            str(cp),
+            "--public-key",
+            str(pub),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert ok.returncode == 0, ok.stdout + ok.stderr

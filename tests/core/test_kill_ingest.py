@@ -1,0 +1,59 @@
+"""SIGKILL the ingest process at random instants; after restarts the ledger holds every event once."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ingest.spool import SpoolWriter
+from ledger.query import Reader
+
+from .factory import RunBuilder
+
+
+def test_sigkill_at_random_points_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    run = RunBuilder()
+    run.start()
+    for s in range(1, 40001):
+        run.step(s)
+    with SpoolWriter(tmp_path / "spool") as w:
+        for raw in run.events:
+            w.append(raw)
+    ledger = tmp_path / "ledger"
+    cmd = [
+        sys.executable,
+        "-m",
+        "cli.main",
+        "ingest",
+        "spool",
+        "--spool",
+        str(tmp_path / "spool"),
+        "--ledger",
+        str(ledger),
+        "--batch-size",
+        "100",
+    ]
+    rng = random.Random(1234)
+    kills = 0
+    for _ in range(12):
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(rng.uniform(0.3, 1.2))
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            kills += 1
+        proc.wait()
+    assert kills >= 10
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    reader = Reader(ledger)
+    n = len(run.events)
+    assert reader.sql(
+        "SELECT count(*), count(DISTINCT id), min(stream_seq), max(stream_seq) FROM events"
+    ).rows == [(n, n, 0, n - 1)]
+    assert reader.sql("SELECT count(*) FROM metrics WHERE name = 'loss'").rows == [(40000,)]
+    assert not list(ledger.rglob("*.tmp"))
