@@ -1,0 +1,39 @@
+# The two commands a fresh machine needs (each does its own set-up):
+#   make demo   — the main job: a tiny MoE trains on CPU, its events flow into a fresh ledger, history printed
+#   make test   — the whole test suite (starts its own Kafka broker from Maven Central's jars)
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+
+.PHONY: setup demo test kafka-jars lint bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	@rm -f $(VENV)/.installed-*
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+kafka-jars:
+	scripts/kafka.sh fetch
+
+demo: setup
+	$(BIN)/ledger demo
+
+test: setup kafka-jars
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q -p no:cacheprovider
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: setup kafka-jars
+	$(BIN)/python bench/bench_ledger.py
+	$(BIN)/python bench/bench_merkle.py --leaves 1000000
+
+clean:
+	rm -rf .runledger .kafka/data* .pytest_cache
