@@ -236,7 +236,7 @@ def anchor_workload(work: Path) -> None:
 
 def big_ledger(work: Path, target_values: int) -> None:
     steps = max(1, target_values // 260)  # 20 scalars + 48 × 5 router stats per step (+ counts every 100)
-    ledger_dir, values, t_emit, t_ingest = ingest_rate(work, steps)
+    ledger_dir, values, _t_emit, t_ingest = ingest_rate(work, steps)
     Ledger.open(ledger_dir).compact()
     reader = Reader(ledger_dir)
     n_metric_rows = reader.sql("SELECT count(*) FROM metrics_all").rows[0][0]
