@@ -70,7 +70,15 @@ _SAVE_EVERY = 100  # objects between cursor saves: bounds the work a crash repea
 
 
 class BackfillError(RuntimeError):
-    """A failure the user can act on (bad repository, bad token, rate limit too long, network)."""
+    """A failure the user can act on (bad repository, bad token, rate limit too long, network).
+
+    ``code`` is the exit status a command line should use: 2 for the user's own mistake (a bad name, a
+    repository that does not exist, a refused token), 1 for the rest.
+    """
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 # -- cursors -------------------------------------------------------------------------------------
@@ -342,10 +350,10 @@ def backfill(
     ``cursor_store``; with neither, everything is read. Raises ``BackfillError`` on what a user can fix.
     """
     if not valid_repo(repo):
-        raise BackfillError(f"not a repository name: {repo!r} (expected OWNER/NAME)")
+        raise BackfillError(f"not a repository name: {repo!r} (expected OWNER/NAME)", 2)
     unknown = set(kinds) - set(KINDS)
     if unknown:
-        raise BackfillError(f"unknown kinds {sorted(unknown)}; known: {list(KINDS)}")
+        raise BackfillError(f"unknown kinds {sorted(unknown)}; known: {list(KINDS)}", 2)
     started = time.monotonic()
     stats = BackfillStats(repo=repo)
 
@@ -383,7 +391,7 @@ def backfill(
     except RateLimitExceededExceedsMaxWait as exc:
         raise BackfillError(f"GitHub rate limit needs a {exc.wait:.0f} s wait, over the cap") from None
     except GithubException as exc:
-        raise BackfillError(_describe(exc, repo)) from None
+        raise BackfillError(_describe(exc, repo), 2 if exc.status in (401, 404) else 1) from None
     except requests.RequestException as exc:
         raise BackfillError(f"cannot reach {base_url}: {type(exc).__name__}") from None
     finally:

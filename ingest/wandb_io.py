@@ -1,0 +1,475 @@
+"""Weights & Biases, both ways: mirror a live run to W&B, and import an offline W&B run into the ledger.
+
+Mirror (``WandbMirror``): the trainer keeps the ledger as its record and mirrors steps to W&B with the
+real ``wandb`` library, in whatever mode the environment selects (``WANDB_MODE``: online, offline,
+disabled). ``start`` returns the W&B run id and URL (None offline) for ``RunStarted.external``.
+A W&B failure after ``start`` never stops training: it is logged and counted (``strict=True`` raises).
+
+Import (``import_offline_run``): a W&B offline run directory (``wandb/offline-run-*/run-*.wandb``)
+becomes ledger events:
+
+  RunStarted     the config given to ``wandb.init`` (``_wandb`` internals dropped), its config_hash,
+                 ``external`` = wandb_run_id / wandb_project / wandb_entity / wandb_file
+  ConfigChanged  one per mid-run ``config.update`` (RFC 6902 add/replace/remove, cause "api")
+  StepMetrics    one per history row: known keys (loss, lr, grad_norm, tokens, total_tokens,
+                 tokens_per_second, mfu, step_time_s) → fields, other numbers → ``scalars``;
+                 NaN/±inf → null (JSON cannot carry them); strings, media, histograms are skipped
+  RunSummary     the final summary (W&B's ``_``-prefixed internals dropped)
+  RunFinished    from the exit record ("completed" for exit code 0, else "failed"); absent when the
+                 file ends without one (a crashed or still-running run)
+
+The ``.wandb`` file is read with wandb's own reader: wandb 0.31 no longer ships a Python datastore
+reader (``wandb.sdk.internal.datastore`` is gone); its bundled ``wandb-core`` binary decodes the log
+(``wandb-core leet inspect -json``: one JSON record per line) and we map those records. Ids are
+``wandb/{wandb_run_id}/…`` and seq counts from 0, so importing the same file twice is deduplicated.
+
+Importing ONLINE runs through the W&B public API is not supported: it cannot be tested honestly
+without network access to a W&B server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from ingest.bus import EventSink
+from schemas import Envelope, config_hash, make_event
+from schemas import payloads as p
+
+log = logging.getLogger("runledger.wandb")
+
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+STEP_FIELDS = ("loss", "lr", "grad_norm", "tokens_per_second", "mfu", "step_time_s")
+COUNT_FIELDS = ("tokens", "total_tokens")
+_NONFINITE = {"NaN", "nan", "Infinity", "-Infinity", "inf", "-inf"}
+
+
+class WandbImportError(RuntimeError):
+    """The path holds no readable W&B offline run (or wandb's reader failed on it)."""
+
+
+# -- mirror ------------------------------------------------------------------------------------
+
+
+def wandb_run_id_for(run_id: str) -> str:
+    """A W&B run id for a ledger run id: the same when it fits W&B's 64 characters, else prefix + hash."""
+    if len(run_id) <= 64:
+        return run_id
+    return f"{run_id[:47]}-{hashlib.sha256(run_id.encode()).hexdigest()[:16]}"
+
+
+class WandbMirror:
+    """Mirrors a run's config and step metrics to W&B. One W&B run per ledger run (attempts resume it)."""
+
+    def __init__(
+        self,
+        project: str = "runledger",
+        *,
+        entity: str | None = None,
+        mode: str | None = None,
+        directory: str | Path | None = None,
+        settings: Mapping[str, Any] | None = None,
+        strict: bool = False,
+    ) -> None:
+        self.project = project
+        self.entity = entity
+        self.mode = mode  # None: WANDB_MODE (or wandb's default) decides
+        self.directory = Path(directory) if directory is not None else None
+        # Console capture would rewrite the trainer's stdout; the ledger has its own logs.
+        self.settings = {"console": "off", "save_code": False} | dict(settings or {})
+        self.strict = strict
+        self.failures = 0
+        self._run: Any = None
+
+    def start(
+        self, run_id: str, config: Mapping[str, Any], *, name: str | None = None
+    ) -> tuple[str, str | None]:
+        """Start (or, for a later attempt, resume) the W&B run; returns (wandb run id, url or None)."""
+        import wandb
+
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        self._run = wandb.init(
+            project=self.project,
+            entity=self.entity,
+            id=wandb_run_id_for(run_id),
+            name=name or run_id,
+            config=dict(config),
+            dir=str(self.directory) if self.directory is not None else None,
+            mode=self.mode,  # type: ignore[arg-type]
+            resume="allow",
+            reinit="create_new",
+            settings=wandb.Settings(**self.settings),
+        )
+        return str(self._run.id), self._run.url
+
+    @property
+    def external(self) -> dict[str, str]:
+        """What the trainer puts into ``RunStarted.external``."""
+        if self._run is None:
+            return {}
+        out = {"wandb_run_id": str(self._run.id), "wandb_project": str(self._run.project or self.project)}
+        if self._run.entity:
+            out["wandb_entity"] = str(self._run.entity)
+        if self._run.url:
+            out["wandb_url"] = str(self._run.url)
+        if self._run.offline:
+            out["wandb_dir"] = str(Path(self._run.dir).parent)
+        return out
+
+    def _guard(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> None:
+        if self._run is None:
+            raise RuntimeError("WandbMirror.start() was not called")
+        try:
+            fn(*args, **kwargs)
+        except Exception:
+            self.failures += 1
+            if self.strict:
+                raise
+            if self.failures <= 3:  # say it, but do not flood the trainer's log
+                log.warning("W&B %s failed (%d failures so far)", what, self.failures, exc_info=True)
+
+    def log(self, step: int, values: Mapping[str, Any]) -> None:
+        self._guard("log", lambda: self._run.log(dict(values), step=step))
+
+    def config_update(self, values: Mapping[str, Any]) -> None:
+        self._guard("config update", lambda: self._run.config.update(dict(values), allow_val_change=True))
+
+    def finish(self, exit_code: int = 0) -> None:
+        if self._run is None:
+            return
+        self._guard("finish", lambda: self._run.finish(exit_code=exit_code))
+        self._run = None
+
+
+# -- reading an offline run ----------------------------------------------------------------------
+
+
+def find_offline_runs(path: str | Path) -> list[Path]:
+    """The ``run-*.wandb`` files under ``path``: a .wandb file, a run directory, or a wandb directory."""
+    root = Path(path)
+    if root.is_file():
+        if root.suffix != ".wandb":
+            raise WandbImportError(f"{root} is not a .wandb file")
+        return [root]
+    if not root.is_dir():
+        raise WandbImportError(f"no such directory: {root}")
+    found = sorted(root.glob("run-*.wandb"))
+    if not found:
+        found = sorted(root.glob("*run-*/run-*.wandb"))  # a wandb/ directory holding run directories
+    if not found:
+        found = sorted(root.glob("wandb/*run-*/run-*.wandb"))  # the directory wandb was started in
+    if not found:
+        raise WandbImportError(f"no W&B run (run-*.wandb) under {root}")
+    return found
+
+
+def read_records(wandb_file: str | Path) -> Iterator[dict[str, Any]]:
+    """The records of a ``.wandb`` file as decoded by wandb's own reader (``wandb-core``)."""
+    from wandb.util import get_core_path
+
+    try:
+        core = get_core_path()
+    except Exception as exc:
+        raise WandbImportError(f"wandb's reader (wandb-core) is not available: {exc}") from None
+    args = [core, "leet", "inspect", "-no-observability", "-json", "-run-file", str(wandb_file)]
+    env = os.environ | {"WANDB_ERROR_REPORTING": "false"}
+    with tempfile.TemporaryFile() as errors:
+        # stderr to a file, so a chatty reader can never block on a full pipe while we read stdout.
+        with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=errors, env=env, close_fds=True) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.strip():
+                    yield json.loads(line)
+            code = proc.wait()
+        if code != 0:
+            errors.seek(0)
+            lines = [ln for ln in errors.read().decode(errors="replace").splitlines() if ln.strip()]
+            raise WandbImportError(f"wandb could not read {wandb_file}: {lines[-1] if lines else code}")
+
+
+@dataclass
+class ImportStats:
+    run_id: str
+    wandb_run_id: str
+    wandb_file: str
+    steps: int = 0
+    config_changes: int = 0
+    summary_keys: int = 0
+    skipped_values: int = 0
+    events: int = 0
+    finished: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _strip_internal(config: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if not k.startswith("_wandb")}
+
+
+def _config_update(record: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(updated keys → values, removed keys) of a config record, in either JSON shape wandb uses."""
+    update = record.get("update") or {}
+    if isinstance(update, list):  # protobuf-JSON shape: [{"key": …, "value_json": "…"}]
+        update = {u.get("key"): json.loads(u.get("value_json", "null")) for u in update if u.get("key")}
+    removed = record.get("remove") or []
+    keys = [r.get("key") if isinstance(r, Mapping) else r for r in removed]
+    return _strip_internal(update), [str(k) for k in keys if k and not str(k).startswith("_wandb")]
+
+
+def _pointer(key: str) -> str:
+    return "/" + key.replace("~", "~0").replace("/", "~1")
+
+
+def _number(value: Any) -> tuple[bool, float | None]:
+    """(is a scalar, its JSON-safe value): NaN/inf become None; non-numbers are not scalars."""
+    if isinstance(value, bool):
+        return False, None
+    if isinstance(value, int | float):
+        return True, float(value) if math.isfinite(value) else None
+    if isinstance(value, str) and value in _NONFINITE:
+        return True, None
+    return False, None
+
+
+def _repository_of(remote: str | None) -> str | None:
+    match = re.search(r"github\.com[:/]([^/]+/[^/]+?)(?:\.git)?/?$", remote or "")
+    return match.group(1) if match else None
+
+
+def _time_of(seconds: Any, fallback: datetime) -> datetime:
+    ok, value = _number(seconds)
+    return datetime.fromtimestamp(value, UTC) if ok and value is not None else fallback
+
+
+class _Importer:
+    def __init__(self, sink: EventSink, wandb_file: Path, run_id: str | None) -> None:
+        self.sink = sink
+        self.wandb_file = wandb_file
+        self.requested_run_id = run_id
+        self.seq = 0
+        self.config: dict[str, Any] = {}
+        self.summary: dict[str, Any] = {}
+        self.last_step: int | None = None
+        self.last_time: datetime | None = None
+        self.total_tokens: int | None = None
+        self.runtime: float | None = None
+        self.stats: ImportStats | None = None
+        self.source = ""
+        self.wandb_id = ""
+        self.start_time = datetime.now(UTC)
+
+    def emit(self, payload: Any, *, kind: str, time: datetime, step: int | None = None) -> None:
+        assert self.stats is not None
+        envelope: Envelope = make_event(
+            payload,
+            source=self.source,
+            stream=self.stats.run_id,
+            seq=self.seq,
+            run_id=self.stats.run_id,
+            attempt=1,
+            step=step,
+            id=f"wandb/{self.wandb_id}/{kind}",
+            time=time,
+            subject=f"wandb/{self.wandb_id}",
+        )
+        self.sink.emit(envelope)
+        self.seq += 1
+        self.stats.events += 1
+
+    def run(self) -> ImportStats:
+        version = ""
+        for record in read_records(self.wandb_file):
+            kind = record.get("type")
+            body = record.get(kind) if isinstance(kind, str) else None
+            if not isinstance(body, Mapping):
+                continue
+            if kind == "header":
+                version = str((body.get("version_info") or {}).get("producer") or "").split("+")[0]
+            elif kind == "run" and self.stats is None:
+                self.on_run(body, version)
+            elif self.stats is None:
+                continue  # nothing before the run record belongs to a run
+            elif kind == "config":
+                self.on_config(body, int(record.get("num") or 0))
+            elif kind == "history":
+                self.on_history(body)
+            elif kind == "summary":
+                self.on_summary(body)
+            elif kind == "exit":
+                self.on_exit(body)
+        if self.stats is None:
+            raise WandbImportError(f"{self.wandb_file} holds no run record")
+        return self.stats
+
+    def on_run(self, run: Mapping[str, Any], version: str) -> None:
+        self.wandb_id = str(run.get("run_id") or "")
+        if not self.wandb_id:
+            raise WandbImportError(f"{self.wandb_file}: the run record has no run id")
+        run_id = self.requested_run_id or self.wandb_id
+        if not RUN_ID_RE.match(run_id):
+            raise WandbImportError(f"W&B run id {run_id!r} is not a valid ledger run id; pass --run-id")
+        project = str(run.get("project") or "")
+        self.source = f"wandb:{project}/{self.wandb_id}" if project else f"wandb:{self.wandb_id}"
+        self.stats = ImportStats(run_id=run_id, wandb_run_id=self.wandb_id, wandb_file=str(self.wandb_file))
+        with contextlib.suppress(ValueError, TypeError):
+            self.start_time = datetime.fromisoformat(str(run.get("start_time"))).astimezone(UTC)
+        self.last_time = self.start_time
+        self.config, _ = _config_update(run.get("config") or {})
+        external = {"wandb_run_id": self.wandb_id, "wandb_file": str(self.wandb_file)}
+        if project:
+            external["wandb_project"] = project
+        if run.get("entity"):
+            external["wandb_entity"] = str(run["entity"])
+        git = run.get("git") or {}
+        self.emit(
+            p.RunStarted(
+                config=self.config,
+                config_hash=config_hash(self.config),
+                git_commit=git.get("commit") or None,
+                repository=_repository_of(git.get("remote_url")),
+                host=str(run.get("host") or ""),
+                software={"wandb": version} if version else {},
+                external=external,
+                name=run.get("display_name") or None,
+            ),
+            kind="started",
+            time=self.start_time,
+        )
+
+    def on_config(self, record: Mapping[str, Any], num: int) -> None:
+        update, removed = _config_update(record)
+        ops: list[p.PatchOp] = []
+        new = dict(self.config)
+        for key, value in update.items():
+            if key in new and new[key] == value:
+                continue
+            ops.append(p.PatchOp(op="replace" if key in new else "add", path=_pointer(key), value=value))
+            new[key] = value
+        for key in removed:
+            if key in new:
+                ops.append(p.PatchOp(op="remove", path=_pointer(key)))
+                del new[key]
+        if not ops:
+            return
+        previous = config_hash(self.config)
+        self.config = new
+        applies_from = 0 if self.last_step is None else self.last_step + 1
+        assert self.stats is not None
+        self.stats.config_changes += 1
+        self.emit(
+            p.ConfigChanged(
+                patch=ops,
+                previous_hash=previous,
+                config_hash=config_hash(new),
+                cause=p.ChangeCause(kind="api", detail="wandb config.update (imported from a W&B run)"),
+            ),
+            kind=f"config/{num}",
+            time=self.last_time or self.start_time,
+            step=applies_from,
+        )
+
+    def on_history(self, history: Mapping[str, Any]) -> None:
+        item = history.get("item") or {}
+        step_value = (history.get("step") or {}).get("num", item.get("_step"))
+        if not isinstance(step_value, int) or isinstance(step_value, bool) or step_value < 0:
+            return
+        assert self.stats is not None
+        fields: dict[str, Any] = {}
+        scalars: dict[str, float | None] = {}
+        for key, value in item.items():
+            if key.startswith("_"):
+                continue
+            is_scalar, number = _number(value)
+            if not is_scalar:
+                self.stats.skipped_values += 1
+            elif key in STEP_FIELDS:
+                fields[key] = number
+            elif key in COUNT_FIELDS and number is not None and number >= 0 and number == int(number):
+                fields[key] = int(number)
+            else:
+                scalars[key] = number
+        when = _time_of(item.get("_timestamp"), self.last_time or self.start_time)
+        self.last_step, self.last_time = step_value, when
+        if "total_tokens" in fields:
+            self.total_tokens = fields["total_tokens"]
+        self._runtime(item.get("_runtime"))
+        self.stats.steps += 1
+        self.emit(
+            p.StepMetrics(**fields, scalars=scalars), kind=f"step/{step_value}", time=when, step=step_value
+        )
+
+    def _runtime(self, value: Any) -> None:
+        ok, seconds = _number(value)
+        if ok and seconds is not None and (self.runtime is None or seconds > self.runtime):
+            self.runtime = seconds
+
+    def on_summary(self, summary: Mapping[str, Any]) -> None:
+        update = summary.get("update") or {}
+        if isinstance(update, Mapping):
+            self._runtime(update.get("_runtime"))
+            self.summary.update({k: v for k, v in update.items() if not k.startswith("_")})
+        for removed in summary.get("remove") or []:
+            key = removed.get("key") if isinstance(removed, Mapping) else removed
+            self.summary.pop(str(key), None)
+
+    def on_exit(self, exit_record: Mapping[str, Any]) -> None:
+        assert self.stats is not None
+        code = exit_record.get("exit_code") or 0
+        self._runtime(exit_record.get("runtime"))
+        end = self.start_time + timedelta(seconds=self.runtime) if self.runtime else self.last_time
+        end = max(end or self.start_time, self.last_time or self.start_time)
+        self.stats.summary_keys = len(self.summary)
+        self.emit(p.RunSummary(values=dict(self.summary)), kind="summary", time=end, step=self.last_step)
+        self.emit(
+            p.RunFinished(
+                status="completed" if code == 0 else "failed",
+                final_step=self.last_step,
+                total_tokens=self.total_tokens,
+                duration_s=self.runtime,
+            ),
+            kind="finished",
+            time=end,
+            step=self.last_step,
+        )
+        self.stats.finished = True
+
+    def finish_incomplete(self) -> None:
+        # No exit record: the run crashed or is still going. Its summary so far is still worth keeping.
+        assert self.stats is not None
+        if self.stats.finished or not self.summary:
+            return
+        self.stats.summary_keys = len(self.summary)
+        self.emit(
+            p.RunSummary(values=dict(self.summary)),
+            kind="summary",
+            time=self.last_time or self.start_time,
+            step=self.last_step,
+        )
+
+
+def import_offline_run(run_dir: str | Path, sink: EventSink, *, run_id: str | None = None) -> ImportStats:
+    """Turn one W&B offline run (its directory or its ``.wandb`` file) into ledger events on ``sink``."""
+    files = find_offline_runs(run_dir)
+    if len(files) > 1:
+        names = ", ".join(str(f.parent.name) for f in files)
+        raise WandbImportError(f"{run_dir} holds {len(files)} runs ({names}); import one at a time")
+    importer = _Importer(sink, files[0], run_id)
+    stats = importer.run()
+    importer.finish_incomplete()
+    sink.sync()
+    log.info("imported W&B run %s as %s: %d events", stats.wandb_run_id, stats.run_id, stats.events)
+    return stats
