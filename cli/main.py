@@ -146,6 +146,34 @@ def diff(
 
 
 @app.command()
+def blame(
+    run: Annotated[str, typer.Argument(help="Run id.")],
+    key: Annotated[str, typer.Argument(help="Dotted config key, e.g. moe.capacity_factor.")],
+    step: Annotated[int | None, typer.Option("--step", help="Step (default: the last).")] = None,
+    ledger: LedgerOption = DEFAULT_LEDGER,
+    fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json.")] = Format.table,
+    output: OutputOption = None,
+) -> None:
+    """Which change set a config key's value live at a step, and the commit/PR/person behind it."""
+    with user_errors():
+        result = _reader(ledger).blame(run, key, step)
+    if fmt == Format.json:
+        print_json(result, output)
+        return
+    s = result["set_by"]
+    cause = s["cause"] or {}
+    who = f" by {cause['actor']}" if cause.get("actor") else ""
+    how = f" ({cause.get('kind')}: {cause.get('detail')})" if cause else ""
+    console.print(f"{key} = {result['value']!r} at step {result['step']} of {run}")
+    console.print(f"  set by {s['kind']} at step {s['step']} (attempt {s['attempt']}, {s['time']}){who}{how}")
+    console.print(f"  code: {result['commit'] or 'unknown'}{' (dirty)' if result['git_dirty'] else ''}")
+    for pr in result["pull_requests"]:
+        console.print(
+            f"  PR {pr['repo']}#{pr['number']} {pr['title']!r} by {pr['actor']} (merged: {pr['merged']})"
+        )
+
+
+@app.command()
 def compact(ledger: LedgerOption = DEFAULT_LEDGER) -> None:
     """Merge each partition's small Parquet files into one (answers do not change)."""
     from ledger.store import Ledger

@@ -72,6 +72,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _cell(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    return str(_plain(value))
+
+
 def print_rows(
     columns: Sequence[str],
     rows: Sequence[Sequence[Any]],
@@ -97,7 +103,7 @@ def print_rows(
         for c in columns:
             table.add_column(c, overflow="fold")
         for r in rows:
-            table.add_row(*("" if v is None else str(_plain(v)) for v in r))
+            table.add_row(*("" if v is None else _cell(v) for v in r))
         console.print(table)
         return
     buffer = io.StringIO()

@@ -144,6 +144,59 @@ class Reader:
             "events": happened,
         }
 
+    def blame(self, run_id: str, key: str, step: int | None = None) -> dict[str, Any]:
+        """Which change set ``key`` (dotted path) to its value live at ``step``, and who is behind it."""
+        state = self.state(run_id, step=step)
+        path = "/" + key.replace(".", "/")
+        value: Any = state.config
+        for part in key.split("."):
+            if not isinstance(value, dict) or part not in value:
+                raise QueryError(f"config key {key!r} is not in run {run_id}'s config at step {state.step}")
+            value = value[part]
+        launch = next(a for a in state.attempts if a.attempt == state.attempt)
+        setter: dict[str, Any] = {
+            "kind": launch.kind,
+            "step": launch.start_step,
+            "attempt": launch.attempt,
+            "time": launch.started_at,
+            "cause": None,
+        }
+        for change in state.config_changes:
+            touched = any(
+                op["path"] == path or path.startswith(op["path"] + "/") or op["path"].startswith(path + "/")
+                for op in change["patch"]
+            )
+            if change["accepted"] and change["attempt"] == state.attempt and touched:
+                setter = {
+                    "kind": "config.changed",
+                    "step": change["step"],
+                    "attempt": change["attempt"],
+                    "time": change["time"],
+                    "cause": change["cause"],
+                }
+        commit = (setter["cause"] or {}).get("commit") or state.git_commit
+        return {
+            "run_id": run_id,
+            "key": key,
+            "value": value,
+            "step": state.step,
+            "set_by": setter,
+            "commit": commit,
+            "git_dirty": state.git_dirty,
+            "pull_requests": self.prs_for_commit(commit),
+        }
+
+    def prs_for_commit(self, sha: str | None) -> list[dict[str, Any]]:
+        """The PRs whose merge, head or pushed commits include ``sha`` (prefixes allowed)."""
+        if not sha:
+            return []
+        res = self.sql(
+            "SELECT DISTINCT repo, number, title, actor, merged, sha FROM github WHERE kind = 'pull_request' "
+            "AND (starts_with(sha, ?) OR starts_with(head_sha, ?)) ORDER BY number",
+            [sha, sha],
+        )
+        return [dict(zip(res.columns, row, strict=True)) for row in res.rows]
+
     def history(self, run_id: str) -> list[HistoryItem]:
         self.require_run(run_id)
         events = self.events(run_id)
