@@ -163,6 +163,28 @@ LIVE_KEYS: frozenset[str] = frozenset(
 )
 
 
+# Keys (JSON Pointer prefixes) a checkpoint pins: a resume with a different value cannot load it or
+# would not continue the same run. Everything else may differ on resume (recorded in run-resumed).
+CHECKPOINT_PINNED: tuple[str, ...] = (
+    "/model/",
+    "/moe/num_experts",
+    "/moe/top_k",
+    "/moe/ffn_hidden_size",
+    "/moe/score_function",
+    "/parallel/tp",
+    "/parallel/ep",
+    "/parallel/dp",
+    "/run/run_id",
+    "/run/seed",
+    "/data/",
+)
+
+
+def pinned_changes(ops: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The operations of a patch that touch keys a checkpoint pins."""
+    return [op for op in ops if any(str(op.get("path", "")).startswith(p) for p in CHECKPOINT_PINNED)]
+
+
 class ConfigError(ValueError):
     """A config that cannot be loaded or is inconsistent."""
 

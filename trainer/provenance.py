@@ -1,0 +1,75 @@
+"""Where and what code runs: git commit and dirty flag, software versions, host, cluster, job."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import socket
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+CODE_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=CODE_ROOT, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+@lru_cache(maxsize=1)
+def git_info() -> tuple[str | None, bool | None, str | None]:
+    """(commit, dirty, branch) of the code that runs; Nones outside a git checkout."""
+    commit = _git("rev-parse", "HEAD")
+    if commit is None:
+        return None, None, None
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    branch = _git("rev-parse", "--abbrev-ref", "HEAD")
+    return commit, (bool(status) if status is not None else None), branch
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@lru_cache(maxsize=1)
+def software() -> dict[str, str]:
+    found = {
+        "python": platform.python_version(),
+        "torch": str(torch.__version__),
+        "megatron-core": _version("megatron-core"),
+        "transformer-engine": _version("transformer-engine") or _version("transformer_engine"),
+        "msgspec": _version("msgspec"),
+        "numpy": _version("numpy"),
+        "runledger": _version("runledger"),
+        "cuda": str(torch.version.cuda) if torch.version.cuda else None,
+        "platform": platform.platform(),
+    }
+    return {k: str(v) for k, v in found.items() if v}
+
+
+def host() -> str:
+    return socket.gethostname()
+
+
+def cluster() -> str | None:
+    return os.environ.get("RUNLEDGER_CLUSTER") or os.environ.get("SLURM_CLUSTER_NAME")
+
+
+def job_id() -> str | None:
+    return (
+        os.environ.get("RUNLEDGER_JOB_ID")
+        or os.environ.get("SLURM_JOB_ID")
+        or os.environ.get("TORCHELASTIC_RUN_ID")
+    )

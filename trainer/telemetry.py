@@ -1,0 +1,365 @@
+"""Telemetry: router statistics captured on the device, per-step metrics, MFU, and the background
+emitter that hands events to the bus so the training loop never waits on it.
+
+Router statistics (per MoE layer, summed over the step's micro-batches, on the device):
+  * token-drop rate = dropped (token, expert) assignments ÷ (tokens · k). Megatron applies the
+    capacity inside ``TopKRouter.routing`` (``apply_router_token_dropping``); a forward hook on each
+    router sees the routing map after dropping, and the map before dropping is the router's own
+    top-k selection recomputed from its logits (captured by wrapping the router's ``gating``);
+  * per-expert token counts after drops (they sum to tokens · k − dropped);
+  * aux loss: the coefficient-free switch load-balancing loss E · Σᵢ fᵢ · Pᵢ (fᵢ: share of the
+    tokens · k assignments chosen for expert i before drops, Pᵢ: mean router probability of i),
+    the quantity Megatron scales by ``moe_aux_loss_coeff``, reported whether or not it is trained on;
+  * z loss: mean over tokens of logsumexp(logits)², likewise before its coefficient;
+  * routing entropy: mean over tokens of −Σᵢ pᵢ log pᵢ of the router's softmax (nats).
+
+Everything a step reports (loss, squared gradient norm, the router block) is stacked into one
+tensor, all-reduced once across ranks, and read with one ``.tolist()``: one device-to-host transfer.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import msgspec
+import torch
+
+from ingest.bus import EventSink
+from schemas import make_event
+from schemas.envelope import utc_now
+from schemas.payloads import MoeLayerStats, MoeRouterStats, StepMetrics
+from trainer import model as model_lib
+from trainer.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+# Columns of one layer's row in the router accumulator.
+TOKENS, DROPPED, AUX, ZLOSS, ENTROPY = range(5)
+FIXED_COLS = 5
+
+
+class RouterStats:
+    """Hooks on every router that accumulate per-layer statistics on the device."""
+
+    def __init__(self, model: torch.nn.Module, num_experts: int, top_k: int, device: torch.device) -> None:
+        self.routers = model_lib.routers(model)
+        self.num_layers = len(self.routers)
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.acc = torch.zeros(self.num_layers, FIXED_COLS + num_experts, dtype=torch.float32, device=device)
+        self._handles: list[Any] = []
+        self._logits: dict[int, torch.Tensor] = {}
+        for index, router in enumerate(self.routers):
+            self._install(index, router)
+
+    @property
+    def width(self) -> int:
+        return self.acc.numel()
+
+    def _install(self, index: int, router: torch.nn.Module) -> None:
+        original = router.gating  # the bound method
+
+        def gating(inp: torch.Tensor) -> torch.Tensor:
+            logits: torch.Tensor = original(inp)
+            self._logits[index] = logits.detach()
+            return logits
+
+        router.gating = gating  # instance attribute: this router only, removed by close()
+
+        def hook(module: torch.nn.Module, args: Any, output: tuple[torch.Tensor, torch.Tensor]) -> None:
+            logits = self._logits.pop(index, None)
+            if logits is not None:
+                self._accumulate(index, module, logits, output[1])
+
+        self._handles.append(router.register_forward_hook(hook))
+
+    @torch.no_grad()
+    def _accumulate(
+        self, index: int, router: torch.nn.Module, logits: torch.Tensor, routing_map: torch.Tensor
+    ) -> None:
+        from megatron.core.transformer.moe.moe_utils import (
+            compute_routing_scores_for_aux_loss,
+            topk_routing_with_score_function,
+        )
+
+        tcfg = router.config
+        logits = logits.reshape(-1, self.num_experts).float()
+        tokens = logits.shape[0]
+        k = self.top_k
+        chosen, scores = compute_routing_scores_for_aux_loss(logits, k, tcfg.moe_router_score_function)
+        if router.expert_bias is not None or tcfg.moe_router_num_groups:
+            # The selection differs from the plain top-k: recompute it the router's way.
+            _, chosen = topk_routing_with_score_function(
+                logits,
+                k,
+                use_pre_softmax=tcfg.moe_router_pre_softmax,
+                num_groups=tcfg.moe_router_num_groups,
+                group_topk=tcfg.moe_router_group_topk,
+                scaling_factor=tcfg.moe_router_topk_scaling_factor,
+                score_function=tcfg.moe_router_score_function,
+                expert_bias=router.expert_bias,
+            )
+        kept = chosen & routing_map.reshape(-1, self.num_experts)  # padding slots are not tokens
+        counts = kept.sum(dim=0, dtype=torch.float32)
+        chosen_counts = chosen.sum(dim=0, dtype=torch.float32)
+        aux = self.num_experts * (chosen_counts / (tokens * k) * scores.mean(dim=0)).sum()
+        z = torch.logsumexp(logits, dim=-1).square().mean()
+        logp = torch.log_softmax(logits, dim=-1)
+        entropy = -(logp.exp() * logp).sum(dim=-1).mean()
+        row = self.acc[index]
+        row[TOKENS] += tokens
+        row[DROPPED] += tokens * k - counts.sum()
+        row[AUX] += aux * tokens
+        row[ZLOSS] += z * tokens
+        row[ENTROPY] += entropy * tokens
+        row[FIXED_COLS:] += counts
+
+    def take(self) -> torch.Tensor:
+        """The step's accumulator, flattened (a copy), and a fresh one for the next step."""
+        out = self.acc.flatten().clone()
+        self.acc.zero_()
+        return out
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for router in self.routers:
+            router.__dict__.pop("gating", None)  # the class's method shows through again
+
+
+def layer_stats(flat: list[float], num_layers: int, num_experts: int, top_k: int) -> list[MoeLayerStats]:
+    """Host-side: the accumulator (after the all-reduce) as per-layer stats."""
+    width = FIXED_COLS + num_experts
+    out = []
+    for layer in range(num_layers):
+        row = flat[layer * width : (layer + 1) * width]
+        tokens = round(row[TOKENS])
+        dropped = max(0, round(row[DROPPED]))
+        denom = max(1, tokens)
+        out.append(
+            MoeLayerStats(
+                layer=layer,
+                tokens=tokens,
+                top_k=top_k,
+                dropped=dropped,
+                token_drop_rate=min(1.0, dropped / max(1, tokens * top_k)),
+                expert_counts=[round(c) for c in row[FIXED_COLS:]],
+                aux_loss=_finite(row[AUX] / denom),
+                z_loss=_finite(row[ZLOSS] / denom),
+                routing_entropy=_finite(row[ENTROPY] / denom),
+            )
+        )
+    return out
+
+
+def _finite(x: float | None) -> float | None:
+    """JSON has no NaN/Inf: they travel as null."""
+    return x if x is not None and math.isfinite(x) else None
+
+
+def mfu_percent(cfg: TrainConfig, tokens_per_second: float, world_size: int) -> float:
+    """Model FLOPs utilisation: tokens/s × FLOPs per token (``model.flops_per_token``) ÷ peak, in %."""
+    peak = cfg.telemetry.peak_tflops * 1e12 * world_size
+    return 100.0 * tokens_per_second * model_lib.flops_per_token(cfg) / peak if peak > 0 else 0.0
+
+
+@dataclass
+class StepReport:
+    """One step as the loop saw it (host floats): what progress callbacks and events are built from."""
+
+    step: int
+    loss: float
+    grad_norm: float
+    lr: float
+    tokens: int
+    total_tokens: int
+    step_time_s: float
+    tokens_per_second: float
+    mfu: float
+    layers: list[MoeLayerStats] = field(default_factory=list)
+    scalars: dict[str, float | None] = field(default_factory=dict)
+
+    @property
+    def token_drop_rate(self) -> float | None:
+        if not self.layers:
+            return None
+        return sum(layer.token_drop_rate for layer in self.layers) / len(self.layers)
+
+
+def step_metrics(report: StepReport) -> StepMetrics:
+    scalars = dict(report.scalars)
+    if report.layers:
+        n = len(report.layers)
+        scalars["token_drop_rate"] = report.token_drop_rate
+        for name in ("aux_loss", "z_loss", "routing_entropy"):
+            values = [getattr(layer, name) for layer in report.layers]
+            scalars[name] = None if None in values else sum(values) / n  # type: ignore[operator]
+    return StepMetrics(
+        loss=_finite(report.loss),
+        grad_norm=_finite(report.grad_norm),
+        lr=report.lr,
+        tokens=report.tokens,
+        total_tokens=report.total_tokens,
+        tokens_per_second=_finite(report.tokens_per_second),
+        mfu=_finite(report.mfu),
+        step_time_s=report.step_time_s,
+        scalars={k: _finite(v) for k, v in scalars.items()},
+    )
+
+
+def router_stats(report: StepReport) -> MoeRouterStats:
+    return MoeRouterStats(layers=report.layers)
+
+
+# --- the background emitter -------------------------------------------------------------------
+
+PayloadLike = msgspec.Struct | Callable[[], msgspec.Struct]
+
+
+class _Flush:
+    def __init__(self, sync: bool) -> None:
+        self.sync = sync
+        self.done = threading.Event()
+
+
+_STOP = object()
+
+
+class Emitter:
+    """Hands events to a sink from a background thread.
+
+    The loop calls ``submit``: it enqueues (payload or payload factory, step, time) and returns.
+    Queue full: a metrics event is dropped and counted (``dropped``); a lifecycle event
+    (``critical=True``) waits for space for at most ``critical_timeout_s`` (it is rare, and losing it
+    would break the run's lineage). Sequence numbers are assigned by the thread at emit time, so an
+    event dropped before emission leaves no gap: ``seq`` is gap-free per source.
+    """
+
+    def __init__(
+        self,
+        sink: EventSink,
+        *,
+        source: str,
+        stream: str,
+        run_id: str,
+        attempt: int,
+        queue_size: int = 4096,
+        critical_timeout_s: float = 30.0,
+        start_seq: int = 0,
+    ) -> None:
+        self.sink = sink
+        self.source = source
+        self.stream = stream
+        self.run_id = run_id
+        self.attempt = attempt
+        self.critical_timeout_s = critical_timeout_s
+        self.seq = start_seq
+        self.dropped = 0
+        self.emitted = 0
+        self.errors = 0
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, queue_size))
+        self._thread = threading.Thread(target=self._run, name=f"emitter-{source}", daemon=True)
+        self._closed = False
+        self._thread.start()
+
+    def submit(self, payload: PayloadLike, *, step: int | None, critical: bool = False) -> bool:
+        """Enqueue one event; True if it was accepted."""
+        if self._closed:
+            return False
+        item = (payload, step, utc_now())
+        try:
+            if critical:
+                self._queue.put(item, timeout=self.critical_timeout_s)
+            else:
+                self._queue.put_nowait(item)
+        except queue.Full:
+            self.dropped += 1
+            if critical:
+                log.error("emitter queue full for %.0fs: lifecycle event lost", self.critical_timeout_s)
+            return False
+        return True
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is _STOP:
+                    return
+                if isinstance(item, _Flush):
+                    if item.sync:
+                        self._guarded(self.sink.sync)
+                    item.done.set()
+                    continue
+                payload, step, when = item
+                self._emit(payload() if callable(payload) else payload, step, when)
+            except Exception:  # a bad payload must not kill the thread
+                self.errors += 1
+                log.exception("emitter: could not emit an event")
+            finally:
+                self._queue.task_done()
+
+    def _emit(self, payload: msgspec.Struct, step: int | None, when: datetime) -> None:
+        envelope = make_event(
+            payload,
+            source=self.source,
+            stream=self.stream,
+            seq=self.seq,
+            run_id=self.run_id,
+            attempt=self.attempt,
+            step=step,
+            time=when,
+        )
+        for attempt in range(3):
+            try:
+                self.sink.emit(envelope)
+                break
+            except Exception:
+                if attempt == 2:
+                    raise  # counted by _run; seq is not consumed, so no gap
+                time.sleep(0.05 * (attempt + 1))
+        self.seq += 1
+        self.emitted += 1
+
+    def _guarded(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception:
+            self.errors += 1
+            log.exception("emitter: sink call failed")
+
+    def flush(self, *, sync: bool = True, timeout: float = 60.0) -> bool:
+        """Wait until everything submitted so far was handed to the sink (and synced: durable)."""
+        if self._closed or not self._thread.is_alive():
+            return False
+        marker = _Flush(sync)
+        try:
+            self._queue.put(marker, timeout=timeout)
+        except queue.Full:
+            return False
+        return marker.done.wait(timeout)
+
+    def close(self, timeout: float = 60.0) -> bool:
+        """Flush, sync, stop the thread. The sink stays open (its owner closes it)."""
+        if self._closed:
+            return True
+        ok = self.flush(sync=True, timeout=timeout)
+        self._closed = True
+        try:
+            self._queue.put(_STOP, timeout=timeout)
+        except queue.Full:
+            return False
+        self._thread.join(timeout)
+        return ok and not self._thread.is_alive()
+
+    @property
+    def pending(self) -> int:
+        return self._queue.qsize()
