@@ -1,0 +1,126 @@
+"""The one place that turns runledger's Kafka environment into kafka-python client settings.
+
+Environment contract (also in docs/kafka_bus.md):
+
+  RUNLEDGER_KAFKA_BOOTSTRAP            comma-separated host:port list (``bootstrap_servers``)
+  RUNLEDGER_KAFKA_TOPIC_PREFIX         topic names are PREFIX + "events" / PREFIX + "deadletter";
+                                       default "runledger." (so ``runledger.events``)
+  RUNLEDGER_KAFKA_SECURITY_PROTOCOL    PLAINTEXT (default), SSL, SASL_PLAINTEXT, SASL_SSL
+  RUNLEDGER_KAFKA_SASL_MECHANISM       PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
+  RUNLEDGER_KAFKA_SASL_USERNAME        SASL user
+  RUNLEDGER_KAFKA_SASL_PASSWORD_FILE   file holding the SASL password (one trailing newline stripped)
+  RUNLEDGER_KAFKA_SSL_CAFILE           PEM CA bundle that verifies the brokers
+
+``client_kwargs`` is used by the producer, the ingester's consumer and producer, and admin clients,
+so every client of a process talks to the cluster the same way.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+ENV_BOOTSTRAP = "RUNLEDGER_KAFKA_BOOTSTRAP"
+ENV_TOPIC_PREFIX = "RUNLEDGER_KAFKA_TOPIC_PREFIX"
+ENV_SECURITY_PROTOCOL = "RUNLEDGER_KAFKA_SECURITY_PROTOCOL"
+ENV_SASL_MECHANISM = "RUNLEDGER_KAFKA_SASL_MECHANISM"
+ENV_SASL_USERNAME = "RUNLEDGER_KAFKA_SASL_USERNAME"
+ENV_SASL_PASSWORD_FILE = "RUNLEDGER_KAFKA_SASL_PASSWORD_FILE"
+ENV_SSL_CAFILE = "RUNLEDGER_KAFKA_SSL_CAFILE"
+
+DEFAULT_TOPIC_PREFIX = "runledger."
+EVENTS = "events"
+DEADLETTER = "deadletter"
+
+PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+class KafkaConfigError(ValueError):
+    """The Kafka environment is incomplete or contradictory (a ValueError: the CLI prints one line)."""
+
+
+class BrokerUnavailableError(RuntimeError):
+    """No broker answered within the bounded wait."""
+
+
+def _env(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name, "").strip()
+    return value or None
+
+
+def topic_prefix(env: Mapping[str, str] | None = None) -> str:
+    env = os.environ if env is None else env
+    # An explicitly empty prefix is allowed (topics "events"/"deadletter"), hence no strip-to-None.
+    return env.get(ENV_TOPIC_PREFIX, DEFAULT_TOPIC_PREFIX)
+
+
+def events_topic(env: Mapping[str, str] | None = None) -> str:
+    return topic_prefix(env) + EVENTS
+
+
+def deadletter_topic(env: Mapping[str, str] | None = None) -> str:
+    return topic_prefix(env) + DEADLETTER
+
+
+def bootstrap_from_env(env: Mapping[str, str] | None = None) -> str | None:
+    return _env(os.environ if env is None else env, ENV_BOOTSTRAP)
+
+
+def client_kwargs(bootstrap: str | None = None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """kafka-python settings shared by every client: servers, TLS and SASL. Fails loudly, never downgrades."""
+    env = os.environ if env is None else env
+    servers = bootstrap or _env(env, ENV_BOOTSTRAP)
+    if not servers:
+        raise KafkaConfigError(f"no Kafka bootstrap servers: pass --bootstrap or set {ENV_BOOTSTRAP}")
+    kwargs: dict[str, Any] = {"bootstrap_servers": [s.strip() for s in servers.split(",") if s.strip()]}
+    protocol = (_env(env, ENV_SECURITY_PROTOCOL) or "PLAINTEXT").upper()
+    if protocol not in PROTOCOLS:
+        raise KafkaConfigError(f"{ENV_SECURITY_PROTOCOL}={protocol!r} is not one of {', '.join(PROTOCOLS)}")
+    kwargs["security_protocol"] = protocol
+    if protocol.startswith("SASL_"):
+        mechanism = (_env(env, ENV_SASL_MECHANISM) or "").upper()
+        username = _env(env, ENV_SASL_USERNAME)
+        password_file = _env(env, ENV_SASL_PASSWORD_FILE)
+        missing = [
+            name
+            for name, value in (
+                (ENV_SASL_MECHANISM, mechanism),
+                (ENV_SASL_USERNAME, username),
+                (ENV_SASL_PASSWORD_FILE, password_file),
+            )
+            if not value
+        ]
+        if missing:
+            raise KafkaConfigError(f"{ENV_SECURITY_PROTOCOL}={protocol} needs {', '.join(missing)}")
+        if mechanism not in SASL_MECHANISMS:
+            raise KafkaConfigError(
+                f"{ENV_SASL_MECHANISM}={mechanism!r} is not one of {', '.join(SASL_MECHANISMS)}"
+            )
+        assert password_file is not None
+        kwargs["sasl_mechanism"] = mechanism
+        kwargs["sasl_plain_username"] = username
+        kwargs["sasl_plain_password"] = _read_secret(Path(password_file))
+    cafile = _env(env, ENV_SSL_CAFILE)
+    if cafile:
+        if not Path(cafile).is_file():
+            raise KafkaConfigError(f"{ENV_SSL_CAFILE}: no such file {cafile}")
+        kwargs["ssl_cafile"] = cafile
+    return kwargs
+
+
+def _read_secret(path: Path) -> str:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise KafkaConfigError(f"{ENV_SASL_PASSWORD_FILE}: cannot read {path}: {exc.strerror}") from None
+    # Exactly one trailing newline goes: editors add it, a password may legitimately end in spaces.
+    return text[:-1] if text.endswith("\n") else text
+
+
+def describe(kwargs: Mapping[str, Any]) -> str:
+    """Settings for logs and error messages, the password left out."""
+    servers = ",".join(kwargs.get("bootstrap_servers", []))
+    return f"{servers} ({kwargs.get('security_protocol', 'PLAINTEXT')})"

@@ -1,0 +1,296 @@
+"""Fold Kafka topics into the ledger, exactly once, in a consumer group.
+
+Where to read comes from the ledger, never from Kafka: on every partition assignment the consumer
+seeks each partition to the ledger's next position for ``kafka:<topic>:<partition>`` (the beginning
+if the ledger has none). Each poll batch is one ``Ledger.commit``, which stores the data and the new
+positions atomically and skips positions already covered; so a crash anywhere, a rebalance, or two
+ingesters briefly reading the same partition can neither lose nor duplicate a record. Kafka's own
+committed offsets are written after each ledger commit only as a monitoring hint (consumer lag).
+
+Records the ledger quarantines are also copied to the dead-letter topic: value = the original bytes,
+key = the original key, headers say why (``reason`` code, ``error`` text) and where from
+(``source.topic``, ``source.partition``, ``source.offset``). The ledger's ``quarantine`` table is the
+authoritative record; the dead-letter copy is sent after the ledger commit, so a crash in between can
+miss it (at most once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.errors import KafkaError, KafkaTimeoutError
+from kafka.structs import OffsetAndMetadata
+
+from ingest.kafka_config import (
+    BrokerUnavailableError,
+    client_kwargs,
+    deadletter_topic,
+    describe,
+    events_topic,
+)
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from ledger.store import CommitResult, Ledger, SourceRecord
+from schemas.codec import Quarantined
+
+log = logging.getLogger(__name__)
+
+
+def source_name(topic: str, partition: int) -> str:
+    """The ledger's name for a Kafka partition."""
+    return f"kafka:{topic}:{partition}"
+
+
+@dataclass
+class IngesterStats:
+    polls: int = 0
+    records: int = 0  # records read from Kafka (including ones the ledger already held)
+    commits: int = 0
+    accepted: int = 0
+    duplicates: int = 0
+    skipped: int = 0  # at positions the ledger already covered
+    quarantined: int = 0
+    deadlettered: int = 0
+    metric_values: int = 0
+    assignments: list[list[str]] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    def add(self, result: CommitResult) -> None:
+        self.commits += result.commit is not None
+        self.accepted += result.accepted
+        self.duplicates += result.duplicates
+        self.skipped += result.skipped
+        self.quarantined += len(result.quarantined)
+        self.metric_values += result.metric_values
+
+
+def reason_code(q: Quarantined) -> str:
+    """A short, stable code for the dead-letter ``reason`` header (the full text goes in ``error``)."""
+    if q.reason.startswith("bus:"):
+        return "corrupt"
+    if q.reason.startswith("envelope:"):
+        try:
+            msgspec.json.decode(q.raw)
+        except msgspec.DecodeError:
+            return "decode"
+        return "envelope"
+    if q.reason.startswith("unknown event type"):
+        return "unknown-type"
+    if q.reason.startswith("unknown schema_version"):
+        return "unknown-version"
+    return "schema"
+
+
+class _Seeker(ConsumerRebalanceListener):
+    """Re-seeks every newly assigned partition to the ledger's next position."""
+
+    def __init__(self, ingester: _Ingester) -> None:
+        self.ingester = ingester
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        # Nothing in hand: every batch is committed to the ledger before the next poll.
+        log.info("partitions revoked: %s", sorted(f"{tp.topic}:{tp.partition}" for tp in revoked))
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        self.ingester.seek_from_ledger(list(assigned))
+
+
+class _Ingester:
+    def __init__(
+        self,
+        ledger: Ledger,
+        consumer: KafkaConsumer,
+        *,
+        kwargs: dict[str, Any],
+        deadletter: str | None,
+        name: str,
+    ) -> None:
+        self.ledger = ledger
+        self.consumer = consumer
+        self.kwargs = kwargs
+        self.deadletter = deadletter
+        self.name = name
+        self.stats = IngesterStats()
+        self._dlq: KafkaProducer | None = None
+        self._gap_retried: dict[TopicPartition, int] = {}
+
+    def seek_from_ledger(self, partitions: Sequence[TopicPartition]) -> None:
+        positions = self.ledger.positions()
+        for tp in partitions:
+            pos = positions.get(source_name(tp.topic, tp.partition))
+            if pos is None:
+                self.consumer.seek_to_beginning(tp)
+            else:
+                self.consumer.seek(tp, pos)
+        self.stats.assignments.append(sorted(f"{tp.topic}:{tp.partition}" for tp in partitions))
+        log.info("assigned %s; seeking to ledger positions", self.stats.assignments[-1])
+
+    def handle(self, batch: dict[TopicPartition, list[Any]]) -> CommitResult | None:
+        """One poll batch → one ledger commit (+ dead letters, + Kafka offset hints)."""
+        positions = self.ledger.positions()
+        records: list[SourceRecord] = []
+        by_position: dict[tuple[str, int], Any] = {}
+        commit_offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+        for tp, msgs in batch.items():
+            if not msgs:
+                continue
+            source = source_name(tp.topic, tp.partition)
+            expected = positions.get(source)
+            if expected is not None and msgs[0].offset > expected and self._gap_retried.get(tp) != expected:
+                # The ledger would accept this and record the hole as covered: never commit across a
+                # gap we did not see Kafka confirm. Re-read from the ledger's position once; if Kafka
+                # still starts later (retention, transaction markers), the offsets truly don't exist.
+                log.warning(
+                    "%s: got offset %d, ledger expects %d; re-seeking", source, msgs[0].offset, expected
+                )
+                self._gap_retried[tp] = expected
+                self.consumer.seek(tp, expected)
+                continue
+            for m in msgs:
+                records.append(SourceRecord(source, m.offset, m.value if m.value is not None else b""))
+                by_position[(source, m.offset)] = m
+            commit_offsets[tp] = OffsetAndMetadata(msgs[-1].offset + 1, "", -1)
+        if not records:
+            return None
+        self.stats.records += len(records)
+        result = self.ledger.commit(records, writer=self.name)
+        self.stats.add(result)
+        if result.quarantined and self.deadletter:
+            self._dead_letter(result, by_position)
+        with contextlib.suppress(KafkaError):  # only a hint; a rebalance may refuse it
+            self.consumer.commit_async(commit_offsets, callback=_ignore_commit_result)
+        return result
+
+    def _dead_letter(self, result: CommitResult, by_position: dict[tuple[str, int], Any]) -> None:
+        assert self.deadletter is not None
+        try:
+            if self._dlq is None:
+                self._dlq = KafkaProducer(
+                    **self.kwargs,
+                    acks="all",
+                    enable_idempotence=False,
+                    max_in_flight_requests_per_connection=1,
+                    linger_ms=5,
+                    client_id=f"{self.name}-deadletter",
+                )
+            now = datetime.now(UTC).isoformat().encode()
+            for record, q in result.quarantined:
+                msg = by_position.get((record.source, record.position))
+                headers = [
+                    ("reason", reason_code(q).encode()),
+                    ("error", q.reason.encode("utf-8", "replace")[:4000]),
+                    ("source.topic", (msg.topic if msg else record.source).encode()),
+                    ("source.partition", str(msg.partition if msg else -1).encode()),
+                    ("source.offset", str(record.position).encode()),
+                    ("failed.at", now),
+                    ("consumer", self.name.encode()),
+                ]
+                if q.stream:
+                    headers.append(("stream", q.stream.encode()))
+                self._dlq.send(
+                    self.deadletter, value=record.raw, key=msg.key if msg else None, headers=headers
+                )
+            self._dlq.flush(timeout=30)
+            self.stats.deadlettered += len(result.quarantined)
+        except KafkaError as exc:
+            log.error("dead-letter send failed (%s); the ledger's quarantine table still holds them", exc)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.consumer.close(autocommit=False)  # leaves the group: partitions move at once
+        if self._dlq is not None:
+            with contextlib.suppress(Exception):
+                self._dlq.close(timeout=10)
+
+
+def _ignore_commit_result(offsets: Any, response: Any) -> None:
+    if isinstance(response, Exception):
+        log.debug("offset hint not committed: %s", response)
+
+
+def open_consumer(
+    bootstrap: str | None, *, connect_timeout_s: float = 15.0, **config: Any
+) -> tuple[KafkaConsumer, dict[str, Any]]:
+    """A KafkaConsumer, or ``BrokerUnavailableError`` after ``connect_timeout_s``."""
+    kwargs = client_kwargs(bootstrap)
+    try:
+        consumer = KafkaConsumer(**kwargs, bootstrap_timeout_ms=int(connect_timeout_s * 1000), **config)
+    except KafkaTimeoutError:
+        raise BrokerUnavailableError(
+            f"no Kafka broker answered at {describe(kwargs)} within {connect_timeout_s:g} s"
+        ) from None
+    return consumer, kwargs
+
+
+def run_ingester(
+    ledger_path: str | Path,
+    bootstrap: str | None,
+    group: str,
+    topics: Sequence[str] | None = None,
+    *,
+    batch_max: int = 5000,
+    poll_ms: int = 200,
+    stop_event: threading.Event | None = None,
+    idle_timeout_s: float | None = None,
+    create: bool = True,
+    deadletter: str | None = "",
+    session_timeout_ms: int = 10000,
+    connect_timeout_s: float = 15.0,
+    on_commit: Callable[[CommitResult], None] | None = None,
+) -> IngesterStats:
+    """Consume ``topics`` in consumer group ``group`` into the ledger until ``stop_event`` is set
+    (or nothing arrived for ``idle_timeout_s``). The batch in hand is always committed before return.
+
+    ``deadletter``: "" means the default topic (``runledger.deadletter``), None disables it.
+    """
+    topics = list(topics or [events_topic()])
+    ledger = Ledger.create(ledger_path) if create else Ledger.open(ledger_path)
+    stop_event = stop_event or threading.Event()
+    name = f"kafka-ingest:{group}:{socket.gethostname()}:{os.getpid()}"
+    consumer, kwargs = open_consumer(
+        bootstrap,
+        connect_timeout_s=connect_timeout_s,
+        group_id=group,
+        client_id=name,
+        enable_auto_commit=False,  # positions live in the ledger; Kafka offsets are only a hint
+        auto_offset_reset="earliest",
+        max_poll_records=batch_max,
+        session_timeout_ms=session_timeout_ms,
+        heartbeat_interval_ms=max(500, session_timeout_ms // 4),
+        max_partition_fetch_bytes=4 << 20,
+    )
+    ingester = _Ingester(
+        ledger,
+        consumer,
+        kwargs=kwargs,
+        deadletter=deadletter_topic() if deadletter == "" else deadletter,
+        name=name,
+    )
+    consumer.subscribe(topics, listener=_Seeker(ingester))
+    last_data = time.monotonic()
+    try:
+        while not stop_event.is_set():
+            batch = consumer.poll(timeout_ms=poll_ms, max_records=batch_max)
+            ingester.stats.polls += 1
+            if not batch:
+                if idle_timeout_s is not None and time.monotonic() - last_data >= idle_timeout_s:
+                    break
+                continue
+            last_data = time.monotonic()
+            result = ingester.handle(batch)
+            if result is not None and on_commit is not None:
+                on_commit(result)
+    finally:
+        ingester.close()
+    return ingester.stats
