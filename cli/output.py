@@ -41,7 +41,8 @@ OutputOption = Annotated[
     Path | None, typer.Option("--output", "-o", help="Write to this file (required for parquet).")
 ]
 
-console = Console(soft_wrap=True)
+# Wide enough for history rows when output is not a terminal (pipes, CI logs).
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, soft_wrap=True)
 
 
