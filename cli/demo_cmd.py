@@ -59,7 +59,7 @@ def run_demo(workdir: Path, *, steps: int, crash_at: int, change_at: int) -> Pat
             "run.device=cpu",
             "moe.capacity_factor=1.0",
             f"checkpoint.dir={workdir / 'checkpoints'}",
-            "checkpoint.interval=50",
+            f"checkpoint.interval={max(5, min(50, crash_at // 3 // 5 * 5))}",
             f"debug.crash_at_step={crash_at}",
             "telemetry.peak_tflops=0.2",
         ],
