@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import threading
 import time
 import urllib.parse
@@ -112,7 +111,11 @@ class FixtureGitHub:
     ) -> tuple[bytes, dict[str, str]]:
         # As GitHub does: filter the whole listing by ``since``, then page what is left.
         pages = sorted(
-            (r for r in self.routes if r.path.lower() == route.path.lower() and r.status == 200 and not r.once),
+            (
+                r
+                for r in self.routes
+                if r.path.lower() == route.path.lower() and r.status == 200 and not r.once
+            ),
             key=lambda r: int(r.query.get("page", "1")),
         )
         items = [item for r in pages for item in json.loads(self._load(r))]
@@ -162,26 +165,44 @@ class FixtureGitHub:
 @contextlib.contextmanager
 def running_uvicorn(app: Any) -> Iterator[str]:
     """Serve an ASGI app with a real uvicorn on 127.0.0.1; yields its base URL. Runs the lifespan."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", backlog=256, timeout_keep_alive=5)
+    # Port 0 and uvicorn's own bind: a socket made here would lack proto=IPPROTO_TCP, and asyncio then
+    # skips TCP_NODELAY on its connections (40 ms delayed-ACK stalls per request).
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", backlog=256, timeout_keep_alive=5
+    )
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("uvicorn did not start")
         time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(15)
-        sock.close()
 
 
 def fixture_json(name: str) -> dict[str, Any]:
     return json.loads((FIXTURES / name).read_text())
+
+
+def read_events(spool_dir: Path) -> list[Any]:
+    """Every record of a spool decoded; fails the test on a corrupt record or a quarantined event."""
+    from ingest.spool import SpoolReader
+    from schemas import Event, decode_event
+
+    events = []
+    for record in SpoolReader(spool_dir).read():
+        assert record.corrupt is None, record.corrupt
+        decoded = decode_event(record.payload)
+        assert isinstance(decoded, Event), getattr(decoded, "reason", decoded)
+        events.append(decoded)
+    return events
+
+
+def spool_bytes(spool_dir: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(spool_dir.iterdir()) if p.is_file())
