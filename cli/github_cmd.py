@@ -22,7 +22,7 @@ from ingest.spool import SpoolLockedError
 SpoolOption = Annotated[
     Path | None,
     typer.Option(
-        "--spool", help="Spool directory the events go to [default: $RUNLEDGER_SPOOL or .runledger/spool]."
+        "--spool", help="Spool directory the events go to (default: $RUNLEDGER_SPOOL or .runledger/spool)."
     ),
 ]
 
@@ -75,7 +75,7 @@ def register(app: typer.Typer, ingest_app: typer.Typer, serve_app: typer.Typer) 
         spool: SpoolOption = None,
         delivery_db: Annotated[
             Path | None,
-            typer.Option("--delivery-db", help="Seen-deliveries file [default: beside the spool]."),
+            typer.Option("--delivery-db", help="Seen-deliveries file (default: beside the spool)."),
         ] = None,
         max_body_mb: Annotated[int, typer.Option("--max-body-mb", help="Largest accepted payload.")] = 25,
     ) -> None:
@@ -115,11 +115,11 @@ def register(app: typer.Typer, ingest_app: typer.Typer, serve_app: typer.Typer) 
             str, typer.Option("--base-url", help="API root (GitHub Enterprise: https://HOST/api/v3).")
         ] = "https://api.github.com",
         token_file: Annotated[
-            Path | None, typer.Option("--token-file", help="File holding a token [default: $GITHUB_TOKEN].")
+            Path | None, typer.Option("--token-file", help="File holding a token (default: $GITHUB_TOKEN).")
         ] = None,
         spool: SpoolOption = None,
         cursor_file: Annotated[
-            Path | None, typer.Option("--cursor-file", help="Resume cursors [default: beside the spool].")
+            Path | None, typer.Option("--cursor-file", help="Resume cursors (default: beside the spool).")
         ] = None,
         per_page: Annotated[int, typer.Option("--per-page", min=1, max=100)] = 100,
         request_interval: Annotated[
@@ -144,10 +144,6 @@ def register(app: typer.Typer, ingest_app: typer.Typer, serve_app: typer.Typer) 
             raise fail(f"not a repository name: {repo!r} (expected OWNER/REPO)", 2)
         start = _parse_since(since) if since is not None else None
         token = _token(token_file)
-        if token is None:
-            typer.echo(
-                "note: no token ($GITHUB_TOKEN or --token-file): anonymous, 60 requests/hour", err=True
-            )
         where = spool if spool is not None else default_spool_dir()
         try:
             store = JsonCursorStore(cursor_file if cursor_file is not None else default_cursor_file(where))
@@ -158,6 +154,10 @@ def register(app: typer.Typer, ingest_app: typer.Typer, serve_app: typer.Typer) 
             for kind, value in cursor_from_spool(where, repo).items():
                 store.set(repo, kind, value)
         sink = _open(spool)
+        if token is None:  # said once nothing else can fail first, so an error stays one line
+            typer.echo(
+                "note: no token ($GITHUB_TOKEN or --token-file): anonymous, 60 requests/hour", err=True
+            )
         try:
             stats = backfill(
                 repo,
@@ -180,7 +180,7 @@ def register(app: typer.Typer, ingest_app: typer.Typer, serve_app: typer.Typer) 
     def ingest_wandb(
         directory: Annotated[Path, typer.Argument(help="W&B offline run directory (or its .wandb file).")],
         run_id: Annotated[
-            str | None, typer.Option("--run-id", help="Ledger run id [default: the W&B run id].")
+            str | None, typer.Option("--run-id", help="Ledger run id (default: the W&B run id).")
         ] = None,
         spool: SpoolOption = None,
     ) -> None:

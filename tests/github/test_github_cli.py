@@ -1,0 +1,116 @@
+"""`ledger serve webhooks` / `ledger ingest github` through typer's CliRunner, on a throwaway app."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from gh_support import FixtureGitHub, read_events
+from typer.testing import CliRunner
+
+from cli.github_cmd import register
+from ingest.bus import SpoolSink
+
+TOKEN = "ghp_CliT0kenThatMustNotLeak000000000000"
+
+
+@pytest.fixture
+def app() -> typer.Typer:
+    root = typer.Typer()
+    ingest_app = typer.Typer()
+    serve_app = typer.Typer()
+    root.add_typer(ingest_app, name="ingest")
+    root.add_typer(serve_app, name="serve")
+    register(root, ingest_app=ingest_app, serve_app=serve_app)
+    return root
+
+
+def invoke(app: typer.Typer, *args: str, env: dict[str, str] | None = None) -> typer.testing.Result:
+    return CliRunner().invoke(app, list(args), env=env or {"GITHUB_TOKEN": ""})
+
+
+def one_line_error(result: typer.testing.Result) -> str:
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.output + result.stderr
+    return lines[0]
+
+
+def test_ingest_github_writes_events_to_the_spool(
+    app: typer.Typer, github_api_no_limits: FixtureGitHub, tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool"
+    args = ["ingest", "github", "octo-org/hello-world", "--base-url", github_api_no_limits.base_url]
+    args += ["--spool", str(spool), "--per-page", "2", "--request-interval", "0"]
+    result = invoke(app, *args, env={"GITHUB_TOKEN": TOKEN})
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.stdout)
+    assert stats["events"] == 12 and stats["repo"] == "octo-org/hello-world"
+    assert len(read_events(spool)) == 12
+    assert TOKEN not in result.output + result.stderr
+    assert all(s.headers["Authorization"] == f"token {TOKEN}" for s in github_api_no_limits.seen)
+    cursor_file = tmp_path / "spool.github-cursors.json"  # default: beside the spool
+    assert (
+        json.loads(cursor_file.read_text())["repos"]["octo-org/hello-world"]["issues"]
+        == "2024-03-04T08:00:00Z"
+    )
+
+    # A second run without the cursor file resumes from the events on the spool.
+    cursor_file.unlink()
+    github_api_no_limits.seen.clear()
+    result = invoke(app, *args, env={"GITHUB_TOKEN": TOKEN})
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["since"]["issues"] == "2024-03-04T08:00:00Z"
+
+
+def test_ingest_github_token_file_and_since(
+    app: typer.Typer, github_api_no_limits: FixtureGitHub, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    args = ["ingest", "github", "octo-org/hello-world", "--base-url", github_api_no_limits.base_url]
+    args += ["--spool", str(tmp_path / "spool"), "--token-file", str(token_file), "--request-interval", "0"]
+    result = invoke(app, *args, "--since", "2024-03-03")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["since"]["issues"] == "2024-03-03T00:00:00Z"
+    assert all(s.headers["Authorization"] == f"token {TOKEN}" for s in github_api_no_limits.seen)
+
+
+def test_user_mistakes_are_one_line_and_exit_2(app: typer.Typer, tmp_path: Path) -> None:
+    assert "repository name" in one_line_error(invoke(app, "ingest", "github", "just-a-name"))
+    assert "not a date" in one_line_error(invoke(app, "ingest", "github", "a/b", "--since", "yesterday"))
+    missing = tmp_path / "missing-token"
+    assert "token file" in one_line_error(
+        invoke(app, "ingest", "github", "a/b", "--token-file", str(missing))
+    )
+    assert "secret file" in one_line_error(
+        invoke(app, "serve", "webhooks", "--secret-file", str(tmp_path / "missing-secret"))
+    )
+    empty = tmp_path / "empty-secret"
+    empty.write_text("\n")
+    assert "empty" in one_line_error(invoke(app, "serve", "webhooks", "--secret-file", str(empty)))
+    assert "no such directory" in one_line_error(invoke(app, "ingest", "wandb", str(tmp_path / "nowhere")))
+
+
+def test_unknown_repository_is_a_user_mistake(
+    app: typer.Typer, github_api_no_limits: FixtureGitHub, tmp_path: Path
+) -> None:
+    args = ["ingest", "github", "octo-org/absent", "--base-url", github_api_no_limits.base_url]
+    args += ["--spool", str(tmp_path / "spool"), "--request-interval", "0"]
+    line = one_line_error(invoke(app, *args, env={"GITHUB_TOKEN": TOKEN}))
+    assert "not found" in line
+
+
+def test_a_spool_held_by_another_writer_is_reported(
+    app: typer.Typer, github_api_no_limits: FixtureGitHub, tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool"
+    holder = SpoolSink(spool)  # e.g. the webhook receiver, running
+    try:
+        args = ["ingest", "github", "octo-org/hello-world", "--base-url", github_api_no_limits.base_url]
+        assert "live writer" in one_line_error(invoke(app, *args, "--spool", str(spool)))
+    finally:
+        holder.close()
