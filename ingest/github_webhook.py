@@ -446,12 +446,22 @@ def create_app(
     return app
 
 
+class _Server(uvicorn.Server):
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        super().handle_exit(sig, frame)
+        # SIGTERM/SIGINT is how this receiver is meant to stop: after the graceful shutdown, return
+        # (exit 0, our sink closed) instead of uvicorn re-raising the signal at the end of run().
+        captured = getattr(self, "_captured_signals", None)
+        if isinstance(captured, list):
+            captured.clear()
+
+
 def build_server(
     app: Starlette, host: str = "127.0.0.1", port: int = 8787, *, log_level: str = "info"
 ) -> uvicorn.Server:
     # Headers (and so signatures) never reach uvicorn's access log: it logs the request line only.
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", access_log=True)
-    return uvicorn.Server(config)
+    return _Server(config)
 
 
 def serve(

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 import typer
-from gh_support import FixtureGitHub, read_events
+from gh_support import FixtureGitHub, fixture_json, read_events
 from typer.testing import CliRunner
 
 from cli.github_cmd import register
 from ingest.bus import SpoolSink
+from ingest.github_webhook import signature_of
 
 TOKEN = "ghp_CliT0kenThatMustNotLeak000000000000"
 
@@ -114,3 +121,54 @@ def test_a_spool_held_by_another_writer_is_reported(
         assert "live writer" in one_line_error(invoke(app, *args, "--spool", str(spool)))
     finally:
         holder.close()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_serve_webhooks_runs_until_terminated_and_keeps_what_it_acknowledged(tmp_path: Path) -> None:
+    secret = "It's a Secret to Everybody"
+    (tmp_path / "secret").write_text(secret + "\n")
+    spool, port = tmp_path / "spool", _free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "cli.main",
+        "serve",
+        "webhooks",
+        "--secret-file",
+        str(tmp_path / "secret"),
+    ]
+    command += ["--port", str(port), "--spool", str(spool)]
+    proc = subprocess.Popen(
+        command, cwd=Path(__file__).resolve().parents[2], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(f"{url}/healthz", timeout=1).raise_for_status()
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None and time.monotonic() < deadline, "receiver did not start"
+                time.sleep(0.1)
+        body = json.dumps(fixture_json("webhook_ping.json")).encode()
+        headers = {
+            "X-GitHub-Event": "ping",
+            "X-GitHub-Delivery": "5a7f2c00-0000-4000-8000-000000000001",
+            "X-Hub-Signature-256": signature_of(secret.encode(), body),
+        }
+        assert httpx.post(f"{url}/webhook", content=body, headers=headers).status_code == 202
+        assert httpx.post(f"{url}/webhook", content=body, headers=headers).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)  # how a service manager stops it
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    assert secret not in stderr
+    [event] = read_events(spool)
+    assert event.envelope.type == "github.raw"
+    assert (tmp_path / "spool.github-deliveries.sqlite").exists()
