@@ -2,7 +2,8 @@
 
 Mirror (``WandbMirror``): the trainer keeps the ledger as its record and mirrors steps to W&B with the
 real ``wandb`` library, in whatever mode the environment selects (``WANDB_MODE``: online, offline,
-disabled). ``start`` returns the W&B run id and URL (None offline) for ``RunStarted.external``.
+disabled). ``start`` returns the W&B run id and URL (None offline) for ``RunStarted.external``;
+``log``, ``config_update``, ``summary`` and ``finish`` follow the run.
 A W&B failure after ``start`` never stops training: it is logged and counted (``strict=True`` raises).
 
 Import (``import_offline_run``): a W&B offline run directory (``wandb/offline-run-*/run-*.wandb``)
@@ -142,10 +143,15 @@ class WandbMirror:
                 log.warning("W&B %s failed (%d failures so far)", what, self.failures, exc_info=True)
 
     def log(self, step: int, values: Mapping[str, Any]) -> None:
-        self._guard("log", lambda: self._run.log(dict(values), step=step))
+        # commit=True writes the row now: W&B otherwise holds a step's row until the next step arrives,
+        # and a config change made in between would land before the row it follows.
+        self._guard("log", lambda: self._run.log(dict(values), step=step, commit=True))
 
     def config_update(self, values: Mapping[str, Any]) -> None:
         self._guard("config update", lambda: self._run.config.update(dict(values), allow_val_change=True))
+
+    def summary(self, values: Mapping[str, Any]) -> None:
+        self._guard("summary update", lambda: self._run.summary.update(dict(values)))
 
     def finish(self, exit_code: int = 0) -> None:
         if self._run is None:
