@@ -24,6 +24,9 @@ import msgspec
 
 from schemas import config_hash as _config_hash
 
+CONFIG_DIR = Path(__file__).parent / "configs"
+DEMO_CONFIG = CONFIG_DIR / "demo.toml"  # the tiny CPU run the demo trains
+
 
 class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Base of every section: a typo in a key is an error, not a silently ignored setting."""

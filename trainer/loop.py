@@ -63,6 +63,7 @@ from trainer.config import (
     apply_patch,
     config_hash,
     diff,
+    edit_config_file,
     finalize,
     pinned_changes,
     resolved,
@@ -716,3 +717,36 @@ def _crash(
     result.status = "signal" if kind == "signal" else "crashed"
     result.exit_code = exit_code
     result.crash = payload
+
+
+# --- helpers for drivers (the demo, tests) -----------------------------------------------------
+
+
+def schedule_config_change(
+    path: str | Path, at_step: int, changes: dict[str, Any]
+) -> Callable[[telemetry.StepReport], None]:
+    """A progress callback that edits the watched config file once step ``at_step - 1`` is done, so
+    the change is picked up at the next boundary and ``at_step`` is the first step trained with it
+    (with the default ``telemetry.config_poll_steps = 1``). ``changes``: {"moe.capacity_factor": 1.5}."""
+    done = False
+
+    def callback(report: telemetry.StepReport) -> None:
+        nonlocal done
+        if not done and report.step >= at_step - 1:
+            edit_config_file(path, changes)
+            done = True
+
+    return callback
+
+
+def chain(
+    *callbacks: Callable[[telemetry.StepReport], None] | None,
+) -> Callable[[telemetry.StepReport], None]:
+    """One progress callback that calls several in order."""
+    active = [c for c in callbacks if c is not None]
+
+    def callback(report: telemetry.StepReport) -> None:
+        for c in active:
+            c(report)
+
+    return callback

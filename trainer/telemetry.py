@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -363,3 +364,19 @@ class Emitter:
     @property
     def pending(self) -> int:
         return self._queue.qsize()
+
+
+def rank_spool(spool: str | Path | None, rank: int) -> Path:
+    """The spool a rank writes to: the given one for rank 0, ``<spool>.rank<N>`` beside it for the
+    others (a spool has one writer)."""
+    from ingest.bus import default_spool_dir
+
+    base = Path(spool) if spool is not None else default_spool_dir()
+    return base if rank == 0 else base.with_name(f"{base.name}.rank{rank}")
+
+
+def open_rank_sink(spool: str | Path | None, rank: int = 0, kafka_bootstrap: str | None = None) -> EventSink:
+    """This rank's sink: Kafka if configured (every rank produces), else its own spool."""
+    from ingest.bus import open_sink
+
+    return open_sink(rank_spool(spool, rank), kafka_bootstrap)

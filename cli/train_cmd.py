@@ -1,0 +1,118 @@
+"""`ledger train CONFIG`: train (or resume) a run and emit its events to the bus.
+
+Under torchrun every rank runs this command; each opens its own sink (``trainer.telemetry.
+open_rank_sink``). Also runnable alone: ``python -m cli.train_cmd CONFIG ...`` (what torchrun and
+the trainer's subprocess tests launch, without the rest of the CLI).
+
+Exit status: 0 when the run completes or stops at ``--stop-at``; 1 on a crash (exception,
+non-finite loss, OOM); 128 + N after signal N (the checkpoint and crash event are written first).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+console = Console(stderr=True, soft_wrap=True)
+
+
+def train_command(
+    config: Annotated[
+        Path, typer.Argument(help="TOML config; watched for live changes.", exists=True, dir_okay=False)
+    ],
+    resume: Annotated[
+        str | None,
+        typer.Option(
+            "--resume",
+            is_flag=False,
+            flag_value="latest",
+            metavar="[STEP]",
+            help="Resume from the latest checkpoint, or from --resume STEP (or a checkpoint dir).",
+        ),
+    ] = None,
+    spool: Annotated[
+        Path | None,
+        typer.Option("--spool", envvar="RUNLEDGER_SPOOL", help="Spool directory (the embedded bus)."),
+    ] = None,
+    kafka: Annotated[
+        str | None,
+        typer.Option("--kafka", envvar="RUNLEDGER_KAFKA_BOOTSTRAP", help="Kafka bootstrap server."),
+    ] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="Override run.steps.")] = None,
+    stop_at: Annotated[int | None, typer.Option("--stop-at", help="End this attempt after step N.")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Override run.run_id.")] = None,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option("--set", "-s", help="Override a key: --set moe.capacity_factor=1.25 (repeatable)."),
+    ] = None,
+    log_every: Annotated[
+        int, typer.Option("--log-every", help="Print progress every N steps (0: never).")
+    ] = 10,
+) -> None:
+    """Train a Megatron-Core MoE GPT; record its launch, metrics, changes, checkpoints and crashes."""
+    from trainer.config import ConfigError
+    from trainer.loop import train
+    from trainer.telemetry import StepReport, open_rank_sink
+
+    extra = list(overrides or [])
+    if steps is not None:
+        extra.append(f"run.steps={steps}")
+    if run_id is not None:
+        extra.append(f"run.run_id={run_id}")
+    rank = int(os.environ.get("RANK", "0"))
+    sink = open_rank_sink(spool, rank, kafka)
+
+    def show(report: StepReport) -> None:
+        if log_every and report.step % log_every == 0:
+            drop = report.token_drop_rate
+            console.print(
+                f"step {report.step:>6}  loss {report.loss:7.4f}  lr {report.lr:.2e}  "
+                f"drop {'-' if drop is None else f'{100 * drop:5.2f}%'}  "
+                f"tok/s {report.tokens_per_second:9.0f}  mfu {report.mfu:6.2f}%  "
+                f"{1000 * report.step_time_s:7.1f} ms",
+                highlight=False,
+            )
+
+    try:
+        result = train(
+            config,
+            sink,
+            overrides=extra,
+            resume_from=_resume_value(resume),
+            stop_at_step=stop_at,
+            progress=show,
+        )
+    except ConfigError as exc:
+        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    finally:
+        sink.close()
+    summary = (
+        f"run {result.run_id} attempt {result.attempt}: {result.status} at step {result.final_step} "
+        f"({result.total_tokens} tokens, {result.events_emitted} events, {result.duration_s:.1f} s)"
+    )
+    if result.crash is not None:
+        summary += f"\n{result.crash.kind}: {result.crash.message}"
+    console.print(summary, highlight=False)
+    raise typer.Exit(result.exit_code)
+
+
+def _resume_value(value: str | None) -> Any:
+    if value is None or value == "latest":
+        return value
+    return int(value) if value.isdigit() else Path(value)
+
+
+def register(app: typer.Typer, **_: typer.Typer) -> None:
+    """Add ``train`` to the ``ledger`` app (other sub-apps are passed by keyword and unused)."""
+    app.command("train")(train_command)
+
+
+if __name__ == "__main__":
+    _app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    register(_app)
+    _app()
