@@ -1,0 +1,164 @@
+"""End to end: backfill + webhook + trainer events → spools → ledger → the code views joining them."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+from gh_support import FixtureGitHub, fixture_json, running_uvicorn
+
+from ingest.bus import SpoolSink
+from ingest.github_backfill import backfill
+from ingest.github_webhook import DeliveryLog, create_app, signature_of
+from ingest.spool_ingest import ingest_spool
+from ledger.code_views import install
+from ledger.store import Ledger
+from ledger.views import connect
+from schemas import config_hash, make_event
+from schemas import payloads as p
+
+C1 = "6dcb09b5b57875f334f61aebed695e2e4193db5e"  # initial commit
+C2 = "553c2077f0edc3d5dc5d17262f6aa498e69d6f8e"  # PR #2's head
+C3 = "e5bd3914e2e596debea16f433f57875b5b90bcd6"  # PR #2's merge commit
+RUN = "moe-7b-2024-02"
+
+
+def trainer_events(spool: Path) -> None:
+    config = {"lr": 3e-4, "clip": None}
+    common = {"source": f"trainer/{RUN}/rank0", "stream": RUN, "run_id": RUN}
+    launch = {"config": config, "config_hash": config_hash(config), "git_branch": "main", "host": "node-1"}
+    first = make_event(
+        # The trainer spells the repository its own way and records an abbreviated SHA.
+        p.RunStarted(**launch, git_commit=C1[:7], repository="Octo-Org/Hello-World"),
+        **common,
+        attempt=1,
+        seq=0,
+        id=f"{RUN}-0",
+        time=datetime(2024, 2, 20, tzinfo=UTC),
+    )
+    second = make_event(
+        p.RunResumed(
+            **launch,
+            git_commit=C3,
+            repository="octo-org/hello-world",
+            from_checkpoint_step=100,
+            previous_attempt=1,
+        ),
+        **common,
+        attempt=2,
+        step=100,
+        seq=1,
+        id=f"{RUN}-1",
+        time=datetime(2024, 3, 5, tzinfo=UTC),
+    )
+    sink = SpoolSink(spool)
+    for envelope in (first, second):
+        sink.emit(envelope)
+    sink.close()
+
+
+def webhook_deliveries(spool: Path, tmp_path: Path) -> None:
+    secret = b"hook secret"
+    sink = SpoolSink(spool)
+    with running_uvicorn(create_app(secret, sink, delivery_log=DeliveryLog(tmp_path / "d.sqlite"))) as url:
+        for i, (event, name) in enumerate(
+            [
+                ("push", "webhook_push.json"),
+                ("pull_request", "webhook_pull_request_closed.json"),
+                ("issues", "webhook_issues_edited.json"),
+            ]
+        ):
+            body = json.dumps(fixture_json(name)).encode()
+            headers = {
+                "X-GitHub-Event": event,
+                "X-GitHub-Delivery": f"00000000-0000-4000-8000-{i:012d}",
+                "X-Hub-Signature-256": signature_of(secret, body),
+            }
+            assert httpx.post(f"{url}/webhook", content=body, headers=headers).status_code == 202
+    sink.close()
+
+
+def rows(con: Any, sql: str, *params: Any) -> list[dict[str, Any]]:
+    result = con.execute(sql, list(params))
+    names = [d[0] for d in result.description]
+    return [dict(zip(names, row, strict=True)) for row in result.fetchall()]
+
+
+def test_code_views_join_github_to_attempts(github_api_no_limits: FixtureGitHub, tmp_path: Path) -> None:
+    backfill_spool, hook_spool, trainer_spool = tmp_path / "bf", tmp_path / "hook", tmp_path / "trainer"
+    sink = SpoolSink(backfill_spool)
+    backfill(
+        "octo-org/hello-world",
+        sink,
+        token=None,
+        base_url=github_api_no_limits.base_url,
+        seconds_between_requests=None,
+    )
+    sink.close()
+    webhook_deliveries(hook_spool, tmp_path)
+    trainer_events(trainer_spool)
+    ledger = Ledger.create(tmp_path / "ledger")
+    for spool in (backfill_spool, hook_spool, trainer_spool):
+        ingest_spool(ledger, spool)
+    con = connect(tmp_path / "ledger")
+    install(con)
+
+    # The issue edit and the merged PR came by webhook AND by backfill: the ledger holds each once.
+    for event_id in ("issue/3/2024-03-03T09:30:00Z", "pull/2/2024-03-02T11:00:00Z", f"commit/{C3}"):
+        assert rows(con, "SELECT count(*) AS n FROM events WHERE id = ?", event_id) == [{"n": 1}]
+
+    commits = rows(
+        con,
+        "SELECT attempt, commit_sha, commit_title, pr_number, pr_relation FROM attempt_commits "
+        "WHERE run_id = ? ORDER BY attempt",
+        RUN,
+    )
+    assert commits == [
+        {
+            "attempt": 1,
+            "commit_sha": C1,
+            "commit_title": "Initial training loop",
+            "pr_number": None,
+            "pr_relation": None,
+        },
+        {
+            "attempt": 2,
+            "commit_sha": C3,
+            "commit_title": "Merge pull request #2 from octo-org/clip-grads",
+            "pr_number": 2,
+            "pr_relation": "merge_commit",
+        },
+    ]
+
+    landed = rows(
+        con,
+        "SELECT attempt, next_attempt, kind, number, ref, sha, on_run_branch, time "
+        "FROM code_landed_between_attempts WHERE run_id = ? ORDER BY time",
+        RUN,
+    )
+    assert [(r["attempt"], r["next_attempt"], r["kind"], r["number"], r["sha"]) for r in landed] == [
+        (1, 2, "pull_request", 2, C3),
+        (1, 2, "push", None, C3),
+    ]
+    assert all(r["on_run_branch"] for r in landed)
+    assert landed[0]["time"] == datetime(2024, 3, 2, 11, tzinfo=UTC)
+    assert [(r["kind"], r["number"]) for r in rows(con, "SELECT * FROM code_between(?, 1, 2)", RUN)] == [
+        ("pull_request", 2),
+        ("push", None),
+    ]
+
+    introduced = rows(
+        con, "SELECT sha, number, relation FROM commit_introduced_by WHERE sha IN (?, ?) ORDER BY sha", C2, C3
+    )
+    assert introduced == [
+        {"sha": C2, "number": 2, "relation": "head"},
+        {"sha": C3, "number": 2, "relation": "merge_commit"},
+    ]
+    prs = rows(con, "SELECT number, state, merged_at FROM github_pull_requests ORDER BY number")
+    assert [(r["number"], r["state"], r["merged_at"] is not None) for r in prs] == [
+        (2, "closed", True),
+        (4, "open", False),
+    ]
