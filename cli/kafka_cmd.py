@@ -80,6 +80,14 @@ def ingest_kafka(
             "--session-timeout-ms", help="Group session timeout (a dead member's partitions move after it)."
         ),
     ] = 10000,
+    instance_id: Annotated[
+        str | None,
+        typer.Option(
+            "--instance-id",
+            help="Static group membership id: a restart with the same id takes its partitions back at once.",
+            show_default=False,
+        ),
+    ] = None,
     deadletter: Annotated[
         str | None,
         typer.Option(
@@ -114,6 +122,7 @@ def ingest_kafka(
             create=create,
             deadletter=None if no_deadletter else (deadletter or ""),
             session_timeout_ms=session_timeout_ms,
+            instance_id=instance_id,
             connect_timeout_s=connect_timeout,
         )
     seconds = time.monotonic() - started

@@ -246,6 +246,7 @@ def run_ingester(
     create: bool = True,
     deadletter: str | None = "",
     session_timeout_ms: int = 10000,
+    instance_id: str | None = None,
     connect_timeout_s: float = 15.0,
     on_commit: Callable[[CommitResult], None] | None = None,
 ) -> IngesterStats:
@@ -253,6 +254,9 @@ def run_ingester(
     (or nothing arrived for ``idle_timeout_s``). The batch in hand is always committed before return.
 
     ``deadletter``: "" means the default topic (``runledger.deadletter``), None disables it.
+    ``instance_id``: static group membership: a restarted ingester with the same id takes its
+    partitions back at once instead of after a rebalance (but a stopped one's partitions wait for
+    ``session_timeout_ms`` before moving to the others).
     """
     topics = list(topics or [events_topic()])
     ledger = Ledger.create(ledger_path) if create else Ledger.open(ledger_path)
@@ -262,6 +266,7 @@ def run_ingester(
         bootstrap,
         connect_timeout_s=connect_timeout_s,
         group_id=group,
+        group_instance_id=instance_id,
         client_id=name,
         enable_auto_commit=False,  # positions live in the ledger; Kafka offsets are only a hint
         auto_offset_reset="earliest",

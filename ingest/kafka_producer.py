@@ -113,6 +113,7 @@ class _Pending:
     raw: bytes
     future: Any  # kafka-python FutureRecordMetadata
     sent: float  # time.monotonic() of the send
+    spool_next: int | None = None  # set on the last record handed over from the spool
 
 
 @dataclass
@@ -120,7 +121,7 @@ class SinkStats:
     emitted: int = 0
     sent_direct: int = 0
     spooled: int = 0  # appended to the outage spool (including unacked records moved there)
-    drained: int = 0  # spooled records acked by Kafka
+    drained: int = 0  # spooled records sent on to Kafka
     outages: int = 0  # direct → spooling switches
     recoveries: int = 0  # spooling → direct switches
     skipped_corrupt: int = 0  # torn spool records (a crash inside the fsync window) not sent
@@ -159,6 +160,8 @@ class KafkaSink:
         max_unacked_bytes: int = 32 * 1024 * 1024,
         connect_timeout_s: float = 2.0,
         drain_chunk: int = 2000,
+        handover_max: int = 256,
+        tail_bytes: int = 32 * 1024 * 1024,
         flush_timeout_s: float = 10.0,
         fsync_interval_s: float = 0.2,
         producer_config: dict[str, Any] | None = None,
@@ -169,6 +172,8 @@ class KafkaSink:
         self.max_unacked_bytes = max_unacked_bytes
         self.connect_timeout_s = connect_timeout_s
         self.drain_chunk = drain_chunk
+        self.handover_max = handover_max
+        self.tail_bytes = tail_bytes
         self.flush_timeout_s = flush_timeout_s
         self.max_block_ms = max_block_ms
         self.stats = SinkStats()
@@ -187,14 +192,20 @@ class KafkaSink:
         }
         self.max_record_bytes = int(self._producer_kwargs.get("max_request_size", 1048576)) - RECORD_OVERHEAD
 
-        self._lock = threading.Lock()  # mode, unacked records, spool appends
+        self._lock = threading.Lock()  # mode, unacked records, spool appends, the spool's tail
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._closed = False
         self.left_in_spool = 0  # after close(): events still in the spool, for the next start
         self._writer = SpoolWriter(self.spool_dir, fsync_interval_s=fsync_interval_s, segment_bytes=16 << 20)
         self._reader = SpoolReader(self.spool_dir)
-        self._drained = self._load_drained()
+        self._drained = self._load_drained()  # next spool index not yet sent on (in memory)
+        self._saved = self._drained  # what kafka-drained.json says: only ever acked records before it
+        self._ack_to: int | None = None  # a handover's acked end, to be saved by the worker
+        self._save_lock = threading.Lock()  # the worker and sync()/close() both save
+        # The spool's newest records also in memory, so the drain rarely reads the disk back.
+        self._tail: deque[tuple[int, bytes]] = deque()
+        self._tail_size = 0
         self._unacked: deque[_Pending] = deque()
         self._unacked_bytes = 0
         self._retired: list[KafkaProducer] = []  # aborted off the caller's thread
@@ -265,8 +276,7 @@ class KafkaSink:
                     if self._unacked_bytes > self.max_unacked_bytes:
                         self._to_spool_locked(f"more than {self.max_unacked_bytes} bytes unacked")
                     return
-            self._writer.append(raw)
-            self.stats.spooled += 1
+            self._spool_locked(raw)
         self._wake.set()
 
     def sync(self) -> None:
@@ -286,6 +296,7 @@ class KafkaSink:
                     self._to_spool_locked("flush did not complete in time")
         with self._lock:
             self._writer.sync()
+        self._save_acked()
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Deliver what can be delivered within ``timeout_s``; the rest stays spooled for the next start."""
@@ -295,9 +306,13 @@ class KafkaSink:
         with contextlib.suppress(Exception):
             self.sync()
         # While spooling, give the drainer the remaining time to catch up.
-        while not self._direct and time.monotonic() < deadline and self.pending() > 0:
-            self._wake.set()
-            time.sleep(0.05)
+        while time.monotonic() < deadline and (not self._direct or self._unacked):
+            if self._direct:
+                with contextlib.suppress(Exception):
+                    self.sync()
+            else:
+                self._wake.set()
+                time.sleep(0.05)
         with self._lock:
             self._closed = True
             if self._direct and self._unacked:
@@ -313,7 +328,8 @@ class KafkaSink:
         if self._producer is not None:
             with contextlib.suppress(Exception):
                 self._producer.close(timeout=max(0.5, deadline - time.monotonic()))
-        left = self.left_in_spool = self._writer.next_index - self._drained
+        self._save_acked()
+        left = self.left_in_spool = self._writer.next_index - self._saved
         self._writer.close()
         atexit.unregister(self._atexit)
         if left:
@@ -328,6 +344,14 @@ class KafkaSink:
         self.close()
 
     # ------------------------------------------------------------------ mode switches
+    def _spool_locked(self, raw: bytes) -> None:
+        index = self._writer.append(raw)
+        self.stats.spooled += 1
+        self._tail.append((index, raw))
+        self._tail_size += len(raw)
+        while self._tail_size > self.tail_bytes:  # the disk still has them
+            self._tail_size -= len(self._tail.popleft()[1])
+
     def _to_spool_locked(self, reason: str) -> None:
         """direct → spooling: move every unacked record to the spool, in emit order."""
         if not self._direct:
@@ -337,8 +361,7 @@ class KafkaSink:
             self._retired.append(self._producer)
         self._producer = None
         for pending in self._unacked:
-            self._writer.append(pending.raw)
-        self.stats.spooled += len(self._unacked)
+            self._spool_locked(pending.raw)
         self.stats.outages += 1
         self.stats.last_outage_reason = reason
         log.warning(
@@ -360,7 +383,34 @@ class KafkaSink:
                 return f"send failed: {head.future.exception}"
             self._unacked.popleft()
             self._unacked_bytes -= len(head.raw)
+            if head.spool_next is not None:
+                self._ack_to = head.spool_next  # a handover is acked: the spool is drained up to here
         return None
+
+    def _handover_locked(self, producer: KafkaProducer, end: int) -> None:
+        """spooling → direct: send the last few spooled records with the drain producer and let
+        direct mode track their acks; newer events follow them on the same producer."""
+        now = time.monotonic()
+        last: _Pending | None = None
+        for index, raw in self._tail:
+            if index < self._drained:
+                continue
+            key, headers = key_and_headers(raw)
+            last = _Pending(raw, producer.send(self.topic, value=raw, key=key, headers=headers), now)
+            self._unacked.append(last)
+            self._unacked_bytes += len(raw)
+            self.stats.drained += 1
+        if last is not None:
+            last.spool_next = end
+        else:
+            self._ack_to = end
+        self._drained = end
+        self._tail.clear()
+        self._tail_size = 0
+        self._producer, self._drain_producer = producer, None
+        self._direct = True
+        self.stats.recoveries += 1
+        log.warning("kafka sink: broker is back; spool drained, sending directly again")
 
     # ------------------------------------------------------------------ background thread
     def _run(self) -> None:
@@ -375,18 +425,20 @@ class KafkaSink:
                     reason = self._trim_locked() if self._direct else None
                     if reason is not None:
                         self._to_spool_locked(reason)
+                self._save_acked()
                 if self._direct:
                     self._wake.wait(0.02)
                     self._wake.clear()
                 continue
+            records = None if self._direct else records
             try:
                 progressed, records = self._drain_step(records)
             except Exception as exc:  # the broker went away mid-drain, or worse: start over, later
-                log.warning("kafka sink: drain failed (%s); retrying in %.1f s", exc, backoff)
+                log.info("kafka sink: drain failed (%s); retrying in %.1f s", exc, backoff)
                 abort_producer(self._drain_producer)
                 self._drain_producer, records = None, None
                 self._stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, 2.0)  # short: the broker's return should be noticed soon
                 continue
             backoff = 0.2
             if not progressed:
@@ -394,53 +446,67 @@ class KafkaSink:
                 self._wake.clear()
 
     def _drain_step(self, records: Iterator[SpoolRecord] | None) -> tuple[bool, Iterator[SpoolRecord] | None]:
-        """Send the next chunk of the spool and wait for its acks; go direct once all is drained."""
+        """Send the next chunk of the spool and wait for its acks; hand over to direct mode once
+        only a few records are left (which the drain producer sends under the lock)."""
         if self._drain_producer is None:
             self._drain_producer = self._connect()
             if self._drain_producer is None:
                 raise ConnectionError("broker unreachable")
-        with self._lock:
-            self._writer.sync()  # the reader sees only what is flushed
-            end = self._writer.next_index
-            if self._drained >= end:
-                # Caught up, and no emit can slip in while we hold the lock: go direct.
-                self._producer, self._drain_producer = self._drain_producer, None
-                self._direct = True
-                self.stats.recoveries += 1
-                log.warning("kafka sink: broker is back; spool drained, sending directly again")
-                return True, None
-        if records is None:
-            records = self._reader.read(self._drained)
         producer = self._drain_producer
-        futures = []
-        last = self._drained - 1
-        budget = 8 << 20
-        for rec in records:
-            last = rec.index
-            if rec.corrupt is not None:
-                self.stats.skipped_corrupt += 1
-                log.warning("kafka sink: spool record %d is damaged (%s); skipped", rec.index, rec.corrupt)
-            elif len(rec.payload) > self.max_record_bytes:
-                self.stats.skipped_corrupt += 1
-                log.error("kafka sink: spool record %d is too large for Kafka; skipped", rec.index)
+        with self._lock:
+            end = self._writer.next_index
+            in_memory = bool(self._tail) and self._tail[0][0] <= self._drained
+            if end - self._drained <= self.handover_max and (in_memory or self._drained >= end):
+                self._handover_locked(producer, end)
+                return True, None
+            chunk: list[tuple[int, bytes]] = []
+            if in_memory:
+                start = self._drained - self._tail[0][0]
+                chunk = list(itertools.islice(self._tail, start, start + self.drain_chunk))
             else:
-                key, headers = key_and_headers(rec.payload)
-                futures.append(producer.send(self.topic, value=rec.payload, key=key, headers=headers))
-                budget -= len(rec.payload)
-            if len(futures) >= self.drain_chunk or budget <= 0 or rec.index + 1 >= end:
-                break
-        if last < self._drained:
-            return False, None  # the iterator ran dry: read again from the drained position
+                self._writer.sync()  # the reader sees only what is flushed
+        last = self._drained - 1
+        if in_memory:
+            records = None
+            last = chunk[-1][0]
+        else:
+            if records is None:
+                records = self._reader.read(self._drained)
+            budget = 8 << 20
+            for rec in records:
+                last = rec.index
+                if rec.corrupt is not None:
+                    self.stats.skipped_corrupt += 1
+                    log.warning(
+                        "kafka sink: spool record %d is damaged (%s); skipped", rec.index, rec.corrupt
+                    )
+                elif len(rec.payload) > self.max_record_bytes:
+                    self.stats.skipped_corrupt += 1
+                    log.error("kafka sink: spool record %d is too large for Kafka; skipped", rec.index)
+                else:
+                    chunk.append((rec.index, rec.payload))
+                    budget -= len(rec.payload)
+                if len(chunk) >= self.drain_chunk or budget <= 0 or rec.index + 1 >= end:
+                    break
+            if last < self._drained:
+                return False, None  # the iterator ran dry: read again from the drained position
+        futures = []
+        for _, raw in chunk:
+            key, headers = key_and_headers(raw)
+            futures.append(producer.send(self.topic, value=raw, key=key, headers=headers))
         producer.flush(timeout=self.flush_timeout_s)
         for future in futures:
             if not future.is_done or future.failed():
                 raise ConnectionError(
                     f"drain send failed: {future.exception if future.is_done else 'timeout'}"
                 )
-        self._drained = last + 1
+        with self._lock:
+            self._drained = last + 1
+            while self._tail and self._tail[0][0] < self._drained:
+                self._tail_size -= len(self._tail.popleft()[1])
         self.stats.drained += len(futures)
-        self._save_drained()
-        self._drop_drained_segments()
+        log.debug("kafka sink: drained %d records up to spool index %d", len(futures), last)
+        self._write_drained(self._drained)
         return True, records
 
     def _connect(self) -> KafkaProducer | None:
@@ -473,17 +539,27 @@ class KafkaSink:
             return 0  # a different spool now lives here: all of it is new
         return min(int(state.get("next", 0)), self._writer.next_index)
 
-    def _save_drained(self) -> None:
-        path = self._drained_path()
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps({"spool_id": self._writer.id, "next": self._drained, "topic": self.topic}))
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+    def _save_acked(self) -> None:
+        """Persist a handover's end once its records are acked."""
+        with self._lock:
+            ack_to, self._ack_to = self._ack_to, None
+        if ack_to is not None:
+            self._write_drained(ack_to)
 
-    def _drop_drained_segments(self) -> None:
-        """Delete segments whose every record is acked (never the one being written)."""
+    def _write_drained(self, position: int) -> None:
+        """Record that every spool record before ``position`` is acked by Kafka (after the ack)."""
+        with self._save_lock:
+            if position <= self._saved:
+                return
+            path = self._drained_path()
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(json.dumps({"spool_id": self._writer.id, "next": position, "topic": self.topic}))
+            with open(tmp, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+            self._saved = position
+        # Segments whose every record is acked go (never the one being written).
         bases = sorted(int(p.stem) for p in self.spool_dir.glob("*.seg") if p.stem.isdigit())
         for base, following in itertools.pairwise(bases):
-            if following <= self._drained:
+            if following <= position:
                 (self.spool_dir / f"{base:020d}.seg").unlink(missing_ok=True)
