@@ -1,0 +1,153 @@
+"""The training loop in-process: learning, live config, refusals, non-finite policy, crashes, resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from schemas.canonical import config_hash as schemas_hash
+from tests.trainer.conftest import ListSink, assert_gap_free, data, tiny_config, tiny_config_file
+from trainer.config import load_config
+from trainer.loop import RunExistsError, chain, schedule_config_change, train
+
+
+def test_loss_falls_on_the_shipped_corpus(tmp_path: Path, sink: ListSink) -> None:
+    cfg = tiny_config(tmp_path, "run.steps=60", "optimizer.lr=3e-3")
+    result = train(cfg, sink)
+    assert result.status == "completed" and result.final_step == 60
+    losses = [loss for _, loss in result.losses]
+    assert losses[0] > 5.0  # ln 256 ≈ 5.55: bytes start uniform
+    assert sum(losses[-10:]) / 10 < losses[0] - 2.0
+    started = sink.of("run.started")[0]
+    assert started.attempt == 1 and started.seq == 0 and started.source == "trainer/tiny/a1/rank0"
+    assert data(started)["config_hash"] == schemas_hash(data(started)["config"])
+    assert data(started)["software"]["megatron-core"] == "0.16.1"
+    metrics = sink.of("step.metrics")
+    assert [e.step for e in metrics] == list(range(1, 61))
+    assert all(data(e)["mfu"] > 0 and data(e)["tokens"] == 8 * 64 for e in metrics)
+    assert sink.of("run.finished")[0].data.status == "completed"
+    assert_gap_free(sink.events)
+
+
+def test_counts_sum_to_assignments_minus_drops_in_a_run(tmp_path: Path, sink: ListSink) -> None:
+    train(tiny_config(tmp_path, "run.steps=6", "moe.capacity_factor=1.0"), sink)
+    stats = sink.of("moe.router_stats")
+    assert len(stats) == 6
+    for event in stats:
+        for layer in event.data.layers:
+            assert layer.tokens == 8 * 64
+            assert sum(layer.expert_counts) == layer.tokens * layer.top_k - layer.dropped
+            assert layer.token_drop_rate == pytest.approx(layer.dropped / (layer.tokens * layer.top_k))
+
+
+def test_live_change_lands_at_the_step_with_its_patch(tmp_path: Path, sink: ListSink) -> None:
+    path = tiny_config_file(tmp_path, "run.steps=12", "schedule.decay='constant'")
+    changes = {"optimizer.lr": 1e-3, "moe.capacity_factor": 0.5}
+    result = train(path, sink, progress=schedule_config_change(path, 7, changes))
+    assert result.status == "completed"
+    [changed] = sink.of("config.changed")
+    assert changed.step == 7
+    assert sorted(data(changed)["patch"], key=lambda op: op["path"]) == [
+        {"op": "replace", "path": "/moe/capacity_factor", "value": 0.5},
+        {"op": "replace", "path": "/optimizer/lr", "value": 1e-3},
+    ]
+    assert data(changed)["cause"]["kind"] == "file_edit"
+    launch = data(sink.of("run.started")[0])
+    assert data(changed)["previous_hash"] == launch["config_hash"]
+    assert data(changed)["config_hash"] == schemas_hash(
+        load_config(path).__struct_config__ and _resolved(path)
+    )
+    lrs = {e.step: data(e)["lr"] for e in sink.of("step.metrics")}
+    assert lrs[6] == pytest.approx(3e-3) and lrs[7] == pytest.approx(1e-3)  # default lr, then the new one
+    drops = {e.step: sum(layer.dropped for layer in e.data.layers) for e in sink.of("moe.router_stats")}
+    assert all(drops[s] == 0 for s in range(1, 7)) and all(drops[s] > 0 for s in range(7, 13))
+    assert not sink.of("config.rejected")
+
+
+def _resolved(path: Path) -> dict:
+    from trainer.config import resolved
+
+    return resolved(load_config(path))
+
+
+def test_disallowed_change_is_refused_once_and_the_run_goes_on(tmp_path: Path, sink: ListSink) -> None:
+    path = tiny_config_file(tmp_path, "run.steps=10")
+    progress = chain(
+        schedule_config_change(path, 4, {"model.num_layers": 3}),
+        schedule_config_change(path, 7, {"telemetry.log_interval": 2}),  # allowed; num_layers still there
+    )
+    result = train(path, sink, progress=progress)
+    assert result.status == "completed" and result.final_step == 10
+    [rejected] = sink.of("config.rejected")
+    assert rejected.step == 4
+    assert data(rejected)["patch"] == [{"op": "replace", "path": "/model/num_layers", "value": 3}]
+    assert "/model/num_layers" in data(rejected)["reason"]
+    [changed] = sink.of("config.changed")
+    assert changed.step == 7 and data(changed)["patch"][0]["path"] == "/telemetry/log_interval"
+    assert [e.step for e in sink.of("step.metrics")][-2:] == [8, 10]
+
+
+def test_nonfinite_loss_skip_policy_records_the_step(tmp_path: Path, sink: ListSink) -> None:
+    cfg = tiny_config(
+        tmp_path,
+        "run.steps=6",
+        "run.nonfinite_policy='skip'",
+        "debug.crash_at_step=3",
+        "debug.crash_kind='nan'",
+    )
+    result = train(cfg, sink)
+    assert result.status == "completed" and result.skipped_steps == [3]
+    [skipped] = sink.of("step.skipped")
+    assert skipped.step == 3 and data(skipped) == {"reason": "nonfinite_loss", "value": "nan"}
+    assert [e.step for e in sink.of("step.metrics")] == [1, 2, 4, 5, 6]
+    assert all(loss == loss for _, loss in result.losses)  # the weights stayed finite
+
+
+@pytest.mark.parametrize(
+    ("extra", "kind", "exc_type"),
+    [
+        (["run.nonfinite_policy='stop'", "debug.crash_kind='nan'"], "nonfinite_loss", "NonFiniteLoss"),
+        (["debug.crash_kind='exception'"], "exception", "RuntimeError"),
+        (["debug.crash_kind='oom'"], "oom", "OutOfMemoryError"),
+    ],
+)
+def test_crashes_become_durable_crash_events(
+    tmp_path: Path, sink: ListSink, extra: list[str], kind: str, exc_type: str
+) -> None:
+    cfg = tiny_config(tmp_path, "run.steps=8", "debug.crash_at_step=4", *extra)
+    result = train(cfg, sink)
+    assert result.status == "crashed" and result.exit_code == 1
+    crash = sink.events[-1]
+    assert crash.type == "runledger.run.crashed" and crash.step == 3
+    d = data(crash)
+    assert (d["kind"], d["exc_type"], d["rank"], d["last_step"]) == (kind, exc_type, 0, 3)
+    assert d["host"] and "Traceback" in d["traceback"]
+    assert sink.syncs >= 1  # synced after the crash event was handed over
+    assert not sink.of("run.finished")
+
+
+def test_resume_continues_the_same_trajectory_and_records_lineage(tmp_path: Path) -> None:
+    straight = ListSink()
+    train(tiny_config(tmp_path / "a", "run.steps=16", run_id="straight"), straight)
+    expected = {e.step: data(e)["loss"] for e in straight.of("step.metrics")}
+
+    sink = ListSink()
+    cfg = tiny_config(
+        tmp_path / "b", "run.steps=16", "checkpoint.interval=5", "debug.crash_at_step=8", run_id="broken"
+    )
+    first = train(cfg, sink)
+    assert first.status == "crashed" and first.last_checkpoint is not None
+    with pytest.raises(RunExistsError):
+        train(cfg, ListSink())  # a fresh start of a launched run is refused
+    second = train(cfg, sink, resume_from="latest")
+    # the refused launch registered no attempt: the resume is attempt 2
+    assert (second.status, second.attempt, second.start_step, second.final_step) == ("completed", 2, 5, 16)
+    [resumed] = sink.of("run.resumed")
+    assert resumed.attempt == 2 and resumed.step == 5 and resumed.source == "trainer/broken/a2/rank0"
+    assert data(resumed)["from_checkpoint_step"] == 5 and data(resumed)["previous_attempt"] == 1
+    resumed_losses = {e.step: data(e)["loss"] for e in sink.of("step.metrics") if e.attempt == 2}
+    assert sorted(resumed_losses) == list(range(6, 17))
+    for step, loss in resumed_losses.items():
+        assert loss == pytest.approx(expected[step], rel=1e-5, abs=1e-6), step
+    assert_gap_free(sink.events)
