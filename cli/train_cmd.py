@@ -24,16 +24,15 @@ def train_command(
     config: Annotated[
         Path, typer.Argument(help="TOML config; watched for live changes.", exists=True, dir_okay=False)
     ],
-    resume: Annotated[
+    step: Annotated[
         str | None,
-        typer.Option(
-            "--resume",
-            is_flag=False,
-            flag_value="latest",
-            metavar="[STEP]",
-            help="Resume from the latest checkpoint, or from --resume STEP (or a checkpoint dir).",
+        typer.Argument(
+            metavar="[STEP]", help="With --resume: the checkpoint step or directory (default: the latest)."
         ),
     ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Resume the run: a new attempt from a checkpoint.")
+    ] = False,
     spool: Annotated[
         Path | None,
         typer.Option("--spool", envvar="RUNLEDGER_SPOOL", help="Spool directory (the embedded bus)."),
@@ -58,6 +57,9 @@ def train_command(
     from trainer.loop import train
     from trainer.telemetry import StepReport, open_rank_sink
 
+    if step is not None and not resume:
+        console.print("[bold red]error:[/] a checkpoint STEP needs --resume", highlight=False)
+        raise typer.Exit(2)
     extra = list(overrides or [])
     if steps is not None:
         extra.append(f"run.steps={steps}")
@@ -82,7 +84,7 @@ def train_command(
             config,
             sink,
             overrides=extra,
-            resume_from=_resume_value(resume),
+            resume_from=_resume_value(step or "latest") if resume else None,
             stop_at_step=stop_at,
             progress=show,
         )
@@ -101,8 +103,8 @@ def train_command(
     raise typer.Exit(result.exit_code)
 
 
-def _resume_value(value: str | None) -> Any:
-    if value is None or value == "latest":
+def _resume_value(value: str) -> Any:
+    if value == "latest":
         return value
     return int(value) if value.isdigit() else Path(value)
 
