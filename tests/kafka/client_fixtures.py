@@ -7,6 +7,7 @@ Import from test modules: ``from client_fixtures import ...`` (tests/kafka is on
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -57,7 +58,11 @@ def synthetic_run(
     """
     source = f"synthetic/{run_id}"
     seq = 0
-    config: dict[str, Any] = {"model": {"layers": moe_layers, "experts": moe_experts}, "optim": {"lr": 3e-4}}
+    config: dict[str, Any] = {
+        "model": {"layers": moe_layers, "experts": moe_experts},
+        "optim": {"lr": 3e-4},
+        "marks": {},
+    }
 
     def ev(payload: Any, step: int | None) -> Envelope:
         nonlocal seq
@@ -89,7 +94,7 @@ def synthetic_run(
                 config = {**config, "optim": {**config["optim"], "lr": lr}}
             else:
                 ops = [PatchOp(op="add", path=f"/marks/m{step}", value=step)]
-                config = {**config, "marks": {**config.get("marks", {}), f"m{step}": step}}
+                config = {**config, "marks": {**config["marks"], f"m{step}": step}}
             yield ev(
                 ConfigChanged(
                     patch=ops,
@@ -308,3 +313,18 @@ def produce_events(bootstrap: str, topic: str, events: Sequence[Envelope], spool
     sink.close(timeout_s=60)
     assert sink.left_in_spool == 0
     return sink
+
+
+def commit_summary(ledger: Path) -> tuple[int, set[str]]:
+    """Events accepted so far and the writers that committed them (cheap: commit records only)."""
+    accepted = 0
+    writers: set[str] = set()
+    for path in sorted((ledger / "_commits").glob("*.json")) if (ledger / "_commits").is_dir() else []:
+        try:
+            record = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            continue  # being renamed into place
+        accepted += record["counts"]["accepted"]
+        if record["counts"]["accepted"]:
+            writers.add(record["writer"])
+    return accepted, writers

@@ -1,0 +1,219 @@
+"""The Kafka ingester against a real broker: end to end, crashes, consumer groups, bad records."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from pathlib import Path
+
+from client_fixtures import (
+    IngesterProc,
+    check_ledger,
+    commit_count,
+    commit_summary,
+    consume_topic,
+    ingest_args,
+    produce_events,
+    run_cli,
+    wait_for,
+    workload,
+)
+from kafka_support import free_ports
+
+from ingest.kafka_ingest import run_ingester
+from ingest.kafka_producer import KafkaSink
+from kafka import KafkaProducer
+from ledger.query import Reader
+from schemas import encode_event, make_event
+from schemas.payloads import StepMetrics
+
+
+def test_end_to_end_producer_to_cli_query(kafka_broker, make_topic, tmp_path: Path) -> None:
+    """KafkaSink → Kafka → `ledger ingest kafka` (until SIGTERM) → `ledger query` answers."""
+    topic = make_topic(partitions=4)
+    events = workload(8, 60, config_every=20, moe_every=20)
+    ledger = tmp_path / "ledger"
+    proc = IngesterProc(ingest_args(ledger, kafka_broker.bootstrap, "e2e", topic), tmp_path / "ingest.log")
+    try:
+        produce_events(kafka_broker.bootstrap, topic, events, tmp_path / "spool")
+        wait_for(lambda: commit_summary(ledger)[0] >= len(events), 60, "the ingester to catch up")
+    finally:
+        rc = proc.terminate()  # graceful: commits the batch in hand, leaves the group
+    assert rc == 0, proc.output()
+    assert f"ingested {len(events)} events" in proc.output()
+    check_ledger(ledger, events)
+
+    out = run_cli(
+        "query",
+        "SELECT run_id, max(step) AS last, count(*) AS n FROM metrics GROUP BY run_id ORDER BY run_id",
+        "--ledger",
+        str(ledger),
+        "--format",
+        "json",
+    )
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert [r["run_id"] for r in rows] == [f"run-{i:02d}" for i in range(8)]
+    assert all(r["last"] == 60 and r["n"] == 60 * 20 for r in rows)  # 20 scalars per step
+    out = run_cli(
+        "query",
+        "SELECT count(*) FROM config_changes WHERE hash_matches",
+        "--ledger",
+        str(ledger),
+        "--format",
+        "csv",
+    )
+    assert out.stdout.split() == ["count_star()", str(8 * 3)]
+    out = run_cli("runs", "--ledger", str(ledger), "--format", "csv")
+    assert out.returncode == 0 and out.stdout.count("\nrun-") == 8
+
+
+def test_sigkill_at_random_points_loses_and_duplicates_nothing(
+    kafka_broker, make_topic, tmp_path: Path
+) -> None:
+    """~50k events; the ingester is SIGKILLed a dozen times mid-ingest and restarted."""
+    topic = make_topic(partitions=4)
+    events = workload(20, 2400, config_every=50, moe_every=100)
+    assert len(events) > 49_000
+    produce_events(kafka_broker.bootstrap, topic, events, tmp_path / "spool")
+    ledger = tmp_path / "ledger"
+    rng = random.Random(20240535)
+    args = ingest_args(
+        ledger, kafka_broker.bootstrap, "killme", topic, "--batch-max", "1000", "--instance-id", "k1"
+    )
+    kills_mid_ingest = 0
+    for i in range(12):
+        before = commit_count(ledger)
+        proc = IngesterProc(args, tmp_path / f"ingest-{i}.log")
+        # Let it start committing, then kill it at a random point (mid-poll, mid-commit, mid-rename).
+        wait_for(lambda: commit_count(ledger) > before or proc.proc.poll() is not None, 60, "a commit")  # noqa: B023
+        time.sleep(rng.uniform(0.0, 0.4))
+        kills_mid_ingest += commit_summary(ledger)[0] < len(events)
+        proc.kill()
+    assert kills_mid_ingest >= 10, f"only {kills_mid_ingest} kills landed mid-ingest"
+    final = IngesterProc([*args, "--until-idle", "3"], tmp_path / "ingest-final.log")
+    assert final.wait(120) == 0, final.output()
+    check = check_ledger(ledger, events)
+    assert check.events == len(events)
+    reader = Reader(ledger)
+    assert reader.sql("SELECT count(*) FROM config_changes WHERE hash_matches IS NOT true").rows == [(0,)]
+    assert reader.sql("SELECT count(*) FROM quarantine").rows == [(0,)]
+
+
+def test_two_ingesters_share_a_group_and_survive_a_kill(kafka_broker, make_topic, tmp_path: Path) -> None:
+    topic = make_topic(partitions=4)
+    ledger = tmp_path / "ledger"
+    events: list = []
+    done = threading.Event()
+
+    def produce() -> None:
+        sink = KafkaSink(kafka_broker.bootstrap, tmp_path / "spool", topic=topic)
+        try:
+            for env in workload(12, 1500, config_every=50, moe_every=100):
+                sink.emit(env)
+                events.append(env)
+                if len(events) % 100 == 0:
+                    time.sleep(0.02)  # a steady stream over several seconds
+        finally:
+            sink.close(timeout_s=60)
+            done.set()
+
+    a = IngesterProc(ingest_args(ledger, kafka_broker.bootstrap, "pair", topic), tmp_path / "a.log")
+    b = IngesterProc(
+        ingest_args(ledger, kafka_broker.bootstrap, "pair", topic, until_idle=15), tmp_path / "b.log"
+    )
+    producer = threading.Thread(target=produce)
+    producer.start()
+    try:
+        wait_for(lambda: len(commit_summary(ledger)[1]) >= 2, 60, "both ingesters to commit")
+        time.sleep(0.5)
+        assert not done.is_set(), "the producer finished before the kill: make the workload bigger"
+        a.kill()
+        producer.join(120)
+        assert b.wait(180) == 0, b.output()
+    finally:
+        a.kill()
+    assert len(commit_summary(ledger)[1]) == 2
+    check_ledger(ledger, events)
+    assert Reader(ledger).sql("SELECT count(*) FROM config_changes WHERE hash_matches IS NOT true").rows == [
+        (0,)
+    ]
+
+
+def test_malformed_records_are_quarantined_and_dead_lettered(
+    kafka_broker, make_topic, tmp_path: Path
+) -> None:
+    topic = make_topic(partitions=1)
+    dlq = make_topic(partitions=1, hint="deadletter")
+
+    def metrics(step: int, **kw: object) -> bytes:
+        env = make_event(
+            StepMetrics(loss=1.0), source="bad-test", stream="r1", seq=step, run_id="r1", step=step
+        )
+        raw = json.loads(encode_event(env))
+        raw.update(kw)
+        return json.dumps(raw).encode()
+
+    good1, good2 = metrics(0), metrics(5)
+    bad = {
+        1: (b"not json {", "decode"),
+        2: (metrics(1, seq="seven"), "envelope"),
+        3: (metrics(2, type="runledger.no.such.type"), "unknown-type"),
+        4: (metrics(3, data={"tokens": -5}), "schema"),
+    }
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, acks="all")
+    sequence = [good1, bad[1][0], bad[2][0], bad[3][0], bad[4][0], good2, good1]  # good1 twice: a duplicate
+    for raw in sequence:
+        producer.send(topic, value=raw, key=b"r1")
+    producer.flush(30)
+    producer.close()
+
+    ledger = tmp_path / "ledger"
+    stats = run_ingester(ledger, kafka_broker.bootstrap, "bad", [topic], idle_timeout_s=3, deadletter=dlq)
+    assert (stats.accepted, stats.quarantined, stats.duplicates, stats.deadlettered) == (2, 4, 1, 4)
+    reader = Reader(ledger)
+    rows = reader.sql("SELECT ingest_position, reason, raw FROM quarantine ORDER BY ingest_position").rows
+    assert [r[0] for r in rows] == [1, 2, 3, 4]
+    assert [bytes(r[2]) for r in rows] == [bad[i][0] for i in range(1, 5)]
+    assert "unknown event type" in rows[2][1]
+    assert reader.sql("SELECT stream_seq, seq FROM events ORDER BY stream_seq").rows == [(0, 0), (1, 5)]
+
+    letters = consume_topic(kafka_broker.bootstrap, dlq)
+    assert len(letters) == 4
+    for rec in letters:
+        headers = {k: v.decode() for k, v in rec.headers}
+        offset = int(headers["source.offset"])
+        assert rec.value == bad[offset][0]
+        assert headers["reason"] == bad[offset][1]
+        assert headers["source.topic"] == topic and headers["source.partition"] == "0"
+        assert headers["error"] and headers["failed.at"] and rec.key == b"r1"
+        assert headers["consumer"].startswith("kafka-ingest:bad:")
+    # Ingesting again is a no-op: nothing new in the ledger, nothing dead-lettered twice.
+    again = run_ingester(ledger, kafka_broker.bootstrap, "bad-2", [topic], idle_timeout_s=2, deadletter=dlq)
+    assert (again.accepted, again.quarantined, again.commits) == (0, 0, 0)
+    assert len(consume_topic(kafka_broker.bootstrap, dlq)) == 4
+
+
+def test_cli_errors_are_one_clear_line(tmp_path: Path) -> None:
+    (port,) = free_ports(1)
+    nowhere = f"127.0.0.1:{port}"
+    out = run_cli(
+        "ingest", "kafka", "--bootstrap", nowhere, "--ledger", str(tmp_path / "l"), "--connect-timeout", "1"
+    )
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines() == [
+        f"error: no Kafka broker answered at {nowhere} (PLAINTEXT) within 1 s"
+    ]
+    out = run_cli(
+        "ingest", "kafka", "--bootstrap", nowhere, "--ledger", str(tmp_path / "none"), "--no-create"
+    )
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines() == [
+        f"error: no ledger at {tmp_path / 'none'} (drop --no-create to make one)"
+    ]
+    out = run_cli("replay", "--bootstrap", nowhere, "--to", str(tmp_path / "r"), "--connect-timeout", "1")
+    assert out.returncode != 0 and out.stderr.strip().startswith("error: no Kafka broker answered")
+    out = run_cli("ingest", "kafka", "--ledger", str(tmp_path / "l"), env={"RUNLEDGER_KAFKA_BOOTSTRAP": ""})
+    assert out.returncode != 0 and "RUNLEDGER_KAFKA_BOOTSTRAP" in out.stderr
