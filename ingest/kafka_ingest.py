@@ -225,7 +225,12 @@ def open_consumer(
     """A KafkaConsumer, or ``BrokerUnavailableError`` after ``connect_timeout_s``."""
     kwargs = client_kwargs(bootstrap)
     try:
-        consumer = KafkaConsumer(**kwargs, bootstrap_timeout_ms=int(connect_timeout_s * 1000), **config)
+        consumer = KafkaConsumer(
+            **kwargs,
+            bootstrap_timeout_ms=int(connect_timeout_s * 1000),
+            allow_auto_create_topics=False,  # a reader must not create topics (with default partitions)
+            **config,
+        )
     except KafkaTimeoutError:
         raise BrokerUnavailableError(
             f"no Kafka broker answered at {describe(kwargs)} within {connect_timeout_s:g} s"
