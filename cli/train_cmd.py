@@ -99,7 +99,7 @@ def train_command(
     )
     if result.crash is not None:
         summary += f"\n{result.crash.kind}: {result.crash.message}"
-    console.print(summary, highlight=False)
+    console.print(summary, highlight=False, markup=False)
     raise typer.Exit(result.exit_code)
 
 

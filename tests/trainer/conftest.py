@@ -13,6 +13,7 @@ from schemas import Envelope, Event, decode_event, encode_event
 from trainer.config import TrainConfig, load_config, write_config
 
 HERE = Path(__file__).parent
+ROOT = HERE.parents[1]  # the repository: where subprocesses run `python -m cli.train_cmd`
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

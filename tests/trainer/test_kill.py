@@ -12,10 +12,8 @@ from pathlib import Path
 import pytest
 
 from schemas import Envelope
-from tests.trainer.conftest import assert_gap_free, data, read_spool, tiny_config_file
+from tests.trainer.conftest import ROOT, assert_gap_free, data, read_spool, tiny_config_file
 from trainer import checkpoint as ckpt
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _launch(config: Path, spool: Path, log: Path, *extra: str) -> subprocess.Popen[bytes]:
