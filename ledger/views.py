@@ -79,7 +79,9 @@ def _base_view(root: Path, name: str) -> str:
 def views_sql(root: Path) -> str:
     root = root.resolve()
     base = "\n".join(_base_view(root, name) for name in TABLES)
-    return base + "\n" + DERIVED_VIEWS
+    from ledger.code_views import CODE_VIEWS  # GitHub ↔ run joins, over the views above
+
+    return base + "\n" + DERIVED_VIEWS + "\n" + CODE_VIEWS
 
 
 def connect(root: Path) -> duckdb.DuckDBPyConnection:
