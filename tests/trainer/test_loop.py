@@ -151,3 +151,17 @@ def test_resume_continues_the_same_trajectory_and_records_lineage(tmp_path: Path
     for step, loss in resumed_losses.items():
         assert loss == pytest.approx(expected[step], rel=1e-5, abs=1e-6), step
     assert_gap_free(sink.events)
+
+
+def test_bf16_float16module_trains_with_fp32_master_weights(tmp_path: Path, sink: ListSink) -> None:
+    import torch
+
+    cfg = tiny_config(tmp_path, "run.steps=4", "model.precision='bf16'", "checkpoint.final=true")
+    result = train(cfg, sink)
+    assert result.status == "completed"
+    losses = [loss for _, loss in result.losses]
+    assert all(loss == loss for loss in losses) and losses[-1] < losses[0]
+    state = torch.load(tmp_path / "ckpt" / "step_00000004" / "rank00000.pt", weights_only=False)
+    weights = [v for v in state["model"].values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    assert weights and all(v.dtype == torch.bfloat16 for v in weights)
+    assert all(m.dtype == torch.float32 for m in state["optimizer"]["master"])
