@@ -151,6 +151,7 @@ LIVE_KEYS: frozenset[str] = frozenset(
         "/moe/aux_loss_coeff",
         "/moe/z_loss_coeff",
         "/schedule/warmup_steps",
+        "/telemetry/enabled",
         "/telemetry/log_interval",
         "/telemetry/rank_stats_interval",
         "/telemetry/peak_tflops",

@@ -375,6 +375,11 @@ def _run(
             if patch_msg is not None:
                 cfg = _apply_change(cfg, state, env, emitter, patch_msg, step, model)
                 result.config = cfg
+                if cfg.telemetry.enabled and stats is None:  # telemetry switched on live
+                    stats = telemetry.RouterStats(model, cfg.moe.num_experts, cfg.moe.top_k, device)
+                elif not cfg.telemetry.enabled and stats is not None:
+                    stats.close()
+                    stats = None
             nan_now = _maybe_inject(cfg, step, result.attempt, env)
 
             # --- one optimizer step ----------------------------------------------------------

@@ -42,9 +42,10 @@ from trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
-# Columns of one layer's row in the router accumulator.
-TOKENS, DROPPED, AUX, ZLOSS, ENTROPY = range(5)
-FIXED_COLS = 5
+# Columns of one layer's row in the router accumulator: token count, the three token-weighted
+# sums, then the per-expert kept counts. Drops are derived on the host: tokens · k − Σ counts.
+TOKENS, AUX, ZLOSS, ENTROPY = range(4)
+FIXED_COLS = 4
 
 
 class RouterStats:
@@ -60,10 +61,6 @@ class RouterStats:
         self._logits: dict[int, torch.Tensor] = {}
         for index, router in enumerate(self.routers):
             self._install(index, router)
-
-    @property
-    def width(self) -> int:
-        return self.acc.numel()
 
     def _install(self, index: int, router: torch.nn.Module) -> None:
         original = router.gating  # the bound method
@@ -86,18 +83,25 @@ class RouterStats:
     def _accumulate(
         self, index: int, router: torch.nn.Module, logits: torch.Tensor, routing_map: torch.Tensor
     ) -> None:
-        from megatron.core.transformer.moe.moe_utils import (
-            compute_routing_scores_for_aux_loss,
-            topk_routing_with_score_function,
-        )
-
+        # Few, whole-tensor ops: on a CPU each op costs microseconds whatever its size.
         tcfg = router.config
-        logits = logits.reshape(-1, self.num_experts).float()
+        e, k = self.num_experts, self.top_k
+        logits = logits.reshape(-1, e).float()
+        routing_map = routing_map.reshape(-1, e)
         tokens = logits.shape[0]
-        k = self.top_k
-        chosen, scores = compute_routing_scores_for_aux_loss(logits, k, tcfg.moe_router_score_function)
-        if router.expert_bias is not None or tcfg.moe_router_num_groups:
-            # The selection differs from the plain top-k: recompute it the router's way.
+        if tcfg.moe_router_score_function == "softmax":
+            scores = torch.softmax(logits, dim=-1)
+        else:  # Megatron's aux-loss scores for sigmoid routing: normalised sigmoids
+            scores = torch.sigmoid(logits)
+            scores = scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)
+        if tcfg.moe_expert_capacity_factor is None and not tcfg.moe_pad_expert_input_to_capacity:
+            chosen = routing_map  # nothing dropped: the map is the selection
+        elif router.expert_bias is None and not tcfg.moe_router_num_groups:
+            top = torch.topk(scores, k, dim=-1).indices  # the router's selection, recomputed
+            chosen = torch.zeros_like(routing_map).scatter_(1, top, True)
+        else:  # a selection with expert bias or groups: the router's own function
+            from megatron.core.transformer.moe.moe_utils import topk_routing_with_score_function
+
             _, chosen = topk_routing_with_score_function(
                 logits,
                 k,
@@ -108,20 +112,16 @@ class RouterStats:
                 score_function=tcfg.moe_router_score_function,
                 expert_bias=router.expert_bias,
             )
-        kept = chosen & routing_map.reshape(-1, self.num_experts)  # padding slots are not tokens
-        counts = kept.sum(dim=0, dtype=torch.float32)
-        chosen_counts = chosen.sum(dim=0, dtype=torch.float32)
-        aux = self.num_experts * (chosen_counts / (tokens * k) * scores.mean(dim=0)).sum()
-        z = torch.logsumexp(logits, dim=-1).square().mean()
-        logp = torch.log_softmax(logits, dim=-1)
-        entropy = -(logp.exp() * logp).sum(dim=-1).mean()
+        kept = (chosen & routing_map).sum(dim=0, dtype=torch.float32)  # padding slots are not tokens
+        chosen_counts = kept if chosen is routing_map else chosen.sum(dim=0, dtype=torch.float32)
+        # Token-weighted sums: aux = E·Σ f·P (f = chosen/(T·k), P = mean score) times T.
+        aux = (chosen_counts * scores.sum(dim=0)).sum() * (e / (tokens * k))
+        z = torch.logsumexp(logits, dim=-1).square().sum()
+        softmax = scores if tcfg.moe_router_score_function == "softmax" else torch.softmax(logits, dim=-1)
+        entropy = torch.special.entr(softmax).sum()  # Σ over tokens of −Σ p log p
         row = self.acc[index]
         row[TOKENS] += tokens
-        row[DROPPED] += tokens * k - counts.sum()
-        row[AUX] += aux * tokens
-        row[ZLOSS] += z * tokens
-        row[ENTROPY] += entropy * tokens
-        row[FIXED_COLS:] += counts
+        row[AUX:] += torch.cat([torch.stack([aux, z, entropy]), kept])
 
     def take(self) -> torch.Tensor:
         """The step's accumulator, flattened (a copy), and a fresh one for the next step."""
@@ -144,7 +144,8 @@ def layer_stats(flat: list[float], num_layers: int, num_experts: int, top_k: int
     for layer in range(num_layers):
         row = flat[layer * width : (layer + 1) * width]
         tokens = round(row[TOKENS])
-        dropped = max(0, round(row[DROPPED]))
+        counts = [round(c) for c in row[FIXED_COLS:]]
+        dropped = max(0, tokens * top_k - sum(counts))
         denom = max(1, tokens)
         out.append(
             MoeLayerStats(
@@ -153,7 +154,7 @@ def layer_stats(flat: list[float], num_layers: int, num_experts: int, top_k: int
                 top_k=top_k,
                 dropped=dropped,
                 token_drop_rate=min(1.0, dropped / max(1, tokens * top_k)),
-                expert_counts=[round(c) for c in row[FIXED_COLS:]],
+                expert_counts=counts,
                 aux_loss=_finite(row[AUX] / denom),
                 z_loss=_finite(row[ZLOSS] / denom),
                 routing_entropy=_finite(row[ENTROPY] / denom),
