@@ -177,6 +177,7 @@ class KafkaSink:
         self.flush_timeout_s = flush_timeout_s
         self.max_block_ms = max_block_ms
         self.stats = SinkStats()
+        self.last_error = ""  # why the last connection attempt failed
         self._producer_kwargs: dict[str, Any] = {
             **client_kwargs(bootstrap),
             "acks": "all",
@@ -417,24 +418,27 @@ class KafkaSink:
         backoff = 0.2
         records: Iterator[SpoolRecord] | None = None
         while not self._stop.is_set():
-            for producer in self._retired[:]:
-                abort_producer(producer)
-                self._retired.remove(producer)
-            if self._direct:
-                with self._lock:
-                    reason = self._trim_locked() if self._direct else None
-                    if reason is not None:
-                        self._to_spool_locked(reason)
-                self._save_acked()
-                if self._direct:
-                    self._wake.wait(0.02)
-                    self._wake.clear()
-                continue
-            records = None if self._direct else records
             try:
+                for producer in self._retired[:]:
+                    abort_producer(producer)
+                    self._retired.remove(producer)
+                if self._direct:
+                    with self._lock:
+                        reason = self._trim_locked() if self._direct else None
+                        if reason is not None:
+                            self._to_spool_locked(reason)
+                    self._save_acked()
+                    if self._direct:
+                        self._wake.wait(0.02)
+                        self._wake.clear()
+                    records = None
+                    continue
                 progressed, records = self._drain_step(records)
             except Exception as exc:  # the broker went away mid-drain, or worse: start over, later
-                log.info("kafka sink: drain failed (%s); retrying in %.1f s", exc, backoff)
+                # Loud once per trouble, quiet while it lasts.
+                (log.warning if backoff == 0.2 else log.info)(
+                    "kafka sink: cannot deliver to %s (%s); retrying every <= 2 s", self.topic, exc
+                )
                 abort_producer(self._drain_producer)
                 self._drain_producer, records = None, None
                 self._stop.wait(backoff)
@@ -451,7 +455,7 @@ class KafkaSink:
         if self._drain_producer is None:
             self._drain_producer = self._connect()
             if self._drain_producer is None:
-                raise ConnectionError("broker unreachable")
+                raise ConnectionError(self.last_error or "broker unreachable")
         producer = self._drain_producer
         with self._lock:
             end = self._writer.next_index
@@ -515,13 +519,15 @@ class KafkaSink:
         try:
             producer = KafkaProducer(**self._producer_kwargs)
         except KafkaError as exc:
-            log.info("kafka sink: cannot connect: %s", exc)
+            self.last_error = str(exc)
             return None
         while time.monotonic() < deadline:
             try:
                 producer.partitions_for(self.topic)  # waits at most max_block_ms per try
+                self.last_error = ""
                 return producer
-            except KafkaError:
+            except KafkaError as exc:
+                self.last_error = f"no metadata for topic {self.topic}: {exc}"
                 time.sleep(0.05)
         abort_producer(producer)
         return None
