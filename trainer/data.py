@@ -1,7 +1,7 @@
 """Data: the shipped public-domain corpus through a byte-level tokenizer, or synthetic tokens.
 
 The corpus is Isaac Newton's *Opticks* (4th edition, 1730; public domain), the Project Gutenberg
-transcription (eBook #33504) as the Go distribution ships it for its compression tests
+transcription as the Go distribution ships it for its compression tests
 (``src/testdata/Isaac.Newton-Opticks.txt``), without Gutenberg's header and licence boilerplate.
 
 Batches are a pure function of (seed, step, micro-batch, data-parallel rank): random windows of
