@@ -93,6 +93,10 @@ def train_command(
         raise typer.Exit(2) from None
     finally:
         sink.close()
+        if "WORLD_SIZE" in os.environ:  # under torchrun: leave the process group cleanly
+            from trainer.distributed import shutdown
+
+            shutdown()
     summary = (
         f"run {result.run_id} attempt {result.attempt}: {result.status} at step {result.final_step} "
         f"({result.total_tokens} tokens, {result.events_emitted} events, {result.duration_s:.1f} s)"

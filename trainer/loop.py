@@ -124,7 +124,6 @@ class _StopFlag:
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        self.reason: str | None = None
 
     def __call__(self, signum: int, frame: object) -> None:
         if self.signum is not None:
@@ -326,6 +325,21 @@ def _run(
     model: torch.nn.Module | None = None
     stats: telemetry.RouterStats | None = None
     try:
+        # --- the launch event first: a failure to build or load is then a crash of this attempt
+        if env.is_main:
+            if result.attempt == 1:  # a resume always follows an attempt
+                emitter.submit(
+                    RunStarted(name=cfg.run.name, **_launch_fields(cfg, env)), step=0, critical=True
+                )
+            else:
+                payload = RunResumed(
+                    from_checkpoint_step=state.step,
+                    checkpoint_path=str(ckpt_path) if ckpt_path else None,
+                    previous_attempt=max(1, result.attempt - 1),
+                    **_launch_fields(cfg, env),
+                )
+                emitter.submit(payload, step=state.step, critical=True)
+
         # --- build (or restore) the model and optimizer -------------------------------------
         cpu_compat.seed_rng(cfg.run.seed, device)
         model = model_lib.build_model(cfg, device)
@@ -342,20 +356,6 @@ def _run(
         mask = cpu_compat.causal_attention_mask(cfg.model.seq_length, device)
         if cfg.telemetry.enabled:
             stats = telemetry.RouterStats(model, cfg.moe.num_experts, cfg.moe.top_k, device)
-
-        if env.is_main:
-            if launch["previous"] == 0 and ckpt_path is None and result.attempt == 1:
-                emitter.submit(
-                    RunStarted(name=cfg.run.name, **_launch_fields(cfg, env)), step=0, critical=True
-                )
-            else:
-                payload = RunResumed(
-                    from_checkpoint_step=state.step,
-                    checkpoint_path=str(ckpt_path) if ckpt_path else None,
-                    previous_attempt=max(1, result.attempt - 1),
-                    **_launch_fields(cfg, env),
-                )
-                emitter.submit(payload, step=state.step, critical=True)
 
         tokens_per_step = batches.tokens_per_step * env.dp
         params = optimizer.params
@@ -460,7 +460,6 @@ def _run(
                 if step % cfg.telemetry.rank_stats_interval == 0:
                     now = time.perf_counter()
                     values = {
-                        "loss_local": host[0] if env.world_size == 1 else None,
                         "interval_s": now - last_log,
                         "events_dropped": float(emitter.dropped),
                         "queue_depth": float(emitter.pending),
@@ -504,8 +503,6 @@ def _run(
         _crash(result, env, emitter, state, "nonfinite_loss", exc)
     except (torch.OutOfMemoryError, MemoryError) as exc:
         _crash(result, env, emitter, state, "oom", exc)
-    except ConfigError:
-        raise  # a launch mistake (e.g. a pinned key changed): nothing ran
     except Exception as exc:
         _crash(result, env, emitter, state, "exception", exc)
     finally:
