@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import re
 import tomllib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -374,9 +375,13 @@ def _toml_value(value: Any) -> str:
 
 def edit_config_file(path: str | Path, changes: dict[str, Any]) -> None:
     """Rewrite the watched config file with ``{"moe.capacity_factor": 1.5, ...}`` applied: the way a
-    person (or the demo) changes a live run. ``None`` removes a key (its default is None)."""
+    person (or the demo) changes a live run. ``None`` removes a key (its default is None).
+
+    The edit is made line by line so the file keeps its comments and layout; a file whose shape
+    that cannot handle (inline tables, dotted keys) is rewritten whole. Atomic either way."""
     target = Path(path)
-    tree = tomllib.loads(target.read_text())
+    text = target.read_text()
+    tree = tomllib.loads(text)
     for dotted, value in changes.items():
         keys = dotted.split(".")
         if value is None:
@@ -386,8 +391,54 @@ def edit_config_file(path: str | Path, changes: dict[str, Any]) -> None:
             node.pop(keys[-1], None)
         else:
             _set_path(tree, keys, value)
-    # Bump the mtime even when the same second: the watcher keys on mtime and size.
+    edited = _edit_lines(text, changes)
+    try:
+        keeps_layout = edited is not None and tomllib.loads(edited) == tree
+    except tomllib.TOMLDecodeError:
+        keeps_layout = False
     before = target.stat().st_mtime_ns
-    write_config(target, tree)
+    if keeps_layout and edited is not None:
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        tmp.write_text(edited)
+        os.replace(tmp, target)
+    else:
+        write_config(target, tree)
+    # Bump the mtime even when the same tick: the watcher keys on mtime and size.
     if target.stat().st_mtime_ns == before:
         os.utime(target, ns=(before + 1_000_000, before + 1_000_000))
+
+
+_TABLE = re.compile(r"^\s*\[([A-Za-z0-9_.-]+)\]\s*(#.*)?$")
+_KEY = re.compile(r"^(\s*)([A-Za-z0-9_-]+)(\s*=\s*)([^#]*?)(\s*#.*)?$")
+
+
+def _edit_lines(text: str, changes: dict[str, Any]) -> str | None:
+    """``text`` with each ``section.key`` set (or removed, for None) in place; None if a change
+    is not of that two-level shape."""
+    lines = text.splitlines()
+    for dotted, value in changes.items():
+        parts = dotted.split(".")
+        if len(parts) != 2:
+            return None
+        section, key = parts
+        table, header, found = None, None, None
+        for n, line in enumerate(lines):
+            if m := _TABLE.match(line):
+                table = m.group(1)
+                if table == section:
+                    header = n
+            elif table == section and (m := _KEY.match(line)) and m.group(2) == key:
+                found = n
+        if found is not None:
+            if value is None:
+                del lines[found]
+            else:
+                m = _KEY.match(lines[found])
+                assert m is not None
+                lines[found] = f"{m.group(1)}{key}{m.group(3)}{_toml_value(value)}{m.group(5) or ''}"
+        elif value is not None:
+            if header is None:
+                lines += ["", f"[{section}]"]
+                header = len(lines) - 1
+            lines.insert(header + 1, f"{key} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"

@@ -89,3 +89,13 @@ def test_demo_config_loads() -> None:
     cfg = load_config(DEMO_CONFIG)
     assert cfg.moe.capacity_factor is not None and cfg.debug.crash_at_step is not None
     assert cfg.checkpoint.interval and cfg.debug.crash_at_step > cfg.checkpoint.interval
+
+
+def test_edit_keeps_comments_and_layout(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("# my run\n[moe]\n# drops on purpose\ncapacity_factor = 1.0  # tuned\ntop_k = 2\n")
+    edit_config_file(path, {"moe.capacity_factor": 1.5, "optimizer.lr": 1e-3, "moe.top_k": None})
+    text = path.read_text()
+    assert "# my run" in text and "# drops on purpose" in text and "capacity_factor = 1.5  # tuned" in text
+    cfg = load_config(path)
+    assert (cfg.moe.capacity_factor, cfg.optimizer.lr, cfg.moe.top_k) == (1.5, 1e-3, 2)  # top_k: default
