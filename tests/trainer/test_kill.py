@@ -115,6 +115,8 @@ def test_sigkill_then_sigterm_then_resume_loses_nothing(tmp_path: Path) -> None:
     a1_steps = {e.step for e in events if e.attempt == 1 and e.type == "runledger.step.metrics"}
     a2_steps = {e.step for e in events if e.attempt == 2 and e.type == "runledger.step.metrics"}
     assert a1_steps == set(range(1, max(a1_steps) + 1)) and min(a2_steps) == on_disk + 1
-    assert max(a1_steps) >= 12 and on_disk in (10, 15)
-    if on_disk == 10:
-        assert {11, 12} <= a1_steps & a2_steps  # the same steps, trained twice, both recorded
+    assert max(a1_steps) >= 12 and on_disk >= 10 and on_disk % 5 == 0
+    superseded = {s for s in a1_steps if s > on_disk}
+    assert superseded <= a2_steps  # the same steps, trained twice, both recorded
+    if on_disk == 10:  # the usual case: the kill came two or more steps after that checkpoint
+        assert {11, 12} <= superseded
