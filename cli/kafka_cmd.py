@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from cli.output import DEFAULT_LEDGER, LedgerOption, console, err_console, fail, user_errors
+from cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, user_errors
 
 BootstrapOption = Annotated[
     str | None,
@@ -177,7 +177,7 @@ def drain_spool(
     left = sink.left_in_spool
     if left:
         raise fail(f"{before - left} of {before} events sent; {left} still in {spool} (broker unreachable?)")
-    err_console.print(f"sent {before} spooled events to {sink.topic}")
+    console.print(f"sent {before} spooled events to {sink.topic}")
 
 
 def register(

@@ -292,9 +292,9 @@ class KafkaSink:
             except KafkaError:
                 ok = False
             with self._lock:
-                self._trim_locked()
-                if not ok and self._direct and self._producer is producer:
-                    self._to_spool_locked("flush did not complete in time")
+                reason = self._trim_locked()
+                if (reason or not ok) and self._direct and self._producer is producer:
+                    self._to_spool_locked(reason or "flush did not complete in time")
         with self._lock:
             self._writer.sync()
         self._save_acked()

@@ -21,6 +21,7 @@ from client_fixtures import (
     consume_topic,
     interleaved,
     produce_events,
+    run_cli,
     synthetic_run,
     workload,
 )
@@ -260,9 +261,18 @@ def test_events_spooled_by_a_dead_producer_are_drained_first_by_the_next(kafka_b
 
     # A crash after the broker acked but before the drained position was saved: the copy drains
     # again, and the ledger drops the duplicates.
-    again = KafkaSink(kafka_broker.bootstrap, crash_copy, topic=topic)
-    again.close(timeout_s=30)
-    assert again.stats.drained == 306
+    out = run_cli(
+        "kafka",
+        "drain-spool",
+        "--spool",
+        str(crash_copy),
+        "--bootstrap",
+        kafka_broker.bootstrap,
+        "--topic",
+        topic,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"sent 306 spooled events to {topic}"
 
     records = consume_topic(kafka_broker.bootstrap, topic)
     assert len(records) == 2 * 306 + len(later)
