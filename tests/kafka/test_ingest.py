@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -250,3 +253,56 @@ def test_cli_errors_are_one_clear_line(tmp_path: Path) -> None:
     assert out.returncode != 0 and out.stderr.strip().startswith("error: no Kafka broker answered")
     out = run_cli("ingest", "kafka", "--ledger", str(tmp_path / "l"), env={"RUNLEDGER_KAFKA_BOOTSTRAP": ""})
     assert out.returncode != 0 and "RUNLEDGER_KAFKA_BOOTSTRAP" in out.stderr
+
+
+TRAIN_TO_KAFKA = """
+import json, sys
+from trainer.config import load_config
+from trainer.loop import train
+from ingest.kafka_producer import KafkaSink
+tiny = ["model.num_layers=2", "model.hidden_size=64", "model.num_attention_heads=4", "model.seq_length=64",
+        "moe.num_experts=8", "moe.top_k=2", "moe.ffn_hidden_size=128", "data.micro_batch_size=8",
+        "run.device='cpu'", "schedule.warmup_steps=5", "checkpoint.interval=0", "checkpoint.final=false"]
+cfg = load_config(None, [*tiny, "run.run_id=via-kafka", "run.steps=12", "checkpoint.dir=" + sys.argv[3]])
+sink = KafkaSink(sys.argv[1], sys.argv[2], topic=sys.argv[4])
+result = train(cfg, sink, handle_signals=False)
+sink.close(timeout_s=60)
+print(json.dumps({"status": result.status, "emitted": result.events_emitted, "left": sink.left_in_spool}))
+"""
+
+
+def test_the_trainer_through_kafka_into_the_ledger(kafka_broker, make_topic, tmp_path: Path) -> None:
+    """The real trainer (tiny CPU MoE run) → KafkaSink → Kafka → ingester → ledger."""
+    if not all(importlib.util.find_spec(m) for m in ("torch", "megatron", "trainer")):
+        pytest.skip("the trainer needs torch and megatron-core")  # checked without importing them here
+    topic = make_topic(partitions=2)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            TRAIN_TO_KAFKA,
+            kafka_broker.bootstrap,
+            str(tmp_path / "spool"),
+            str(tmp_path / "ck"),
+            topic,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["status"] == "completed" and result["left"] == 0
+    ledger = tmp_path / "ledger"
+    stats = run_ingester(
+        ledger, kafka_broker.bootstrap, "trainer", [topic], idle_timeout_s=3, deadletter=None
+    )
+    assert stats.accepted == result["emitted"] and stats.quarantined == 0
+    check_ledger(ledger)
+    reader = Reader(ledger)
+    assert reader.sql(
+        "SELECT max(step), count(DISTINCT step) FROM metrics WHERE run_id = 'via-kafka'"
+    ).rows == [(12, 12)]
+    assert reader.sql("SELECT count(*) FROM moe_layer_stats WHERE run_id = 'via-kafka'").rows[0][0] > 0
+    assert reader.sql("SELECT status FROM run_ends WHERE run_id = 'via-kafka'").rows == [("completed",)]
