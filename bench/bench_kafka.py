@@ -278,10 +278,10 @@ def freshness(bootstrap: str, topic: str, work: Path, rate: float, seconds: floa
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=3000, help="steps per run")
+    ap.add_argument("--steps", type=int, default=6000, help="steps per run")
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--rate", type=float, default=300.0, help="events/s for the freshness phase")
-    ap.add_argument("--fresh-seconds", type=float, default=15.0)
+    ap.add_argument("--fresh-seconds", type=float, default=20.0)
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
 
