@@ -92,6 +92,7 @@ class Ledger:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._last_commit = -1
+        self._folded_commit = -1  # the last commit whose ids and configs this instance has folded
         self._positions: dict[str, int] = {}
         self._streams: dict[str, StreamHead] = {}
         self._seen: set[tuple[str, str]] | None = None
@@ -141,11 +142,11 @@ class Ledger:
 
     def positions(self) -> dict[str, int]:
         """The next position to read from each source (everything before it is in the ledger)."""
-        self._catch_up()
+        self._load_head()  # commit records only: another writer's files may still be renaming
         return dict(self._positions)
 
     def stream_heads(self) -> dict[str, StreamHead]:
-        self._catch_up()
+        self._load_head()
         return dict(self._streams)
 
     @property
@@ -153,20 +154,21 @@ class Ledger:
         return self._last_commit
 
     def _catch_up(self) -> None:
-        """Fold in commits other writers made since we last looked."""
+        """Fold in commits other writers made since we last folded. Only under the writer lock,
+        after ``_recover``: then every committed file has its final name."""
         paths = self.commit_paths()
-        if not paths or int(paths[-1].stem) == self._last_commit:
-            return
-        newer = [p for p in paths if int(p.stem) > self._last_commit]
-        if self._seen is not None:
+        newer = [p for p in paths if int(p.stem) > self._folded_commit]
+        if self._seen is not None and newer:
             for path in newer:
                 record = json.loads(path.read_bytes())
                 for rel in record["files"]:
-                    if rel.startswith("events/"):
+                    # A file a later compaction replaced is covered by that compaction's file.
+                    if rel.startswith("events/") and (self.root / rel).exists():
                         for src, ident in _read_ids(self.root / rel):
                             self._seen.add((src, ident))
             self._fold.configs.clear()  # another writer may have moved a run's config on
         self._load_head()
+        self._folded_commit = self._last_commit
 
     def _seen_ids(self) -> set[tuple[str, str]]:
         if self._seen is None:
@@ -174,14 +176,17 @@ class Ledger:
             for path in (self.root / "events").rglob("*.parquet"):
                 seen.update(_read_ids(path))
             self._seen = seen
+            self._folded_commit = self._last_commit
         return self._seen
 
     def _load_config(self, run_id: str, attempt: int) -> dict[str, Any] | None:
         """The latest config of an attempt already in the ledger (for a change that follows it)."""
         directory = self.root / "configs" / f"run_id={run_id}"
-        if not directory.exists():
+        # Only committed files: never the *.parquet.tmp a dead writer left behind.
+        files = sorted(str(p) for p in directory.glob("*.parquet")) if directory.exists() else []
+        if not files:
             return None
-        table = ds.dataset(directory, format="parquet").to_table(
+        table = ds.dataset(files, format="parquet").to_table(
             columns=["attempt", "stream_seq", "config"], filter=ds.field("attempt") == attempt
         )
         if table.num_rows == 0:
@@ -311,7 +316,7 @@ class Ledger:
             final = self.root / rel
             os.replace(final.with_name(final.name + ".tmp"), final)
         _fsync_dirs({(self.root / rel).parent for rel in files})
-        self._last_commit = number
+        self._last_commit = self._folded_commit = number
         self._positions = positions
         self._streams = streams
         result.commit = number
@@ -379,7 +384,7 @@ class Ledger:
             for rel in added:
                 os.replace(self.root / (rel + ".tmp"), self.root / rel)
             removed = len(dropped)
-            self._last_commit = number
+            self._last_commit = self._folded_commit = number
         return {"merged_partitions": merged, "removed_files": removed}
 
 

@@ -149,11 +149,6 @@ def test_two_ingesters_share_a_group_and_survive_a_kill(kafka_broker, make_topic
     # pinned down deterministically by the xfail test below).
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ledger/store.py Ledger._load_config reads ds.dataset(<configs partition dir>), which includes "
-    "*.parquet.tmp files a crashed writer left; fix: read only sorted(directory.glob('*.parquet'))",
-)
 def test_a_dead_writers_leftover_files_do_not_change_the_config_fold(tmp_path: Path) -> None:
     """Two ingesters share a ledger; one dies between writing its files and its commit point."""
     run = list(synthetic_run("r1", 120, config_every=10))
