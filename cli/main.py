@@ -163,14 +163,19 @@ def blame(
     s = result["set_by"]
     cause = s["cause"] or {}
     who = f" by {cause['actor']}" if cause.get("actor") else ""
-    how = f" ({cause.get('kind')}: {cause.get('detail')})" if cause else ""
+    how = f" ({cause.get('kind')}{': ' + cause['detail'] if cause.get('detail') else ''})" if cause else ""
     console.print(f"{key} = {result['value']!r} at step {result['step']} of {run}")
     console.print(f"  set by {s['kind']} at step {s['step']} (attempt {s['attempt']}, {s['time']}){who}{how}")
-    console.print(f"  code: {result['commit'] or 'unknown'}{' (dirty)' if result['git_dirty'] else ''}")
+    title = f" “{result['commit_title']}”" if result.get("commit_title") else ""
+    console.print(
+        f"  code: {result['commit'] or 'unknown'}{' (dirty)' if result['git_dirty'] else ''}{title}"
+    )
+    if result.get("person"):
+        console.print(f"  person: {result['person']}")
     for pr in result["pull_requests"]:
-        console.print(
-            f"  PR {pr['repo']}#{pr['number']} {pr['title']!r} by {pr['actor']} (merged: {pr['merged']})"
-        )
+        state = f"merged {pr['merged_at']}" if pr["merged"] else pr["state"]
+        how = "merge commit" if pr["relation"] == "merge_commit" else "head commit"
+        console.print(f"  PR {pr['repo']}#{pr['number']} {pr['title']!r} by {pr['author']} ({state}; {how})")
 
 
 @app.command()

@@ -5,7 +5,8 @@ The CLI is a thin shell over these functions; tests and other programs call them
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -13,6 +14,8 @@ from typing import Any
 
 import duckdb
 import jsonpatch
+import jsonpointer
+import msgspec
 
 from ledger.fold import STATE_TYPES, RunState, attempts_of, fold_run
 from ledger.store import Ledger, LedgerError
@@ -94,8 +97,8 @@ class Reader:
         if not repository:
             return []
         res = self.sql(
-            "SELECT time, kind, action, number, title, state, actor, merged, sha, head_sha, url "
-            "FROM github WHERE repo = ? ORDER BY time, stream_seq",
+            "SELECT time, kind, action, number, title, state, actor, merged, sha, head_sha, url, body "
+            "FROM github WHERE lower(repo) = lower(?) ORDER BY time, stream_seq",
             [repository],
         )
         return [dict(zip(res.columns, row, strict=True)) for row in res.rows]
@@ -175,41 +178,90 @@ class Reader:
                     "cause": change["cause"],
                 }
         commit = (setter["cause"] or {}).get("commit") or state.git_commit
+        info = self.commit_info(commit, launch.repository)
+        prs = self.prs_for_commit(info.get("sha") or commit)
+        # The person: who made the change, else who wrote the commit, else who authored its PR.
+        person = (
+            (setter["cause"] or {}).get("actor")
+            or info.get("author")
+            or next((pr["author"] for pr in prs), None)
+        )
         return {
             "run_id": run_id,
             "key": key,
             "value": value,
             "step": state.step,
             "set_by": setter,
-            "commit": commit,
+            "commit": info.get("sha") or commit,
+            "commit_title": info.get("title"),
+            "commit_author": info.get("author"),
             "git_dirty": state.git_dirty,
-            "pull_requests": self.prs_for_commit(commit),
+            "person": person,
+            "pull_requests": prs,
         }
 
     def prs_for_commit(self, sha: str | None) -> list[dict[str, Any]]:
-        """The PRs whose merge, head or pushed commits include ``sha`` (prefixes allowed)."""
+        """The PRs that introduced ``sha`` (prefixes allowed): merged as it, or had it as a head commit."""
         if not sha:
             return []
         res = self.sql(
-            "SELECT DISTINCT repo, number, title, actor, merged, sha FROM github WHERE kind = 'pull_request' "
-            "AND (starts_with(sha, ?) OR starts_with(head_sha, ?)) ORDER BY number",
-            [sha, sha],
+            "SELECT p.repo, p.number, p.title, p.author, p.state, p.merged_at IS NOT NULL AS merged, "
+            "p.merged_at, p.url, c.relation "
+            "FROM commit_pull_requests c JOIN github_pull_requests p USING (repo, number) "
+            "WHERE starts_with(c.sha, ?) "
+            "QUALIFY row_number() OVER (PARTITION BY p.repo, p.number ORDER BY c.relation = 'merge_commit' DESC) = 1 "
+            "ORDER BY c.relation = 'merge_commit' DESC, p.number",
+            [sha],
         )
         return [dict(zip(res.columns, row, strict=True)) for row in res.rows]
 
+    def commit_info(self, sha: str | None, repository: str | None) -> dict[str, Any]:
+        """The full SHA, first line and author of a (possibly abbreviated) commit GitHub told us about."""
+        if not sha or not repository:
+            return {}
+        res = self.sql(
+            "SELECT sha, arg_max(title, time) AS title, arg_max(actor, time) AS author FROM github "
+            "WHERE kind = 'commit' AND lower(repo) = lower(?) AND starts_with(sha, ?) GROUP BY sha",
+            [repository, sha],
+        )
+        return dict(zip(res.columns, res.rows[0], strict=True)) if len(res.rows) == 1 else {}
+
     def history(self, run_id: str) -> list[HistoryItem]:
+        """The run's story in time order, its code woven in.
+
+        Each launch names the commit it ran and the PR that introduced that commit; a resume lists
+        the config keys that differ from what the previous attempt last ran; a config change shows
+        old → new values and its cause; GitHub events of the run's repository during the run (and
+        the merges that introduced the commits it ran) appear in between.
+        """
         self.require_run(run_id)
         events = self.events(run_id)
         attempts = attempts_of(events)
-        items = [history_item(e) for e in events]
+        code = self._attempt_code(run_id)
+        items: list[HistoryItem] = []
+        config: dict[str, Any] | None = None
+        for e in events:
+            items.append(history_item(e, config, code.get(e.attempt or 1), self.prs_for_commit))
+            config = _config_after(e, config)
         repository = next((a.repository for a in attempts.values() if a.repository), None)
         if events:
             start, end = events[0].time, events[-1].time
+            introducing = {(row["pr_number"]) for row in code.values() if row["pr_number"] is not None}
             for g in self.github_rows(repository):
-                if g["time"] <= end and (g["time"] >= start or g["kind"] in ("pull_request", "push")):
+                ran_here = g["kind"] == "pull_request" and g["merged"] and g["number"] in introducing
+                if g["time"] <= end and (g["time"] >= start or ran_here):
                     items.append(github_item(g))
         items.sort(key=lambda i: i.time)
         return items
+
+    def _attempt_code(self, run_id: str) -> dict[int, dict[str, Any]]:
+        """Per attempt: the full commit it ran (when GitHub knows it) and the PR that introduced it."""
+        res = self.sql(
+            "SELECT attempt, commit_sha, commit_title, commit_author, pr_number, pr_title, pr_relation "
+            "FROM attempt_commits WHERE run_id = ? ORDER BY attempt",
+            [run_id],
+        )
+        return {row[0]: dict(zip(res.columns, row, strict=True)) for row in res.rows}
 
 
 @dataclass
@@ -221,23 +273,40 @@ class HistoryItem:
     text: str
 
 
-def history_item(e: Envelope) -> HistoryItem:
+PrLookup = Callable[[str | None], list[dict[str, Any]]]
+
+
+def history_item(
+    e: Envelope,
+    previous_config: dict[str, Any] | None = None,
+    code: dict[str, Any] | None = None,
+    prs_for_commit: PrLookup | None = None,
+) -> HistoryItem:
+    """One event as a line of the story; ``previous_config`` is the config live just before it."""
     d = e.data
     t = e.type
     if t == c.RUN_STARTED:
         text = (
-            f"run started: commit {_short(d.git_commit)}{' (dirty)' if d.git_dirty else ''}, host {d.host}, "
+            f"run started at {_commit_text(d.git_commit, d.git_dirty, code)}, host {d.host}, "
             f"world size {d.world_size}, config {d.config_hash[:12]}"
         )
     elif t == c.RUN_RESUMED:
         text = (
-            f"attempt {e.attempt} resumed from checkpoint step {d.from_checkpoint_step} at commit "
-            f"{_short(d.git_commit)}{' (dirty)' if d.git_dirty else ''} on {d.host}"
+            f"attempt {e.attempt} resumed from checkpoint step {d.from_checkpoint_step:,} at "
+            f"{_commit_text(d.git_commit, d.git_dirty, code)} on {d.host}"
         )
+        if previous_config is not None:
+            changed = [
+                _op_text(op, previous_config) for op in jsonpatch.make_patch(previous_config, d.config).patch
+            ]
+            if changed:
+                text += f"; config vs attempt {d.previous_attempt}: " + "; ".join(changed)
     elif t == c.CONFIG_CHANGED:
-        text = "config changed: " + "; ".join(_op_text(op) for op in d.patch) + f" ({d.cause.kind})"
+        ops = "; ".join(_op_text(op, previous_config) for op in d.patch)
+        text = f"config changed at step {e.step:,}: {ops} ({_cause_text(d.cause, prs_for_commit)})"
     elif t == c.CONFIG_REJECTED:
-        text = "config change refused: " + "; ".join(_op_text(op) for op in d.patch) + f" — {d.reason}"
+        ops = "; ".join(_op_text(op, previous_config) for op in d.patch)
+        text = f"config change refused: {ops} — {d.reason}"
     elif t == c.CHECKPOINT_SAVED:
         text = f"checkpoint saved ({d.reason}): {d.path}"
     elif t == c.RUN_CRASHED:
@@ -254,22 +323,116 @@ def history_item(e: Envelope) -> HistoryItem:
 
 
 def github_item(g: dict[str, Any]) -> HistoryItem:
-    kind, action, number = g["kind"], g["action"], g["number"]
-    if kind == "pull_request" and g["merged"] and action == "closed":
-        text = f"PR #{number} merged ({_short(g['sha'])}): {g['title']}"
+    kind, action, number, actor = g["kind"], g["action"], g["number"], g["actor"]
+    if kind == "pull_request" and g["merged"] and action in ("closed", "snapshot"):
+        text = f"PR #{number} merged ({_short(g['sha'])}) by {actor}: {g['title']}"
     elif kind == "push":
-        text = f"push to {g['title']} ({_short(g['sha'])}) by {g['actor']}"
+        text = f"push to {g['title']} ({_short(g['sha'])}) by {actor}"
+    elif kind == "commit":
+        text = f"commit {_short(g['sha'])} by {actor}: {g['title']}"
     elif kind in ("issues", "pull_request"):
         label = "issue" if kind == "issues" else "PR"
         text = f"{label} #{number} {action}: {g['title']}"
+    elif kind == "pull_request_review":
+        text = f"review of PR #{number} by {actor}: {g['state'] or action}" + _excerpt(g["body"])
+    elif kind in ("issue_comment", "pull_request_review_comment"):
+        where = "PR" if kind == "pull_request_review_comment" else "#"
+        text = f"comment on {where}{' #' if where == 'PR' else ''}{number} by {actor}" + _excerpt(g["body"])
     else:
-        text = f"{kind} {action or ''} #{number or ''} by {g['actor']}"
+        text = f"{kind} {action or ''}".strip() + (f" #{number}" if number else "") + f" by {actor}"
     return HistoryItem(g["time"], None, None, "github", text)
 
 
-def _op_text(op: Any) -> str:
-    value = getattr(op, "value", None)
-    return f"{op.op} {op.path}" + (f" = {value!r}" if op.op in ("add", "replace") else "")
+def _excerpt(body: str | None, width: int = 80) -> str:
+    if not body:
+        return ""
+    flat = " ".join(body.split())
+    return ": " + (flat if len(flat) <= width else flat[: width - 1] + "…")
+
+
+def _config_after(e: Envelope, config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The config live after event ``e`` (launches replace it; accepted changes patch it)."""
+    if e.type in (c.RUN_STARTED, c.RUN_RESUMED):
+        return e.data.config
+    if e.type == c.CONFIG_CHANGED and config is not None:
+        ops = [msgspec.to_builtins(op) for op in e.data.patch]
+        try:
+            return jsonpatch.apply_patch(config, ops)
+        except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException):
+            return config  # the fold reports a patch that does not apply; the story goes on
+    return config
+
+
+def _commit_text(sha: str | None, dirty: bool | None, code: dict[str, Any] | None) -> str:
+    full = (code or {}).get("commit_sha") or sha
+    text = f"commit {_short(full)}{' (dirty)' if dirty else ''}"
+    if code and code.get("commit_title"):
+        text += f" “{code['commit_title']}”"
+    if code and code.get("pr_number") is not None:
+        how = "merged" if code.get("pr_relation") == "merge_commit" else "head"
+        text += f" (PR #{code['pr_number']} {how}: {code['pr_title']})"
+    return text
+
+
+def _cause_text(cause: Any, prs_for_commit: PrLookup | None) -> str:
+    if cause.commit:
+        what = f"commit {_short(cause.commit)}"
+        prs = prs_for_commit(cause.commit) if prs_for_commit else []
+        if prs:
+            what += " (" + ", ".join(f"PR #{pr['number']}" for pr in prs) + ")"
+        if cause.kind != "commit":
+            what = f"{cause.kind}, {what}"
+    else:
+        what = cause.kind
+    if cause.detail:
+        what += f" {cause.detail}"
+    return what + (f" by {cause.actor}" if cause.actor else "")
+
+
+def _op_text(op: Any, config: dict[str, Any] | None = None) -> str:
+    """``moe.capacity_factor 1.0 → 1.15``: the key, the value it replaced (when known), the new value."""
+    kind, path = _get(op, "op"), _get(op, "path")
+    key = _dotted(path)
+    if kind in ("move", "copy"):
+        return f"{kind} {_dotted(_get(op, 'from'))} → {key}"
+    if kind == "test":
+        return f"test {key} = {_value(_get(op, 'value'))}"
+    old = _lookup(config, path)
+    before = _value(old) if old is not _MISSING else None
+    if kind == "remove":
+        return f"{key} {before} → removed" if before is not None else f"{key} removed"
+    after = _value(_get(op, "value"))
+    return f"{key} {before} → {after}" if before is not None else f"{key} = {after}"
+
+
+_MISSING = object()
+
+
+def _get(op: Any, name: str) -> Any:
+    if isinstance(op, dict):
+        return op.get(name)
+    return getattr(op, "from_" if name == "from" else name, None)
+
+
+def _dotted(path: str | None) -> str:
+    if not path:
+        return "(root)"
+    return ".".join(part.replace("~1", "/").replace("~0", "~") for part in path.lstrip("/").split("/"))
+
+
+def _lookup(config: dict[str, Any] | None, path: str | None) -> Any:
+    if config is None or path is None:
+        return _MISSING
+    try:
+        return jsonpointer.resolve_pointer(config, path)
+    except jsonpointer.JsonPointerException:
+        return _MISSING
+
+
+def _value(value: Any) -> str:
+    if value is msgspec.UNSET:
+        return "?"
+    return json.dumps(value, separators=(",", ":"), default=str)
 
 
 def _short(sha: str | None) -> str:

@@ -9,12 +9,15 @@ from typing import Any
 
 import httpx
 from gh_support import FixtureGitHub, fixture_json, running_uvicorn
+from typer.testing import CliRunner
 
+from cli.main import app
 from ingest.bus import SpoolSink
 from ingest.github_backfill import backfill
 from ingest.github_webhook import DeliveryLog, create_app, signature_of
 from ingest.spool_ingest import ingest_spool
 from ledger.code_views import install
+from ledger.query import Reader
 from ledger.store import Ledger
 from ledger.views import connect
 from schemas import config_hash, make_event
@@ -28,11 +31,18 @@ RUN = "moe-7b-2024-02"
 
 def trainer_events(spool: Path) -> None:
     config = {"lr": 3e-4, "clip": None}
+    clipped = {"lr": 3e-4, "clip": 1.0}  # attempt 2 runs PR #2's code with clipping switched on
     common = {"source": f"trainer/{RUN}/rank0", "stream": RUN, "run_id": RUN}
-    launch = {"config": config, "config_hash": config_hash(config), "git_branch": "main", "host": "node-1"}
+    launch = {"git_branch": "main", "host": "node-1"}
     first = make_event(
         # The trainer spells the repository its own way and records an abbreviated SHA.
-        p.RunStarted(**launch, git_commit=C1[:7], repository="Octo-Org/Hello-World"),
+        p.RunStarted(
+            **launch,
+            config=config,
+            config_hash=config_hash(config),
+            git_commit=C1[:7],
+            repository="Octo-Org/Hello-World",
+        ),
         **common,
         attempt=1,
         seq=0,
@@ -42,6 +52,8 @@ def trainer_events(spool: Path) -> None:
     second = make_event(
         p.RunResumed(
             **launch,
+            config=clipped,
+            config_hash=config_hash(clipped),
             git_commit=C3,
             repository="octo-org/hello-world",
             from_checkpoint_step=100,
@@ -54,8 +66,23 @@ def trainer_events(spool: Path) -> None:
         id=f"{RUN}-1",
         time=datetime(2024, 3, 5, tzinfo=UTC),
     )
+    lowered = {"lr": 1e-4, "clip": 1.0}
+    third = make_event(
+        p.ConfigChanged(
+            patch=[p.PatchOp(op="replace", path="/lr", value=1e-4)],
+            previous_hash=config_hash(clipped),
+            config_hash=config_hash(lowered),
+            cause=p.ChangeCause(kind="commit", actor="octocat", commit=C3[:10]),
+        ),
+        **common,
+        attempt=2,
+        step=8000,
+        seq=2,
+        id=f"{RUN}-2",
+        time=datetime(2024, 3, 6, tzinfo=UTC),
+    )
     sink = SpoolSink(spool)
-    for envelope in (first, second):
+    for envelope in (first, second, third):
         sink.emit(envelope)
     sink.close()
 
@@ -162,3 +189,46 @@ def test_code_views_join_github_to_attempts(github_api_no_limits: FixtureGitHub,
         (2, "closed", True),
         (4, "open", False),
     ]
+
+    # `ledger history` tells the same story in order: the merge, the attempt that ran it, the change.
+    story = [(i.kind, i.text) for i in Reader(tmp_path / "ledger").history(RUN)]
+    texts = [text for _kind, text in story]
+    merged = texts.index("PR #2 merged (e5bd391) by octocat: Clip gradients before the optimizer step")
+    resumed = next(i for i, (kind, _text) in enumerate(story) if kind == "run.resumed")
+    assert story[0] == (
+        "run.started",
+        "run started at commit 6dcb09b “Initial training loop”, host node-1, world size 1, "
+        f"config {config_hash({'lr': 3e-4, 'clip': None})[:12]}",
+    )
+    assert merged < resumed
+    assert texts[resumed] == (
+        "attempt 2 resumed from checkpoint step 100 at commit e5bd391 “Merge pull request #2 from "
+        "octo-org/clip-grads” (PR #2 merged: Clip gradients before the optimizer step) on node-1; "
+        "config vs attempt 1: clip null → 1.0"
+    )
+    assert story[-1] == (
+        "config.changed",
+        "config changed at step 8,000: lr 0.0003 → 0.0001 (commit e5bd391 (PR #2) by octocat)",
+    )
+    assert "comment on #1 by octocat: Reproduced: the grad norm is 1e4 just before the spike." in texts
+
+    # `ledger blame`: the live value, the change behind it, its commit, PR and person.
+    reader = Reader(tmp_path / "ledger")
+    lr = reader.blame(RUN, "lr", step=8000)
+    assert (lr["value"], lr["set_by"]["kind"], lr["set_by"]["step"]) == (1e-4, "config.changed", 8000)
+    assert (lr["commit"], lr["person"]) == (C3, "octocat")
+    assert [(pr["number"], pr["relation"], pr["merged"]) for pr in lr["pull_requests"]] == [
+        (2, "merge_commit", True)
+    ]
+    clip = reader.blame(RUN, "clip", step=150)
+    assert (clip["value"], clip["set_by"]["kind"], clip["set_by"]["attempt"]) == (1.0, "resume", 2)
+    assert clip["commit_title"] == "Merge pull request #2 from octo-org/clip-grads"
+    before = reader.blame(RUN, "lr", step=50)
+    assert (before["value"], before["commit"], before["pull_requests"]) == (3e-4, C1, [])
+    shown = CliRunner().invoke(
+        app, ["blame", RUN, "lr", "--step", "8000", "--ledger", str(tmp_path / "ledger")]
+    )
+    assert shown.exit_code == 0, shown.output
+    assert f"code: {C3} “Merge pull request #2 from octo-org/clip-grads”" in shown.output
+    assert "person: octocat" in shown.output
+    assert "#2 'Clip gradients before the optimizer step'" in shown.output
