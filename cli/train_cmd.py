@@ -4,6 +4,13 @@ Under torchrun every rank runs this command; each opens its own sink (``trainer.
 open_rank_sink``). Also runnable alone: ``python -m cli.train_cmd CONFIG ...`` (what torchrun and
 the trainer's subprocess tests launch, without the rest of the CLI).
 
+``--wandb`` mirrors the run to Weights & Biases (``ingest.wandb_io.WandbMirror``, on rank 0 only):
+project from ``--wandb-project`` (else ``$WANDB_PROJECT``, else "runledger"), entity from
+``--wandb-entity`` (else ``$WANDB_ENTITY``, else W&B's default); online, offline or disabled as
+``$WANDB_MODE`` says, files under ``$WANDB_DIR``, as with wandb itself. The W&B run id is the run id,
+so ``--resume`` continues the same W&B run; the launch event's ``external`` records it. If W&B cannot
+start, the run trains anyway and ``external`` holds ``wandb_error``.
+
 Exit status: 0 when the run completes or stops at ``--stop-at``; 1 on a crash (exception,
 non-finite loss, OOM); 128 + N after signal N (the checkpoint and crash event are written first).
 """
@@ -51,6 +58,19 @@ def train_command(
     log_every: Annotated[
         int, typer.Option("--log-every", help="Print progress every N steps (0: never).")
     ] = 10,
+    wandb: Annotated[
+        bool,
+        typer.Option(
+            "--wandb", help="Mirror the run to Weights & Biases (mode from WANDB_MODE, as wandb does)."
+        ),
+    ] = False,
+    wandb_project: Annotated[
+        str, typer.Option("--wandb-project", envvar="WANDB_PROJECT", help="W&B project (with --wandb).")
+    ] = "runledger",
+    wandb_entity: Annotated[
+        str | None,
+        typer.Option("--wandb-entity", envvar="WANDB_ENTITY", help="W&B entity (with --wandb)."),
+    ] = None,
 ) -> None:
     """Train a Megatron-Core MoE GPT; record its launch, metrics, changes, checkpoints and crashes."""
     from trainer.config import ConfigError
@@ -66,6 +86,11 @@ def train_command(
     if run_id is not None:
         extra.append(f"run.run_id={run_id}")
     rank = int(os.environ.get("RANK", "0"))
+    mirror = None
+    if wandb and rank == 0:
+        from ingest.wandb_io import WandbMirror  # imports wandb itself only when the run starts
+
+        mirror = WandbMirror(project=wandb_project, entity=wandb_entity or None)
     sink = open_rank_sink(spool, rank, kafka)
 
     def show(report: StepReport) -> None:
@@ -87,6 +112,7 @@ def train_command(
             resume_from=_resume_value(step or "latest") if resume else None,
             stop_at_step=stop_at,
             progress=show,
+            mirror=mirror,
         )
     except ConfigError as exc:
         console.print(f"[bold red]error:[/] {exc}", highlight=False)
@@ -103,8 +129,17 @@ def train_command(
     )
     if result.crash is not None:
         summary += f"\n{result.crash.kind}: {result.crash.message}"
+    if mirror is not None:
+        summary += "\n" + _wandb_line(result.external)
     console.print(summary, highlight=False, markup=False)
     raise typer.Exit(result.exit_code)
+
+
+def _wandb_line(external: dict[str, str]) -> str:
+    if "wandb_error" in external:
+        return f"W&B mirror off: {external['wandb_error']}"
+    where = external.get("wandb_url") or external.get("wandb_dir") or ""
+    return f"W&B run {external.get('wandb_run_id', '?')} in {external.get('wandb_project', '?')} {where}".rstrip()
 
 
 def _resume_value(value: str) -> Any:

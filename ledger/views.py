@@ -20,6 +20,7 @@ CREATE OR REPLACE VIEW attempts AS
 SELECT l.run_id, l.attempt, l.kind, coalesce(l.from_checkpoint_step, 0) AS start_step,
        l.time AS started_at, l.git_commit, l.git_dirty, l.git_branch, l.repository, l.config_hash,
        l.host, l.cluster, l.job_id, l.world_size, l.parent_run, l.fork_step,
+       l.external,  -- JSON object: a mirror's ids (wandb_run_id, wandb_project, …) or wandb_error
        (SELECT min(b.from_checkpoint_step) FROM launches b
          WHERE b.run_id = l.run_id AND b.attempt > l.attempt) AS superseded_after
 FROM launches l;

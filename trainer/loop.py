@@ -11,6 +11,11 @@ Events (``schemas.payloads``), all with ``stream = run_id`` and the launch's ``a
            skipped, run finished.
   each rank  its own rank stats (step time, host) and its own crash.
 
+Mirror (``mirror=``, e.g. ``ingest.wandb_io.WandbMirror``; rank 0 only; see ``trainer.mirror``): started
+before the launch event, whose ``external`` records it (or ``wandb_error`` when it could not start:
+training goes on without it); each logged step, each applied live change and the attempt's end
+(summary and finish, also after a crash) are mirrored.
+
 Durability: the loop enqueues, a background thread emits (``telemetry.Emitter``). A crash, signal,
 non-finite loss or OOM is enqueued as a run-crashed event, then the queue is drained and
 ``sink.sync()`` returns before ``train`` does: the event is durable before the process exits.
@@ -55,6 +60,7 @@ from schemas.payloads import (
 )
 from trainer import checkpoint as ckpt
 from trainer import cpu_compat, distributed, provenance, telemetry
+from trainer import mirror as mirror_lib
 from trainer import model as model_lib
 from trainer.config import (
     ConfigError,
@@ -110,6 +116,7 @@ class TrainResult:
     losses: list[tuple[int, float]] = field(default_factory=list)
     skipped_steps: list[int] = field(default_factory=list)
     config: TrainConfig | None = None
+    external: dict[str, str] = field(default_factory=dict)  # the launch event's (the mirror's ids)
     events_emitted: int = 0
     events_dropped: int = 0
     duration_s: float = 0.0
@@ -161,6 +168,7 @@ def train(
     progress: Callable[[telemetry.StepReport], None] | None = None,
     handle_signals: bool = True,
     watch: str | Path | None = None,
+    mirror: mirror_lib.Mirror | None = None,
 ) -> TrainResult:
     """Train (or resume) one run and emit its events to ``sink``; returns how the attempt ended.
 
@@ -169,6 +177,7 @@ def train(
     fresh run, ``"latest"``, a step number or a checkpoint directory. ``stop_at_step`` ends the
     attempt early (status "stopped") after that step. Crashes do not raise: they are recorded and
     returned (``status`` "crashed" or "signal", ``exit_code`` for a CLI to exit with).
+    ``mirror``: an experiment tracker to mirror the run to (``trainer.mirror.Mirror``), used on rank 0.
     """
     started = time.perf_counter()
     if isinstance(config, TrainConfig):
@@ -233,16 +242,37 @@ def train(
         config=cfg,
     )
     flag = _StopFlag()
-    state = _State(cfg=cfg, step=start_step)
+    state = _State(cfg=cfg, step=start_step, mirror=mirror if env.is_main else None)
+    escaped = False
     try:
         with _signal_handlers(flag, handle_signals):
             _run(cfg, state, env, emitter, result, flag, source, ckpt_path, launch, stop_at_step, progress)
+    except BaseException:
+        escaped = True  # not a recorded crash (those return): the mirror still learns it failed
+        raise
     finally:
         result.events_dropped = emitter.dropped
         emitter.close(timeout=cfg.telemetry.critical_timeout_s * 2)
         result.events_emitted = emitter.emitted
         result.duration_s = time.perf_counter() - started
+        if state.mirror is not None:
+            _finish_mirror(state.mirror, result, escaped)
     return result
+
+
+def _finish_mirror(mirror: mirror_lib.Mirror, result: TrainResult, escaped: bool) -> None:
+    exit_code = result.exit_code or (1 if escaped else 0)
+    summary = mirror_lib.end_summary(
+        status="crashed" if escaped else result.status,
+        final_step=result.final_step,
+        total_tokens=result.total_tokens,
+        attempt=result.attempt,
+        exit_code=exit_code,
+        skipped_steps=len(result.skipped_steps),
+        crash_kind=result.crash.kind if result.crash is not None else None,
+        duration_s=result.duration_s,
+    )
+    mirror_lib.finish(mirror, summary, exit_code)
 
 
 @dataclass
@@ -253,6 +283,7 @@ class _State:
     last_saved: int | None = None
     rejected: object = None  # the last refused change, so an unchanged file is not refused twice
     started: float = field(default_factory=time.perf_counter)
+    mirror: mirror_lib.Mirror | None = None  # rank 0's, once started (None: none, or it failed to)
 
 
 def _plan_launch(
@@ -290,7 +321,7 @@ def _plan_launch(
     return {"attempt": attempt, "step": step, "path": str(path) if path else None, "previous": len(previous)}
 
 
-def _launch_fields(cfg: TrainConfig, env: distributed.DistEnv) -> dict[str, Any]:
+def _launch_fields(cfg: TrainConfig, env: distributed.DistEnv, external: dict[str, str]) -> dict[str, Any]:
     commit, dirty, branch = provenance.git_info()
     return {
         "config": resolved(cfg),
@@ -305,6 +336,7 @@ def _launch_fields(cfg: TrainConfig, env: distributed.DistEnv) -> dict[str, Any]
         "world_size": env.world_size,
         "parallelism": env.parallelism,
         "software": provenance.software(),
+        "external": external,
     }
 
 
@@ -327,16 +359,19 @@ def _run(
     try:
         # --- the launch event first: a failure to build or load is then a crash of this attempt
         if env.is_main:
-            if result.attempt == 1:  # a resume always follows an attempt
-                emitter.submit(
-                    RunStarted(name=cfg.run.name, **_launch_fields(cfg, env)), step=0, critical=True
+            if state.mirror is not None:  # before the launch event, which records its ids
+                state.mirror, result.external = mirror_lib.start(
+                    state.mirror, result.run_id, resolved(cfg), cfg.run.name
                 )
+            fields = _launch_fields(cfg, env, result.external)
+            if result.attempt == 1:  # a resume always follows an attempt
+                emitter.submit(RunStarted(name=cfg.run.name, **fields), step=0, critical=True)
             else:
                 payload = RunResumed(
                     from_checkpoint_step=state.step,
                     checkpoint_path=str(ckpt_path) if ckpt_path else None,
                     previous_attempt=max(1, result.attempt - 1),
-                    **_launch_fields(cfg, env),
+                    **fields,
                 )
                 emitter.submit(payload, step=state.step, critical=True)
 
@@ -373,8 +408,11 @@ def _run(
                 _stop_on_signal(cfg, state, env, emitter, result, flag, model, optimizer)
                 return
             if patch_msg is not None:
+                before = cfg
                 cfg = _apply_change(cfg, state, env, emitter, patch_msg, step, model)
                 result.config = cfg
+                if state.mirror is not None and cfg is not before:
+                    state.mirror.config_update(resolved(cfg))
                 if cfg.telemetry.enabled and stats is None:  # telemetry switched on live
                     stats = telemetry.RouterStats(model, cfg.moe.num_experts, cfg.moe.top_k, device)
                 elif not cfg.telemetry.enabled and stats is not None:
@@ -457,6 +495,8 @@ def _run(
                     emitter.submit(lambda r=report: telemetry.step_metrics(r), step=step)
                     if report.layers:
                         emitter.submit(lambda r=report: telemetry.router_stats(r), step=step)
+                    if state.mirror is not None:
+                        state.mirror.log(step, mirror_lib.step_values(report))
                 if step % cfg.telemetry.rank_stats_interval == 0:
                     now = time.perf_counter()
                     values = {
