@@ -30,27 +30,12 @@ warnings.filterwarnings("ignore")  # Megatron-Core's notes about Transformer Eng
 
 from ingest.bus import SpoolSink  # noqa: E402
 from schemas.payloads import MoeLayerStats, MoeRouterStats, StepMetrics  # noqa: E402
-from trainer.config import edit_config_file, load_config, write_config  # noqa: E402
+from trainer.config import TINY_CPU, edit_config_file, load_config, write_config  # noqa: E402
 from trainer.loop import train  # noqa: E402
 from trainer.telemetry import Emitter, StepReport  # noqa: E402
 
 SETTLE = 2  # steps after a switch left out (the file reload, hooks (un)installed, caches)
-TINY = [
-    "model.num_layers=2",
-    "model.hidden_size=64",
-    "model.num_attention_heads=4",
-    "model.seq_length=64",
-    "moe.num_experts=8",
-    "moe.top_k=2",
-    "moe.ffn_hidden_size=128",
-    "moe.capacity_factor=1.0",
-    "data.micro_batch_size=8",
-    "run.device='cpu'",
-    "schedule.decay='constant'",
-    "checkpoint.interval=0",
-    "checkpoint.final=false",
-    "telemetry.peak_tflops=0.16",
-]
+TINY = [*TINY_CPU, "moe.capacity_factor=1.0", "schedule.decay='constant'", "telemetry.peak_tflops=0.16"]
 _runs = itertools.count()
 
 

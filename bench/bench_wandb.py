@@ -32,25 +32,12 @@ from ingest.bus import SpoolSink  # noqa: E402
 from ingest.wandb_io import WandbMirror, find_offline_runs, import_offline_run, read_records  # noqa: E402
 from schemas import make_event  # noqa: E402
 from schemas.payloads import MoeLayerStats  # noqa: E402
-from trainer.config import load_config, write_config  # noqa: E402
+from trainer.config import TINY_CPU, load_config, write_config  # noqa: E402
 from trainer.loop import train  # noqa: E402
 from trainer.mirror import step_values  # noqa: E402
 from trainer.telemetry import StepReport, router_stats, step_metrics  # noqa: E402
 
 WARMUP = 3  # first steps of each run left out (allocator, caches, W&B's first writes)
-TINY = [
-    "model.num_layers=2",
-    "model.hidden_size=64",
-    "model.num_attention_heads=4",
-    "model.seq_length=64",
-    "moe.num_experts=8",
-    "moe.top_k=2",
-    "moe.ffn_hidden_size=128",
-    "data.micro_batch_size=8",
-    "run.device='cpu'",
-    "checkpoint.interval=0",
-    "checkpoint.final=false",
-]
 
 
 def offline_wandb(work: Path) -> None:
@@ -73,7 +60,12 @@ def offline_wandb(work: Path) -> None:
 
 def step_time(work: Path, n: int, steps: int, mirrored: bool) -> list[float]:
     path = work / f"run{n}.toml"
-    overrides = [*TINY, f"run.run_id=bench-{n}", f"run.steps={steps}", f"checkpoint.dir={work / f'ck{n}'}"]
+    overrides = [
+        *TINY_CPU,
+        f"run.run_id=bench-{n}",
+        f"run.steps={steps}",
+        f"checkpoint.dir={work / f'ck{n}'}",
+    ]
     write_config(path, load_config(None, overrides))
     times: list[float] = []
     sink = SpoolSink(work / f"spool{n}")

@@ -28,6 +28,23 @@ from schemas import config_hash as _config_hash
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEMO_CONFIG = CONFIG_DIR / "demo.toml"  # the tiny CPU run the demo trains
 
+# Overrides for the smallest model that still routes like the real one (hidden 64, 2 layers,
+# 8 experts, top-2, seq 64, batch 8; about 20 ms a step on 2 CPU cores), without checkpoints:
+# what the trainer's tests and benchmarks train.
+TINY_CPU: tuple[str, ...] = (
+    "model.num_layers=2",
+    "model.hidden_size=64",
+    "model.num_attention_heads=4",
+    "model.seq_length=64",
+    "moe.num_experts=8",
+    "moe.top_k=2",
+    "moe.ffn_hidden_size=128",
+    "data.micro_batch_size=8",
+    "run.device='cpu'",
+    "checkpoint.interval=0",
+    "checkpoint.final=false",
+)
+
 
 class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Base of every section: a typo in a key is an error, not a silently ignored setting."""

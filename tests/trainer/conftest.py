@@ -10,7 +10,7 @@ import pytest
 
 from ingest.spool import SpoolReader
 from schemas import Envelope, Event, decode_event, encode_event
-from trainer.config import TrainConfig, load_config, write_config
+from trainer.config import TINY_CPU, TrainConfig, load_config, write_config
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]  # the repository: where subprocesses run `python -m cli.train_cmd`
@@ -26,22 +26,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.filterwarnings("ignore:.*:DeprecationWarning:torch"))
 
 
-# hidden 64, 2 layers, 8 experts, top-2, seq 64, batch 8: about 20 ms a step on 2 cores.
-TINY = [
-    "model.num_layers=2",
-    "model.hidden_size=64",
-    "model.num_attention_heads=4",
-    "model.seq_length=64",
-    "moe.num_experts=8",
-    "moe.top_k=2",
-    "moe.ffn_hidden_size=128",
-    "data.micro_batch_size=8",
-    "run.device='cpu'",
-    "schedule.warmup_steps=5",
-    "telemetry.peak_tflops=0.16",
-    "checkpoint.interval=0",
-    "checkpoint.final=false",
-]
+TINY = [*TINY_CPU, "schedule.warmup_steps=5", "telemetry.peak_tflops=0.16"]
 
 
 def tiny_config(tmp_path: Path, *extra: str, run_id: str = "tiny") -> TrainConfig:
