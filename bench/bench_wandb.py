@@ -1,14 +1,15 @@
 """W&B benchmarks (offline mode), each figure beside its baseline from the same run.
 
 1. Mirror overhead: median step time of the same tiny Megatron-Core MoE run trained without and
-   with ``--wandb`` (offline), alternating runs so both see the same machine load.
+   with ``--wandb`` (offline), alternating runs so both see the same machine load, after one
+   untimed run (a process's first run is slower whatever it does).
 2. The training thread's cost per logged step at the reference model's shape (48 layers × 384
    experts, top-8): ``WandbMirror.log`` of the trainer's W&B row beside building and emitting the
    ledger's own two events for that step (step metrics + router stats) into a spool.
 3. Import: ``ledger ingest wandb`` of an offline run with many history rows, events/s, beside
    wandb's own reader (``wandb-core``) decoding the same file with nothing done to its records.
 
-    python bench/bench_wandb.py [--rounds 3] [--steps 40] [--rows 20000]
+    python bench/bench_wandb.py [--rounds 4] [--steps 40] [--rows 20000]
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def step_time(work: Path, n: int, steps: int, mirrored: bool) -> list[float]:
 def bench_mirror_overhead(work: Path, rounds: int, steps: int) -> tuple[float, float, int]:
     plain: list[float] = []
     mirrored: list[float] = []
+    step_time(work, 1000, steps, False)  # untimed: the process's first model build and kernels
     for r in range(rounds):
         order = [False, True] if r % 2 == 0 else [True, False]
         for on in order:
@@ -175,7 +177,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, default=3, help="run pairs for the mirror overhead")
+    parser.add_argument("--rounds", type=int, default=4, help="run pairs for the mirror overhead")
     parser.add_argument("--steps", type=int, default=40, help="steps per run")
     parser.add_argument("--rows", type=int, default=20_000, help="history rows of the imported run")
     args = parser.parse_args()
