@@ -17,6 +17,29 @@ from ledger.store import Ledger, SourceRecord
 
 from .factory import RunBuilder
 
+
+def run_verifier(
+    kind: str, proof: Path, checkpoint: Path, public_key: Path
+) -> subprocess.CompletedProcess[str]:
+    """The stand-alone verifier as an auditor runs it: ``python -m ledger.verifier``."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ledger.verifier",
+            kind,
+            "--proof",
+            str(proof),
+            "--checkpoint",
+            str(checkpoint),
+            "--public-key",
+            str(public_key),
+        ],
+        capture_output=True,
+        text=True,
+    )
+
+
 runner = CliRunner()
 
 
@@ -149,61 +172,16 @@ def test_proofs_verify_with_the_standalone_verifier(signed: Path) -> None:
     assert doc["leaf_index"] == 17 and doc["tree_size"] == 42
     cp = next((signed / "l" / "_checkpoints").glob("*.txt"))
     pub = signed / "keys" / "runledger.pub"
-    ok = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ledger.verifier",
-            "inclusion",
-            "--proof",
-            str(proof),
-            "--checkpoint",
-            str(cp),
-            "--public-key",
-            str(pub),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    ok = run_verifier("inclusion", proof, cp, pub)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     doc["leaf_index"] = 16
     proof.write_text(json.dumps(doc))
-    bad = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ledger.verifier",
-            "inclusion",
-            "--proof",
-            str(proof),
-            "--checkpoint",
-            str(cp),
-            "--public-key",
-            str(pub),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    bad = run_verifier("inclusion", proof, cp, pub)
     assert bad.returncode == 1
     cons = signed / "cons.json"
     result = runner.invoke(
         app, ["prove", "consistency", "run-a", "--from", "20", "--ledger", str(signed / "l"), "-o", str(cons)]
     )
     assert result.exit_code == 0, result.output
-    ok = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ledger.verifier",
-            "consistency",
-            "--proof",
-            str(cons),
-            "--checkpoint",
-            str(cp),
-            "--public-key",
-            str(pub),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    ok = run_verifier("consistency", cons, cp, pub)
     assert ok.returncode == 0, ok.stdout + ok.stderr
