@@ -30,7 +30,13 @@ sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 warnings.filterwarnings("ignore")  # Megatron-Core's notes about Transformer Engine/Apex on CPU
 
 from ingest.bus import SpoolSink  # noqa: E402
-from ingest.wandb_io import WandbMirror, find_offline_runs, import_offline_run, read_records  # noqa: E402
+from ingest.wandb_io import (  # noqa: E402
+    WandbMirror,
+    find_offline_runs,
+    import_offline_run,
+    offline_environment,
+    read_records,
+)
 from schemas import make_event  # noqa: E402
 from schemas.payloads import MoeLayerStats  # noqa: E402
 from trainer.config import TINY_CPU, load_config, write_config  # noqa: E402
@@ -43,20 +49,9 @@ WARMUP = 3  # first steps of each run left out (allocator, caches, W&B's first w
 
 def offline_wandb(work: Path) -> None:
     """W&B offline, everything under ``work``, no network, no telemetry."""
-    for name in ("config", "cache", "data", "artifacts"):
-        os.environ[f"WANDB_{name.upper()}_DIR"] = str(work / f"wandb-{name}")
-    os.environ.update(
-        WANDB_MODE="offline",
-        WANDB_DIR=str(work / "wandb-runs"),
-        WANDB_SILENT="true",
-        WANDB_CONSOLE="off",
-        WANDB_DISABLE_GIT="true",
-        WANDB_DISABLE_CODE="true",
-        WANDB_ERROR_REPORTING="false",
-        WANDB_X_DISABLE_STATS="true",
-        WANDB_X_DISABLE_MACHINE_INFO="true",
-    )
-    (work / "wandb-runs").mkdir(parents=True, exist_ok=True)
+    settings = offline_environment(work)
+    os.environ.update(settings)
+    Path(settings["WANDB_DIR"]).mkdir(parents=True, exist_ok=True)
 
 
 def step_time(work: Path, n: int, steps: int, mirrored: bool) -> list[float]:

@@ -64,6 +64,30 @@ class WandbImportError(RuntimeError):
 # -- mirror ------------------------------------------------------------------------------------
 
 
+def offline_environment(root: str | Path) -> dict[str, str]:
+    """Environment for W&B offline mode confined to ``root``: runs under ``root/wandb-runs``, its
+    config, cache, data and artifact folders beside them, no network, console capture or telemetry.
+    What an air-gapped cluster sets, and what the tests and benchmarks run W&B under."""
+    base = Path(root)
+    return {
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(base / "wandb-runs"),
+        "WANDB_CONFIG_DIR": str(base / "wandb-config"),
+        "WANDB_CACHE_DIR": str(base / "wandb-cache"),
+        "WANDB_DATA_DIR": str(base / "wandb-data"),
+        "WANDB_ARTIFACT_DIR": str(base / "wandb-artifacts"),
+        "WANDB_SILENT": "true",
+        "WANDB_QUIET": "true",
+        "WANDB_CONSOLE": "off",
+        "WANDB_DISABLE_GIT": "true",
+        "WANDB_DISABLE_CODE": "true",
+        "WANDB_SAVE_CODE": "false",
+        "WANDB_ERROR_REPORTING": "false",
+        "WANDB_X_DISABLE_STATS": "true",
+        "WANDB_X_DISABLE_MACHINE_INFO": "true",
+    }
+
+
 def wandb_run_id_for(run_id: str) -> str:
     """A W&B run id for a ledger run id: the same when it fits W&B's 64 characters, else prefix + hash."""
     if len(run_id) <= 64:
