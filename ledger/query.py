@@ -35,6 +35,10 @@ class Result:
     columns: list[str]
     rows: list[tuple[Any, ...]]
 
+    def records(self) -> list[dict[str, Any]]:
+        """The rows as dicts keyed by column name."""
+        return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
+
 
 class Reader:
     """Read-only access to one ledger."""
@@ -101,7 +105,7 @@ class Reader:
             "FROM github WHERE lower(repo) = lower(?) ORDER BY time, stream_seq",
             [repository],
         )
-        return [dict(zip(res.columns, row, strict=True)) for row in res.rows]
+        return res.records()
 
     def last_step(self, run_id: str) -> int | None:
         return self.sql("SELECT max(step) FROM events WHERE stream = ?", [run_id]).rows[0][0]
@@ -213,18 +217,17 @@ class Reader:
             "ORDER BY c.relation = 'merge_commit' DESC, p.number",
             [sha],
         )
-        return [dict(zip(res.columns, row, strict=True)) for row in res.rows]
+        return res.records()
 
     def commit_info(self, sha: str | None, repository: str | None) -> dict[str, Any]:
         """The full SHA, first line and author of a (possibly abbreviated) commit GitHub told us about."""
         if not sha or not repository:
             return {}
-        res = self.sql(
-            "SELECT sha, arg_max(title, time) AS title, arg_max(actor, time) AS author FROM github "
-            "WHERE kind = 'commit' AND lower(repo) = lower(?) AND starts_with(sha, ?) GROUP BY sha",
+        found = self.sql(
+            "SELECT sha, title, author FROM _github_commits WHERE lower(repo) = lower(?) AND starts_with(sha, ?)",
             [repository, sha],
-        )
-        return dict(zip(res.columns, res.rows[0], strict=True)) if len(res.rows) == 1 else {}
+        ).records()
+        return found[0] if len(found) == 1 else {}  # an ambiguous prefix names no commit
 
     def history(self, run_id: str) -> list[HistoryItem]:
         """The run's story in time order, its code woven in.
@@ -246,7 +249,7 @@ class Reader:
         repository = next((a.repository for a in attempts.values() if a.repository), None)
         if events:
             start, end = events[0].time, events[-1].time
-            introducing = {(row["pr_number"]) for row in code.values() if row["pr_number"] is not None}
+            introducing = {row["pr_number"] for row in code.values() if row["pr_number"] is not None}
             for g in self.github_rows(repository):
                 ran_here = g["kind"] == "pull_request" and g["merged"] and g["number"] in introducing
                 if g["time"] <= end and (g["time"] >= start or ran_here):
@@ -256,12 +259,12 @@ class Reader:
 
     def _attempt_code(self, run_id: str) -> dict[int, dict[str, Any]]:
         """Per attempt: the full commit it ran (when GitHub knows it) and the PR that introduced it."""
-        res = self.sql(
+        rows = self.sql(
             "SELECT attempt, commit_sha, commit_title, commit_author, pr_number, pr_title, pr_relation "
             "FROM attempt_commits WHERE run_id = ? ORDER BY attempt",
             [run_id],
-        )
-        return {row[0]: dict(zip(res.columns, row, strict=True)) for row in res.rows}
+        ).records()
+        return {row["attempt"]: row for row in rows}
 
 
 @dataclass
