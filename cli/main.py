@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated
@@ -36,6 +38,17 @@ serve_app = typer.Typer(help="Long-running receivers.", no_args_is_help=True)
 app.add_typer(ingest_app, name="ingest")
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(serve_app, name="serve")
+
+
+@app.callback()
+def _configure_logging() -> None:
+    # Long-running commands (ingesters, receivers) log through `logging`; RUNLEDGER_LOG_LEVEL
+    # (e.g. INFO, DEBUG) shows it, kafka-python's own group and fetch logs included.
+    level = os.environ.get("RUNLEDGER_LOG_LEVEL")
+    if level:
+        logging.basicConfig(
+            level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
+        )
 
 
 def _reader(ledger: Path):
