@@ -69,7 +69,9 @@ def ingest_kafka(
     until_idle: Annotated[
         float | None,
         typer.Option(
-            "--until-idle", help="Stop after this many seconds without records.", show_default=False
+            "--until-idle",
+            help="Stop after this many seconds without records on the assigned partitions.",
+            show_default=False,
         ),
     ] = None,
     batch_max: Annotated[int, typer.Option("--batch-max", help="Most records per ledger commit.")] = 5000,

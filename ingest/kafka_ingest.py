@@ -104,6 +104,7 @@ class _Seeker(ConsumerRebalanceListener):
 
     def on_partitions_assigned(self, assigned: Any) -> None:
         self.ingester.seek_from_ledger(list(assigned))
+        self.ingester.assigned_at = time.monotonic()
 
 
 class _Ingester:
@@ -124,6 +125,7 @@ class _Ingester:
         self.stats = IngesterStats()
         self._dlq: KafkaProducer | None = None
         self._gap_retried: dict[TopicPartition, int] = {}
+        self.assigned_at = 0.0  # monotonic time of the latest assignment (the idle clock restarts)
 
     def positions(self) -> dict[str, int]:
         # A fresh read-only handle: on the instance that commits, positions() also folds other
@@ -262,7 +264,8 @@ def run_ingester(
     on_commit: Callable[[CommitResult], None] | None = None,
 ) -> IngesterStats:
     """Consume ``topics`` in consumer group ``group`` into the ledger until ``stop_event`` is set
-    (or nothing arrived for ``idle_timeout_s``). The batch in hand is always committed before return.
+    (or nothing arrived for ``idle_timeout_s`` while partitions were assigned: joining the group and
+    each new assignment restart that clock). The batch in hand is always committed before return.
 
     ``deadletter``: "" means the default topic (``runledger.deadletter``), None disables it.
     ``instance_id``: static group membership: a restarted ingester with the same id takes its
@@ -300,7 +303,12 @@ def run_ingester(
             batch = consumer.poll(timeout_ms=poll_ms, max_records=batch_max)
             ingester.stats.polls += 1
             if not batch:
-                if idle_timeout_s is not None and time.monotonic() - last_data >= idle_timeout_s:
+                # Idle means: partitions in hand and nothing on them. Time spent joining the group,
+                # or since a rebalance handed over new partitions, does not count.
+                if not consumer.assignment():
+                    last_data = time.monotonic()
+                quiet_since = max(last_data, ingester.assigned_at)
+                if idle_timeout_s is not None and time.monotonic() - quiet_since >= idle_timeout_s:
                     break
                 continue
             last_data = time.monotonic()

@@ -30,7 +30,7 @@ from kafka_support import free_ports
 
 from ingest.kafka_ingest import run_ingester
 from ingest.kafka_producer import KafkaSink
-from kafka import KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer
 from ledger.query import Reader
 from ledger.store import Ledger, SourceRecord
 from schemas import encode_event, make_event
@@ -160,6 +160,38 @@ def test_two_ingesters_share_a_group_and_survive_a_kill(kafka_broker, make_topic
     check_ledger(ledger, events)
     reader = Reader(ledger)
     assert reader.sql("SELECT count(*) FROM config_changes WHERE hash_matches IS NOT true").rows == [(0,)]
+
+
+def test_until_idle_does_not_count_the_wait_for_partitions(kafka_broker, make_topic, tmp_path: Path) -> None:
+    """A group member that stopped polling holds the join up: the ingester waits (that is not idle)."""
+    topic = make_topic(partitions=1)
+    events = workload(2, 50)
+    produce_events(kafka_broker.bootstrap, topic, events, tmp_path / "spool")
+    # The holder owns partition 0, then stalls: a rebalance waits for it until its max poll interval.
+    holder = KafkaConsumer(
+        topic,
+        bootstrap_servers=kafka_broker.bootstrap,
+        group_id="idle",
+        enable_auto_commit=False,
+        max_poll_interval_ms=8000,
+    )
+    try:
+        wait_for(
+            lambda: bool(holder.poll(timeout_ms=200, max_records=1)) or bool(holder.assignment()),
+            30,
+            "the holder",
+        )
+        started = time.monotonic()
+        stats = run_ingester(
+            tmp_path / "ledger", kafka_broker.bootstrap, "idle", [topic], idle_timeout_s=1.5, deadletter=None
+        )
+        waited = time.monotonic() - started
+    finally:
+        holder.close()
+    # Over five idle timeouts went by before the partition was handed over; the ingester stayed.
+    assert waited > 7.5
+    assert stats.accepted == len(events)
+    check_ledger(tmp_path / "ledger", events)
 
 
 def test_a_dead_writers_leftover_files_do_not_change_the_config_fold(tmp_path: Path) -> None:
