@@ -32,8 +32,8 @@ lint: setup
 	$(BIN)/ruff format --check .
 
 bench: setup kafka-jars
-	$(BIN)/python bench/bench_ledger.py
-	$(BIN)/python bench/bench_merkle.py --leaves 1000000
+	$(BIN)/python -m bench.bench_ledger
+	$(BIN)/python -m bench.bench_merkle --leaves 1000000
 
 clean:
 	rm -rf .runledger .kafka/data* .pytest_cache

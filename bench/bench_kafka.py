@@ -2,8 +2,8 @@
 
 Run from the repository root::
 
-    .venv/bin/python bench/bench_kafka.py                   # starts its own broker (~2-3 min)
-    RUNLEDGER_KAFKA_BOOTSTRAP=host:port .venv/bin/python bench/bench_kafka.py --runs 4 --steps 1000
+    .venv/bin/python -m bench.bench_kafka                   # starts its own broker (~2-3 min)
+    RUNLEDGER_KAFKA_BOOTSTRAP=host:port .venv/bin/python -m bench.bench_kafka --runs 4 --steps 1000
 
 Workload (scaled from the reference run, docs/kafka.md): per run, one StepMetrics per step with 20
 scalars, a MoeRouterStats (48 layers × 384 expert counts, ~100 KB of JSON) every 100 steps, a config
@@ -14,7 +14,7 @@ change every 500 steps. Figures, all from the same run and topic:
   (scalar rows; and with the expert counts);
 * ingester alone: a fresh ledger ingesting the full topic (no producer competing for the 2 cores);
 * ceiling: a bare kafka-python consumer reading the same topic and doing nothing;
-* replay: ``ingest.replay.replay`` into a new ledger, metric values/s;
+* replay: ``runledger.ingest.kafka_replay.replay`` into a new ledger, metric values/s;
 * freshness: a paced producer (``--rate`` events/s) with the ingester running; time from emit until
   ``Reader.sql`` sees the event, p50/p99 (polled every 20 ms, so add up to that).
 """
@@ -35,23 +35,18 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
 
-from kafka.admin import KafkaAdminClient, NewTopic  # noqa: E402
-from kafka_support import Broker, make_temp_broker_dir  # noqa: E402
-
-from ingest.kafka_ingest import run_ingester  # noqa: E402
-from ingest.kafka_producer import KafkaSink  # noqa: E402
-from ingest.replay import replay  # noqa: E402
 from kafka import KafkaConsumer, TopicPartition  # noqa: E402
-from ledger.query import Reader  # noqa: E402
-from schemas import Envelope, make_event  # noqa: E402
-from schemas.canonical import config_hash  # noqa: E402
-from schemas.payloads import (  # noqa: E402
+from kafka.admin import KafkaAdminClient, NewTopic  # noqa: E402
+
+from runledger.ingest.kafka_ingester import run_ingester  # noqa: E402
+from runledger.ingest.kafka_replay import replay  # noqa: E402
+from runledger.ingest.kafka_sink import KafkaSink  # noqa: E402
+from runledger.ledger.query import Reader  # noqa: E402
+from runledger.schemas import Envelope, make_event  # noqa: E402
+from runledger.schemas.canonical import config_hash  # noqa: E402
+from runledger.schemas.payloads import (  # noqa: E402
     ChangeCause,
     ConfigChanged,
     MoeLayerStats,
@@ -60,6 +55,7 @@ from schemas.payloads import (  # noqa: E402
     RunStarted,
     StepMetrics,
 )
+from tests.support.kafka import Broker, make_temp_broker_dir  # noqa: E402
 
 LAYERS, EXPERTS = 48, 384
 SCALARS = [
@@ -165,7 +161,7 @@ def ingester_process(
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [
-            str(REPO / ".venv" / "bin" / "ledger"),
+            str(Path(sys.executable).parent / "ledger"),
             "ingest",
             "kafka",
             "--ledger",

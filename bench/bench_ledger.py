@@ -8,7 +8,7 @@
 3. A ledger of >= 10 million metric values: `state --step` latency and one metric's full series,
    vs. the same answers computed by a plain DuckDB scan of the Parquet files.
 
-    python bench/bench_ledger.py [--big-values 10000000]
+    python -m bench.bench_ledger [--big-values 10000000]
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ingest.bus import SpoolSink
-from ingest.spool_ingest import ingest_spool
-from ledger.query import Reader
-from ledger.store import Ledger
-from schemas import config_hash, decode_event, encode_event, make_event
-from schemas import payloads as p
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.spool_ingester import ingest_spool
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger
+from runledger.schemas import config_hash, decode_event, encode_event, make_event
+from runledger.schemas import payloads as p
 
 LAYERS, EXPERTS, TOP_K = 48, 384, 8
 

@@ -2,8 +2,8 @@
 
 Run from the repository root::
 
-    .venv/bin/python bench/bench_merkle.py                 # 10 million leaves (~1-2 min, ~2 GB RAM)
-    .venv/bin/python bench/bench_merkle.py --leaves 100000 # quick run
+    .venv/bin/python -m bench.bench_merkle                 # 10 million leaves (~1-2 min, ~2 GB RAM)
+    .venv/bin/python -m bench.bench_merkle --leaves 100000 # quick run
 
 Figures printed (all in the same run, over the same leaf hashes):
 
@@ -24,16 +24,11 @@ import resource
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TypeVar
 
-if __package__ in (None, ""):
-    # Run as a script: make the repository root importable (the project is not pip-installed).
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from ledger import verifier
-from ledger.checkpoint import generate_keypair, parse_and_verify_checkpoint, sign_checkpoint
-from ledger.merkle import (
+from runledger.ledger import verifier
+from runledger.ledger.log_checkpoint import generate_keypair, parse_and_verify_checkpoint, sign_checkpoint
+from runledger.ledger.merkle import (
     CompactRange,
     MerkleTree,
     consistency_proof,

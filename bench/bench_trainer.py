@@ -8,7 +8,7 @@
    events submitted per step to a second emitter, for growing K: the offered and emitted rates,
    drops, and the median step time beside the K = 0 baseline.
 
-    python bench/bench_trainer.py [--rounds 4] [--steps 40] [--quick]
+    python -m bench.bench_trainer [--rounds 4] [--steps 40] [--quick]
 """
 
 from __future__ import annotations
@@ -16,23 +16,19 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
-import sys
 import tempfile
 import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script from anywhere
-
 warnings.filterwarnings("ignore")  # Megatron-Core's notes about Transformer Engine/Apex on CPU
 
-from ingest.bus import SpoolSink  # noqa: E402
-from schemas.payloads import MoeLayerStats, MoeRouterStats, StepMetrics  # noqa: E402
-from trainer.config import TINY_CPU, edit_config_file, load_config, write_config  # noqa: E402
-from trainer.loop import train  # noqa: E402
-from trainer.telemetry import Emitter, StepReport  # noqa: E402
+from runledger.ingest.bus import SpoolSink  # noqa: E402
+from runledger.schemas.payloads import MoeLayerStats, MoeRouterStats, StepMetrics  # noqa: E402
+from runledger.trainer.config import TINY_CPU, edit_config_file, load_config, write_config  # noqa: E402
+from runledger.trainer.loop import train  # noqa: E402
+from runledger.trainer.telemetry import Emitter, StepReport  # noqa: E402
 
 SETTLE = 2  # steps after a switch left out (the file reload, hooks (un)installed, caches)
 TINY = [*TINY_CPU, "moe.capacity_factor=1.0", "schedule.decay='constant'", "telemetry.peak_tflops=0.16"]

@@ -9,7 +9,7 @@
 3. Import: ``ledger ingest wandb`` of an offline run with many history rows, events/s, beside
    wandb's own reader (``wandb-core``) decoding the same file with nothing done to its records.
 
-    python bench/bench_wandb.py [--rounds 4] [--steps 40] [--rows 20000]
+    python -m bench.bench_wandb [--rounds 4] [--steps 40] [--rows 20000]
 """
 
 from __future__ import annotations
@@ -18,31 +18,22 @@ import argparse
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script from anywhere
-
 warnings.filterwarnings("ignore")  # Megatron-Core's notes about Transformer Engine/Apex on CPU
 
-from ingest.bus import SpoolSink  # noqa: E402
-from ingest.wandb_io import (  # noqa: E402
-    WandbMirror,
-    find_offline_runs,
-    import_offline_run,
-    offline_environment,
-    read_records,
-)
-from schemas import make_event  # noqa: E402
-from schemas.payloads import MoeLayerStats  # noqa: E402
-from trainer.config import TINY_CPU, load_config, write_config  # noqa: E402
-from trainer.loop import train  # noqa: E402
-from trainer.mirror import step_values  # noqa: E402
-from trainer.telemetry import StepReport, router_stats, step_metrics  # noqa: E402
+from runledger.ingest.bus import SpoolSink  # noqa: E402
+from runledger.ingest.wandb_import import find_offline_runs, import_offline_run, read_records  # noqa: E402
+from runledger.ingest.wandb_mirror import WandbMirror, offline_environment  # noqa: E402
+from runledger.schemas import make_event  # noqa: E402
+from runledger.schemas.payloads import MoeLayerStats  # noqa: E402
+from runledger.trainer.config import TINY_CPU, load_config, write_config  # noqa: E402
+from runledger.trainer.loop import train  # noqa: E402
+from runledger.trainer.mirror import step_values  # noqa: E402
+from runledger.trainer.telemetry import StepReport, router_stats, step_metrics  # noqa: E402
 
 WARMUP = 3  # first steps of each run left out (allocator, caches, W&B's first writes)
 

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cli.output import Format, console, print_rows
+from runledger.cli.output import Format, console, print_rows
 
 DEMO_DIR = Path(".runledger/demo")
 
@@ -36,14 +36,14 @@ def register(
 
 
 def run_demo(workdir: Path, *, steps: int, crash_at: int, change_at: int) -> Path:
-    from ingest.bus import SpoolSink
-    from ingest.spool_ingest import ingest_spool
-    from ledger.checkpoint import write_keypair
-    from ledger.integrity import sign_checkpoints, verify_ledger
-    from ledger.query import Reader
-    from ledger.store import Ledger
-    from trainer.config import load_config, write_config
-    from trainer.loop import train
+    from runledger.ingest.bus import SpoolSink
+    from runledger.ingest.spool_ingester import ingest_spool
+    from runledger.ledger.integrity import sign_checkpoints, verify_ledger
+    from runledger.ledger.log_checkpoint import write_keypair
+    from runledger.ledger.query import Reader
+    from runledger.ledger.store import Ledger
+    from runledger.trainer.config import load_config, write_config
+    from runledger.trainer.loop import train
 
     started = time.perf_counter()
     if workdir.exists():

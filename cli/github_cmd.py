@@ -1,6 +1,6 @@
 """`ledger serve webhooks`, `ledger ingest github`, `ledger ingest wandb`: producers onto the bus.
 
-They write events to the bus (``ingest.bus.open_sink``: the spool, or Kafka when configured);
+They write events to the bus (``runledger.ingest.bus.open_sink``: the spool, or Kafka when configured);
 ``ledger ingest spool`` folds them into the ledger. A mistake a user can fix is one line on stderr and
 exit code 2; a failure outside their control (network, GitHub) exits 1.
 """
@@ -15,9 +15,9 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.output import fail
-from ingest.bus import EventSink, default_spool_dir, open_sink
-from ingest.spool import SpoolLockedError
+from runledger.cli.output import fail
+from runledger.ingest.bus import EventSink, default_spool_dir, open_sink
+from runledger.ingest.spool import SpoolLockedError
 
 SpoolOption = Annotated[
     Path | None,
@@ -80,7 +80,7 @@ def register(app: typer.Typer, ingest_app: typer.Typer, serve_app: typer.Typer) 
         max_body_mb: Annotated[int, typer.Option("--max-body-mb", help="Largest accepted payload.")] = 25,
     ) -> None:
         """Receive GitHub webhooks at POST /webhook (metrics at GET /metrics)."""
-        from ingest.github_webhook import default_delivery_db, read_secret, serve
+        from runledger.ingest.github_webhook import default_delivery_db, read_secret, serve
 
         try:
             read_secret(secret_file)
@@ -131,14 +131,14 @@ def register(app: typer.Typer, ingest_app: typer.Typer, serve_app: typer.Typer) 
         ] = 900.0,
     ) -> None:
         """Backfill a repository's issues, PRs, reviews, comments and commits onto the bus."""
-        from ingest.github_backfill import (
+        from runledger.ingest.github_backfill import (
             BackfillError,
             JsonCursorStore,
             backfill,
             cursor_from_spool,
             default_cursor_file,
         )
-        from ingest.github_events import valid_repo
+        from runledger.ingest.github_events import valid_repo
 
         if not valid_repo(repo):
             raise fail(f"not a repository name: {repo!r} (expected OWNER/REPO)", 2)
@@ -185,7 +185,7 @@ def register(app: typer.Typer, ingest_app: typer.Typer, serve_app: typer.Typer) 
         spool: SpoolOption = None,
     ) -> None:
         """Import a W&B offline run (wandb/offline-run-*) as ledger events."""
-        from ingest.wandb_io import WandbImportError, find_offline_runs, import_offline_run
+        from runledger.ingest.wandb_import import WandbImportError, find_offline_runs, import_offline_run
 
         try:
             files = find_offline_runs(directory)

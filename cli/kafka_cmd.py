@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, user_errors
+from runledger.cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, user_errors
 
 BootstrapOption = Annotated[
     str | None,
@@ -37,7 +37,7 @@ def kafka_errors() -> Iterator[None]:
     """Broker trouble as one line and a non-zero exit (on top of the ledger's own user errors)."""
     from kafka.errors import KafkaError
 
-    from ingest.kafka_config import BrokerUnavailableError
+    from runledger.ingest.kafka_config import BrokerUnavailableError
 
     with user_errors():
         try:
@@ -105,7 +105,7 @@ def ingest_kafka(
     connect_timeout: ConnectTimeoutOption = 15.0,
 ) -> None:
     """Consume Kafka into the ledger in a consumer group, exactly once, until SIGTERM/SIGINT."""
-    from ingest.kafka_ingest import run_ingester
+    from runledger.ingest.kafka_ingester import run_ingester
 
     stop = threading.Event()
     started = time.monotonic()
@@ -143,7 +143,7 @@ def replay_cmd(
     connect_timeout: ConnectTimeoutOption = 15.0,
 ) -> None:
     """Rebuild a ledger from the Kafka topics' beginning up to their current end."""
-    from ingest.replay import replay
+    from runledger.ingest.kafka_replay import replay
 
     with kafka_errors():
         stats = replay(bootstrap, to, topic or None, batch_max=batch_max, connect_timeout_s=connect_timeout)
@@ -164,8 +164,8 @@ def drain_spool(
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to keep trying.")] = 60.0,
 ) -> None:
     """Send what a dead producer left in its outage spool to Kafka (in order), then exit."""
-    from ingest.kafka_producer import KafkaSink
-    from ingest.spool import SpoolLockedError
+    from runledger.ingest.kafka_sink import KafkaSink
+    from runledger.ingest.spool import SpoolLockedError
 
     if not spool.is_dir():
         raise fail(f"no spool at {spool}")

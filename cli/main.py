@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from cli.output import (
+from runledger.cli.output import (
     DEFAULT_LEDGER,
     Format,
     FormatOption,
@@ -52,7 +52,7 @@ def _configure_logging() -> None:
 
 
 def _reader(ledger: Path):
-    from ledger.query import Reader
+    from runledger.ledger.query import Reader
 
     return Reader(ledger)
 
@@ -194,7 +194,7 @@ def blame(
 @app.command()
 def compact(ledger: LedgerOption = DEFAULT_LEDGER) -> None:
     """Merge each partition's small Parquet files into one (answers do not change)."""
-    from ledger.store import Ledger
+    from runledger.ledger.store import Ledger
 
     with user_errors():
         result = Ledger.open(ledger).compact()
@@ -204,8 +204,8 @@ def compact(ledger: LedgerOption = DEFAULT_LEDGER) -> None:
 @app.command()
 def views(ledger: LedgerOption = DEFAULT_LEDGER) -> None:
     """Write <ledger>/views.sql: the views, for `duckdb -init <ledger>/views.sql` without runledger."""
-    from ledger.store import Ledger
-    from ledger.views import write_views_file
+    from runledger.ledger.store import Ledger
+    from runledger.ledger.views import write_views_file
 
     with user_errors():
         path = write_views_file(Ledger.open(ledger).root)
@@ -221,8 +221,8 @@ def ingest_spool_cmd(
     batch_size: Annotated[int, typer.Option(help="Events per commit.")] = 5000,
 ) -> None:
     """Fold the embedded spool into the ledger (exactly once; safe to repeat)."""
-    from ingest.spool_ingest import ingest_spool
-    from ledger.store import Ledger
+    from runledger.ingest.spool_ingester import ingest_spool
+    from runledger.ledger.store import Ledger
 
     with user_errors():
         if not spool.is_dir():
@@ -239,7 +239,7 @@ def schemas_export(
     directory: Annotated[Path, typer.Argument(help="Where to write the JSON Schemas.")],
 ) -> None:
     """Write one JSON Schema per event type and version, for producers in other languages."""
-    from schemas.codec import export_json_schemas
+    from runledger.schemas.codec import export_json_schemas
 
     with user_errors():
         written = export_json_schemas(directory)
@@ -249,7 +249,7 @@ def schemas_export(
 @schemas_app.command("list")
 def schemas_list(fmt: FormatOption = Format.table, output: OutputOption = None) -> None:
     """The event types, their versions and what each records."""
-    from schemas import CATALOGUE
+    from runledger.schemas import CATALOGUE
 
     rows = [(t.name, ", ".join(map(str, sorted(t.versions))), t.doc) for t in CATALOGUE.values()]
     print_rows(["type", "versions", "what"], rows, fmt, output, title="event catalogue")
@@ -268,7 +268,13 @@ def _register_extensions() -> None:
     """Commands that live beside their subsystem (trainer, Kafka, GitHub/W&B, Merkle)."""
     import importlib
 
-    for name in ("cli.train_cmd", "cli.kafka_cmd", "cli.github_cmd", "cli.merkle_cmd", "cli.demo_cmd"):
+    for name in (
+        "runledger.cli.train_cmd",
+        "runledger.cli.kafka_cmd",
+        "runledger.cli.github_cmd",
+        "runledger.cli.merkle_cmd",
+        "runledger.cli.demo_cmd",
+    ):
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:

@@ -8,7 +8,15 @@ from typing import Annotated
 
 import typer
 
-from cli.output import DEFAULT_LEDGER, LedgerOption, OutputOption, console, fail, print_json, user_errors
+from runledger.cli.output import (
+    DEFAULT_LEDGER,
+    LedgerOption,
+    OutputOption,
+    console,
+    fail,
+    print_json,
+    user_errors,
+)
 
 DEFAULT_KEYS = Path(".runledger/keys")
 KeyDir = Annotated[Path, typer.Option("--keys", envvar="RUNLEDGER_KEYS", help="Key directory.")]
@@ -26,7 +34,7 @@ def register(
 ) -> None:
     keys_app = typer.Typer(help="The Ed25519 key pair that signs checkpoints.", no_args_is_help=True)
     prove_app = typer.Typer(
-        help="Proofs anyone can check with `python -m ledger.verifier`.", no_args_is_help=True
+        help="Proofs anyone can check with `python -m runledger.ledger.verifier`.", no_args_is_help=True
     )
     app.add_typer(keys_app, name="keys")
     app.add_typer(prove_app, name="prove")
@@ -37,7 +45,7 @@ def register(
         keys: KeyDir = DEFAULT_KEYS,
     ) -> None:
         """Create a key pair: NAME.key (owner-only, never printed) and NAME.pub (publish it)."""
-        from ledger.checkpoint import write_keypair
+        from runledger.ledger.log_checkpoint import write_keypair
 
         with user_errors():
             try:
@@ -50,7 +58,7 @@ def register(
     @app.command()
     def checkpoint(ledger: LedgerOption = DEFAULT_LEDGER, keys: KeyDir = DEFAULT_KEYS) -> None:
         """Sign each stream's current size and root (publish the files under <ledger>/_checkpoints)."""
-        from ledger.integrity import sign_checkpoints
+        from runledger.ledger.integrity import sign_checkpoints
 
         with user_errors():
             written = sign_checkpoints(ledger, _read_key(keys, ".key"))
@@ -63,7 +71,7 @@ def register(
         public_key: Annotated[Path | None, typer.Option("--public-key", help="Public key file.")] = None,
     ) -> None:
         """Check the whole ledger against its Merkle trees and latest checkpoints; name every bad event."""
-        from ledger.integrity import verify_ledger
+        from runledger.ledger.integrity import verify_ledger
 
         with user_errors():
             key = public_key.read_text().strip() if public_key else None
@@ -88,7 +96,7 @@ def register(
         output: OutputOption = None,
     ) -> None:
         """Inclusion proof of one event in its stream's tree at the latest checkpoint (RFC 6962 shape)."""
-        from ledger.integrity import prove_inclusion as prove
+        from runledger.ledger.integrity import prove_inclusion as prove
 
         with user_errors():
             doc = prove(ledger, event_id, source)
@@ -105,7 +113,7 @@ def register(
         output: OutputOption = None,
     ) -> None:
         """Consistency proof between two sizes of a stream's tree (RFC 6962 shape)."""
-        from ledger.integrity import prove_consistency as prove
+        from runledger.ledger.integrity import prove_consistency as prove
 
         with user_errors():
             doc = prove(ledger, stream, from_size, to_size)

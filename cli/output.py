@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ledger.store import LedgerError
+from runledger.ledger.store import LedgerError
 
 DEFAULT_LEDGER = Path(".runledger/ledger")
 

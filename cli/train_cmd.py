@@ -1,10 +1,10 @@
 """`ledger train CONFIG`: train (or resume) a run and emit its events to the bus.
 
-Under torchrun every rank runs this command; each opens its own sink (``trainer.telemetry.
-open_rank_sink``). Also runnable alone: ``python -m cli.train_cmd CONFIG ...`` (what torchrun and
+Under torchrun every rank runs this command; each opens its own sink (``runledger.trainer.telemetry.
+open_rank_sink``). Also runnable alone: ``python -m runledger.cli.train_cmd CONFIG ...`` (what torchrun and
 the trainer's subprocess tests launch, without the rest of the CLI).
 
-``--wandb`` mirrors the run to Weights & Biases (``ingest.wandb_io.WandbMirror``, on rank 0 only):
+``--wandb`` mirrors the run to Weights & Biases (``runledger.ingest.wandb_mirror.WandbMirror``, on rank 0 only):
 project from ``--wandb-project`` (else ``$WANDB_PROJECT``, else "runledger"), entity from
 ``--wandb-entity`` (else ``$WANDB_ENTITY``, else W&B's default); online, offline or disabled as
 ``$WANDB_MODE`` says, files under ``$WANDB_DIR``, as with wandb itself. The W&B run id is the run id,
@@ -73,9 +73,9 @@ def train_command(
     ] = None,
 ) -> None:
     """Train a Megatron-Core MoE GPT; record its launch, metrics, changes, checkpoints and crashes."""
-    from trainer.config import ConfigError
-    from trainer.loop import train
-    from trainer.telemetry import StepReport, open_rank_sink
+    from runledger.trainer.config import ConfigError
+    from runledger.trainer.loop import train
+    from runledger.trainer.telemetry import StepReport, open_rank_sink
 
     if step is not None and not resume:
         console.print("[bold red]error:[/] a checkpoint STEP needs --resume", highlight=False)
@@ -88,7 +88,7 @@ def train_command(
     rank = int(os.environ.get("RANK", "0"))
     mirror = None
     if wandb and rank == 0:
-        from ingest.wandb_io import WandbMirror  # imports wandb itself only when the run starts
+        from runledger.ingest.wandb_mirror import WandbMirror  # imports wandb itself only when the run starts
 
         mirror = WandbMirror(project=wandb_project, entity=wandb_entity or None)
     sink = open_rank_sink(spool, rank, kafka)
@@ -120,7 +120,7 @@ def train_command(
     finally:
         sink.close()
         if "WORLD_SIZE" in os.environ:  # under torchrun: leave the process group cleanly
-            from trainer.distributed import shutdown
+            from runledger.trainer.distributed import shutdown
 
             shutdown()
     summary = (

@@ -11,8 +11,8 @@ import os
 from pathlib import Path
 from typing import Protocol
 
-from ingest.spool import SpoolWriter
-from schemas import Envelope, encode_event
+from runledger.ingest.spool import SpoolWriter
+from runledger.schemas import Envelope, encode_event
 
 DEFAULT_SPOOL = Path(".runledger/spool")
 
@@ -55,7 +55,7 @@ def open_sink(spool_dir: str | Path | None = None, kafka_bootstrap: str | None =
     bootstrap = kafka_bootstrap or os.environ.get("RUNLEDGER_KAFKA_BOOTSTRAP")
     spool = Path(spool_dir) if spool_dir is not None else default_spool_dir()
     if bootstrap:
-        from ingest.kafka_producer import KafkaSink  # imported lazily: kafka-python is heavy to import
+        from runledger.ingest.kafka_sink import KafkaSink  # imported lazily: kafka-python is heavy to import
 
         return KafkaSink(bootstrap=bootstrap, outage_spool=spool)
     return SpoolSink(spool)

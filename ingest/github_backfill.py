@@ -11,7 +11,7 @@ What is read, per repository ``owner/name`` (the ``full_name`` GitHub returns na
   review_comments  GET /repos/{r}/pulls/comments?sort=updated&…&since=   github.pull_request_review_comment
   commits          GET /repos/{r}/commits?since=  (default branch)       github.commit (emitted oldest first)
 
-Events get the same content-derived ids as webhook deliveries (``ingest.github_events``), so running a
+Events get the same content-derived ids as webhook deliveries (``runledger.ingest.github_events``), so running a
 backfill over a period the webhook already covered adds nothing to the ledger.
 
 Resuming: per repository and kind, the cursor is the ``updated_at`` (commits: commit date) of the last
@@ -49,8 +49,8 @@ from github.GithubObject import GithubObject
 from urllib3 import Retry
 from urllib3.response import BaseHTTPResponse
 
-from ingest.bus import EventSink
-from ingest.github_events import (
+from runledger.ingest.bus import EventSink
+from runledger.ingest.github_events import (
     CURSOR_KIND_OF_TYPE,
     comment_event,
     commit_event,
@@ -60,7 +60,7 @@ from ingest.github_events import (
     review_event,
     valid_repo,
 )
-from schemas import Envelope, Event, decode_event
+from runledger.schemas import Envelope, Event, decode_event
 
 log = logging.getLogger("runledger.github_backfill")
 
@@ -165,7 +165,7 @@ def cursor_from_events(events: Iterable[Envelope], repo: str) -> dict[str, datet
 
 def cursor_from_spool(spool_dir: str | Path, repo: str) -> dict[str, datetime]:
     """``cursor_from_events`` over every valid event on a spool (an absent spool gives no cursor)."""
-    from ingest.spool import SpoolReader
+    from runledger.ingest.spool import SpoolReader
 
     try:
         reader = SpoolReader(spool_dir)

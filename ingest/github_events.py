@@ -1,6 +1,6 @@
 """GitHub JSON (a webhook payload or a REST object) → envelopes. The ONE place GitHub event ids are made.
 
-Both producers (``ingest.github_webhook`` and ``ingest.github_backfill``) call these functions, so the
+Both producers (``runledger.ingest.github_webhook`` and ``runledger.ingest.github_backfill``) call these functions, so the
 same update of the same object gets the same (source, id) whichever way it arrives, and the ledger
 keeps it once. Ids are derived from content, never from the delivery:
 
@@ -33,10 +33,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from schemas import Envelope, make_event
-from schemas import github as gh
-from schemas.canonical import canonical_bytes, sha256_hex
-from schemas.catalogue import (
+from runledger.schemas import Envelope, make_event
+from runledger.schemas import github as gh
+from runledger.schemas.canonical import canonical_bytes, sha256_hex
+from runledger.schemas.catalogue import (
     GITHUB_COMMIT,
     GITHUB_ISSUE,
     GITHUB_ISSUE_COMMENT,

@@ -12,7 +12,7 @@ accepted too). Each request is checked in this order, and a refusal stores nothi
   7. body not a JSON object                                           → 400
   8. accepted                                                         → 202
 
-An accepted delivery is mapped to envelopes (``ingest.github_events``: typed for issues,
+An accepted delivery is mapped to envelopes (``runledger.ingest.github_events``: typed for issues,
 issue_comment, pull_request, pull_request_review, pull_request_review_comment and push; anything else,
 ``ping`` included, is kept whole as ``github.raw``) and queued to ONE worker thread that owns the
 sink (the spool writer is single-threaded). The worker emits, syncs, and only then records the
@@ -52,9 +52,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ingest.bus import EventSink, default_spool_dir, open_sink
-from ingest.github_events import webhook_events
-from schemas import Envelope
+from runledger.ingest.bus import EventSink, default_spool_dir, open_sink
+from runledger.ingest.github_events import webhook_events
+from runledger.schemas import Envelope
 
 log = logging.getLogger("runledger.github_webhook")
 

@@ -18,9 +18,9 @@ from typing import Any
 import jsonpatch
 import msgspec
 
-from schemas import Envelope
-from schemas import catalogue as c
-from schemas.canonical import config_hash
+from runledger.schemas import Envelope
+from runledger.schemas import catalogue as c
+from runledger.schemas.canonical import config_hash
 
 # The event types the fold reads (metrics are not needed to know a run's state).
 STATE_TYPES = (

@@ -25,12 +25,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ledger import verifier
-from ledger.checkpoint import parse_and_verify_checkpoint, parse_private_key, sign_checkpoint
-from ledger.merkle import CompactRange, MerkleTree, leaf_hash, root_from_leaf_hashes
-from ledger.store import Ledger, LedgerError
-from ledger.tables import TABLES, FoldState, RowBuffer, rows_for_event
-from schemas import Event, decode_event
+from runledger.ledger import verifier
+from runledger.ledger.log_checkpoint import parse_and_verify_checkpoint, parse_private_key, sign_checkpoint
+from runledger.ledger.merkle import CompactRange, MerkleTree, leaf_hash, root_from_leaf_hashes
+from runledger.ledger.store import Ledger, LedgerError
+from runledger.ledger.tables import TABLES, FoldState, RowBuffer, rows_for_event
+from runledger.schemas import Event, decode_event
 
 CHECKPOINTS = "_checkpoints"
 
@@ -313,7 +313,7 @@ def _signed_size(ledger: Ledger, stream: str) -> int | None:
 
 def prove_inclusion(root: str | Path, event_id: str, source: str | None = None) -> dict[str, Any]:
     ledger = Ledger.open(root)
-    from ledger.query import Reader
+    from runledger.ledger.query import Reader
 
     reader = Reader(ledger.root)
     params: list[Any] = [event_id]

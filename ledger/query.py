@@ -17,11 +17,11 @@ import jsonpatch
 import jsonpointer
 import msgspec
 
-from ledger.fold import STATE_TYPES, RunState, attempts_of, fold_run
-from ledger.store import Ledger, LedgerError
-from ledger.views import connect
-from schemas import Envelope, decode_event
-from schemas import catalogue as c
+from runledger.ledger.fold import STATE_TYPES, RunState, attempts_of, fold_run
+from runledger.ledger.store import Ledger, LedgerError
+from runledger.ledger.views import connect
+from runledger.schemas import Envelope, decode_event
+from runledger.schemas import catalogue as c
 
 READ_ONLY_STATEMENTS = {"SELECT", "EXPLAIN"}
 

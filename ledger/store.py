@@ -37,9 +37,9 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from ledger.merkle import CompactRange, leaf_hash
-from ledger.tables import TABLES, FoldState, RowBuffer, rows_for_event
-from schemas.codec import Event, Quarantined, decode_event
+from runledger.ledger.merkle import CompactRange, leaf_hash
+from runledger.ledger.tables import TABLES, FoldState, RowBuffer, rows_for_event
+from runledger.schemas.codec import Event, Quarantined, decode_event
 
 FORMAT = {"format": "runledger-ledger", "version": 1}
 COMMITS = "_commits"

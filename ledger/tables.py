@@ -16,11 +16,11 @@ import jsonpatch
 import msgspec
 import pyarrow as pa
 
-from schemas import catalogue as c
-from schemas import github as gh
-from schemas import payloads as p
-from schemas.canonical import canonical_bytes, config_hash
-from schemas.codec import Event
+from runledger.schemas import catalogue as c
+from runledger.schemas import github as gh
+from runledger.schemas import payloads as p
+from runledger.schemas.canonical import canonical_bytes, config_hash
+from runledger.schemas.codec import Event
 
 TS = pa.timestamp("us", tz="UTC")
 _ORIGIN = [("stream", pa.string()), ("stream_seq", pa.int64())]

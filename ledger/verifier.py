@@ -5,9 +5,9 @@ party can copy it alone and check what a runledger operator hands out, without t
 
 Usage::
 
-    python -m ledger.verifier inclusion   --proof P.json --checkpoint C.txt --public-key K.pub \\
+    python -m runledger.ledger.verifier inclusion   --proof P.json --checkpoint C.txt --public-key K.pub \\
         [--origin ORIGIN] [--leaf LEAF.bin]
-    python -m ledger.verifier consistency --proof P.json --checkpoint NEW.txt --public-key K.pub \\
+    python -m runledger.ledger.verifier consistency --proof P.json --checkpoint NEW.txt --public-key K.pub \\
         [--old-checkpoint OLD.txt | --old-size N --old-root B64] [--origin ORIGIN]
 
 (or ``python verifier.py ...`` on a copy). It prints one line, ``OK: ...`` or ``FAIL: reason``, and
@@ -163,7 +163,7 @@ def verify_consistency(
 
 
 # --------------------------------------------------------------------------------------------------
-# Signed-note checkpoints (duplicated from ledger.checkpoint, verification side only)
+# Signed-note checkpoints (duplicated from ledger.log_checkpoint, verification side only)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import duckdb
 
-from ledger.tables import TABLES
+from runledger.ledger.tables import TABLES
 
 # Physical tables whose public name is a derived view (the physical one gets a leading underscore).
 _DERIVED = {"metrics", "moe_layer_stats"}
@@ -80,7 +80,7 @@ def _base_view(root: Path, name: str) -> str:
 def views_sql(root: Path) -> str:
     root = root.resolve()
     base = "\n".join(_base_view(root, name) for name in TABLES)
-    from ledger.code_views import CODE_VIEWS  # GitHub ↔ run joins, over the views above
+    from runledger.ledger.code_views import CODE_VIEWS  # GitHub ↔ run joins, over the views above
 
     return base + "\n" + DERIVED_VIEWS + "\n" + CODE_VIEWS
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from schemas import github as gh
-from schemas import payloads as p
+from runledger.schemas import github as gh
+from runledger.schemas import payloads as p
 
 
 @dataclass(frozen=True)

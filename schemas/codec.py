@@ -12,9 +12,9 @@ from pathlib import Path
 
 import msgspec
 
-from schemas.canonical import canonical_bytes
-from schemas.catalogue import CATALOGUE, TYPE_OF_STRUCT, EventType
-from schemas.envelope import SPECVERSION, Envelope, WireEnvelope, new_event_id, utc_now
+from runledger.schemas.canonical import canonical_bytes
+from runledger.schemas.catalogue import CATALOGUE, TYPE_OF_STRUCT, EventType
+from runledger.schemas.envelope import SPECVERSION, Envelope, WireEnvelope, new_event_id, utc_now
 
 _wire_decoder = msgspec.json.Decoder(WireEnvelope)
 _generic_decoder = msgspec.json.Decoder()

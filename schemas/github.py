@@ -4,7 +4,7 @@ Their stream is the repository (``owner/name``), their ``source`` is ``github:ow
 their ``id`` is derived from the content (kind, number, the object's own update time), so the same
 update arriving by webhook and by backfill is one event. Their ``seq`` is always 0: two producers
 (webhook receiver, backfill) write the same source, so a per-source counter cannot be gap-free;
-order GitHub events by ``time`` then ``id``. The id scheme lives in ``ingest.github_events``.
+order GitHub events by ``time`` then ``id``. The id scheme lives in ``runledger.ingest.github_events``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from schemas.payloads import Payload
+from runledger.schemas.payloads import Payload
 
 
 class GitHubIssue(Payload, kw_only=True):

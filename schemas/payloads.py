@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from schemas.envelope import NonEmpty
+from runledger.schemas.envelope import NonEmpty
 
 Float = float | None
 Count = Annotated[int, msgspec.Meta(ge=0)]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Single-node Apache Kafka (KRaft, combined broker+controller) for runledger
-# tests and CI. Jars come from Maven Central via kafka/pom.xml.
+# tests and CI. Jars come from Maven Central via scripts/kafka/pom.xml.
 #
 #   scripts/kafka.sh fetch                   download broker jars (once)
 #   scripts/kafka.sh start [--port N] [--controller-port M] [--dir D]
@@ -13,7 +13,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-POM="$ROOT/kafka/pom.xml"
+POM="$ROOT/scripts/kafka/pom.xml"
 LIBS="${RUNLEDGER_KAFKA_LIBS:-$ROOT/.kafka/libs}"
 DIR="${RUNLEDGER_KAFKA_DIR:-$ROOT/.kafka}"
 PORT=""

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from trainer.distributed import DistEnv, barrier
+from runledger.trainer.distributed import DistEnv, barrier
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 

@@ -1,6 +1,6 @@
 """The training loop, top to bottom: launch, resume, steps, live config, checkpoints, crashes.
 
-Events (``schemas.payloads``), all with ``stream = run_id`` and the launch's ``attempt``:
+Events (``runledger.schemas.payloads``), all with ``stream = run_id`` and the launch's ``attempt``:
 
   source   ``trainer/<run_id>/a<attempt>/rank<rank>``: a fresh source per attempt and rank, so its
            ``seq`` starts at 0 and is gap-free without any state surviving a crash. Attempt numbers
@@ -11,7 +11,7 @@ Events (``schemas.payloads``), all with ``stream = run_id`` and the launch's ``a
            skipped, run finished.
   each rank  its own rank stats (step time, host) and its own crash.
 
-Mirror (``mirror=``, e.g. ``ingest.wandb_io.WandbMirror``; rank 0 only; see ``trainer.mirror``): started
+Mirror (``mirror=``, e.g. ``runledger.ingest.wandb_mirror.WandbMirror``; rank 0 only; see ``runledger.trainer.mirror``): started
 before the launch event, whose ``external`` records it (or ``wandb_error`` when it could not start:
 training goes on without it); each logged step, each applied live change and the attempt's end
 (summary and finish, also after a crash) are mirrored.
@@ -44,8 +44,8 @@ from typing import Any, Literal
 import msgspec
 import torch
 
-from ingest.bus import EventSink
-from schemas.payloads import (
+from runledger.ingest.bus import EventSink
+from runledger.schemas.payloads import (
     ChangeCause,
     CheckpointSaved,
     ConfigChanged,
@@ -58,11 +58,11 @@ from schemas.payloads import (
     RunStarted,
     StepSkipped,
 )
-from trainer import checkpoint as ckpt
-from trainer import cpu_compat, distributed, provenance, telemetry
-from trainer import mirror as mirror_lib
-from trainer import model as model_lib
-from trainer.config import (
+from runledger.trainer import checkpoint as ckpt
+from runledger.trainer import cpu_compat, distributed, provenance, telemetry
+from runledger.trainer import mirror as mirror_lib
+from runledger.trainer import model as model_lib
+from runledger.trainer.config import (
     ConfigError,
     ConfigSource,
     TrainConfig,
@@ -75,8 +75,8 @@ from trainer.config import (
     resolved,
     split_patch,
 )
-from trainer.data import Batches
-from trainer.optim import MasterAdamW, lr_at
+from runledger.trainer.data import Batches
+from runledger.trainer.optim import MasterAdamW, lr_at
 
 ResumeFrom = Literal["latest"] | int | str | Path | None
 Status = Literal["completed", "stopped", "crashed", "signal"]
@@ -177,7 +177,7 @@ def train(
     fresh run, ``"latest"``, a step number or a checkpoint directory. ``stop_at_step`` ends the
     attempt early (status "stopped") after that step. Crashes do not raise: they are recorded and
     returned (``status`` "crashed" or "signal", ``exit_code`` for a CLI to exit with).
-    ``mirror``: an experiment tracker to mirror the run to (``trainer.mirror.Mirror``), used on rank 0.
+    ``mirror``: an experiment tracker to mirror the run to (``runledger.trainer.mirror.Mirror``), used on rank 0.
     """
     started = time.perf_counter()
     if isinstance(config, TrainConfig):

@@ -1,7 +1,7 @@
 """The model: Megatron-Core's GPTModel with a mixture-of-experts MLP in every layer.
 
 Built from ``TrainConfig`` alone. On CPU it uses the local (pure-PyTorch) layer spec and the
-adaptations in ``trainer.cpu_compat``; on GPU the same code can use the Transformer Engine spec,
+adaptations in ``runledger.trainer.cpu_compat``; on GPU the same code can use the Transformer Engine spec,
 bf16 (Megatron's Float16Module) and the alltoall dispatcher, all chosen by config.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from trainer import cpu_compat
-from trainer.config import MoeConfig, TrainConfig
+from runledger.trainer import cpu_compat
+from runledger.trainer.config import MoeConfig, TrainConfig
 
 
 def transformer_config(cfg: TrainConfig, device: torch.device):  # -> TransformerConfig

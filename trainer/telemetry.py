@@ -33,12 +33,12 @@ from typing import Any
 import msgspec
 import torch
 
-from ingest.bus import EventSink
-from schemas import make_event
-from schemas.envelope import utc_now
-from schemas.payloads import MoeLayerStats, MoeRouterStats, StepMetrics
-from trainer import model as model_lib
-from trainer.config import TrainConfig
+from runledger.ingest.bus import EventSink
+from runledger.schemas import make_event
+from runledger.schemas.envelope import utc_now
+from runledger.schemas.payloads import MoeLayerStats, MoeRouterStats, StepMetrics
+from runledger.trainer import model as model_lib
+from runledger.trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -370,7 +370,7 @@ class Emitter:
 def rank_spool(spool: str | Path | None, rank: int) -> Path:
     """The spool a rank writes to: the given one for rank 0, ``<spool>.rank<N>`` beside it for the
     others (a spool has one writer)."""
-    from ingest.bus import default_spool_dir
+    from runledger.ingest.bus import default_spool_dir
 
     base = Path(spool) if spool is not None else default_spool_dir()
     return base if rank == 0 else base.with_name(f"{base.name}.rank{rank}")
@@ -378,6 +378,6 @@ def rank_spool(spool: str | Path | None, rank: int) -> Path:
 
 def open_rank_sink(spool: str | Path | None, rank: int = 0, kafka_bootstrap: str | None = None) -> EventSink:
     """This rank's sink: Kafka if configured (every rank produces), else its own spool."""
-    from ingest.bus import open_sink
+    from runledger.ingest.bus import open_sink
 
     return open_sink(rank_spool(spool, rank), kafka_bootstrap)

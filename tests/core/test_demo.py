@@ -6,8 +6,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.query import Reader
+from runledger.cli.main import app
+from runledger.ledger.query import Reader
 
 
 def test_demo_end_to_end(tmp_path: Path) -> None:

@@ -9,12 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ingest.spool import SpoolWriter
-from ingest.spool_ingest import ingest_spool
-from ledger.query import QueryError, Reader
-from ledger.store import Ledger, SourceRecord
-
-from .factory import RunBuilder
+from runledger.ingest.spool import SpoolWriter
+from runledger.ingest.spool_ingester import ingest_spool
+from runledger.ledger.query import QueryError, Reader
+from runledger.ledger.store import Ledger, SourceRecord
+from tests.support.factory import RunBuilder
 
 
 def _records(raws: list[bytes], source: str = "spool:t") -> list[SourceRecord]:
@@ -104,7 +103,7 @@ def test_state_at_time_and_user_errors(tmp_path: Path) -> None:
     reader = Reader(tmp_path / "l")
     from datetime import timedelta
 
-    from .factory import T0
+    from tests.support.factory import T0
 
     early = reader.state("run-a", at=T0 + timedelta(seconds=10))
     assert early.attempt == 1 and early.step is not None and early.step < 10

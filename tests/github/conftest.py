@@ -6,7 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gh_support import FixtureGitHub
+
+from tests.support.github import FixtureGitHub
 
 
 @pytest.fixture
@@ -20,7 +21,7 @@ def github_api_no_limits() -> Iterator[FixtureGitHub]:
     """The same recorded responses without the one-off rate-limit answers (fast)."""
     import json
 
-    from gh_support import FIXTURES
+    from tests.support.github import FIXTURES
 
     routes = [r for r in json.loads((FIXTURES / "routes.json").read_text())["routes"] if not r.get("once")]
     with FixtureGitHub(routes=routes) as api:

@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gh_support import FixtureGitHub, fixture_json, read_events, spool_bytes
 
-from ingest.bus import SpoolSink
-from ingest.github_backfill import (
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.github_backfill import (
     BackfillError,
     JsonCursorStore,
     MemoryCursorStore,
@@ -21,25 +20,12 @@ from ingest.github_backfill import (
     cursor_from_events,
     cursor_from_spool,
 )
-from ingest.github_events import webhook_events
+from runledger.ingest.github_events import webhook_events
+from tests.support.github import FixtureGitHub, fixture_json, read_events, spool_bytes
+from tests.support.sinks import ListSink
 
 REPO = "octo-org/hello-world"
 TOKEN = "ghp_R3c0rdedT0kenN0tRealButSecret0123456789"
-
-
-class ListSink:
-    def __init__(self) -> None:
-        self.events: list[Any] = []
-        self.synced = 0
-
-    def emit(self, envelope: Any) -> None:
-        self.events.append(envelope)
-
-    def sync(self) -> None:
-        self.synced += 1
-
-    def close(self) -> None:
-        pass
 
 
 def run(api: FixtureGitHub, sink: Any, **kwargs: Any) -> Any:

@@ -13,12 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 import typer
-from gh_support import FixtureGitHub, fixture_json, read_events
 from typer.testing import CliRunner
 
-from cli.github_cmd import register
-from ingest.bus import SpoolSink
-from ingest.github_webhook import signature_of
+from runledger.cli.github_cmd import register
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.github_webhook import signature_of
+from tests.support.github import FixtureGitHub, fixture_json, read_events
 
 TOKEN = "ghp_CliT0kenThatMustNotLeak000000000000"
 
@@ -136,7 +136,7 @@ def test_serve_webhooks_runs_until_terminated_and_keeps_what_it_acknowledged(tmp
     command = [
         sys.executable,
         "-m",
-        "cli.main",
+        "runledger.cli.main",
         "serve",
         "webhooks",
         "--secret-file",

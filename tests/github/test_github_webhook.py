@@ -15,11 +15,11 @@ from typing import Any
 
 import httpx
 import pytest
-from gh_support import fixture_json, read_events, running_uvicorn, spool_bytes
 from starlette.applications import Starlette
 
-from ingest.bus import SpoolSink
-from ingest.github_webhook import DeliveryLog, create_app, signature_of, verify_signature
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.github_webhook import DeliveryLog, create_app, signature_of, verify_signature
+from tests.support.github import fixture_json, read_events, running_uvicorn, spool_bytes
 
 SECRET = b"It's a Secret to Everybody"
 VECTOR = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17"

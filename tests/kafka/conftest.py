@@ -1,4 +1,4 @@
-"""Fixtures for tests against a real Kafka broker (see tests/kafka_support.py).
+"""Fixtures for tests against a real Kafka broker (see tests/support/kafka.py).
 
 - ``kafka_broker`` (session): a ready broker with ``.bootstrap``; started by
   ``scripts/kafka.sh`` on free ports in a temp dir under ``.kafka/`` and
@@ -13,30 +13,25 @@
   indirect parametrisation: ``@pytest.mark.parametrize("kafka_topic", [4],
   indirect=True)`` (an int, or a dict ``{"partitions": 4, "configs": {...}}``).
 
-No ``__init__.py`` here on purpose: with one, pytest's default (prepend)
-import mode would import this directory as the top-level package ``kafka``
-and shadow kafka-python.
+``tests`` is a package, so this folder imports as ``tests.kafka`` and never
+shadows kafka-python.
 """
 
 from __future__ import annotations
 
 import contextlib
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+from kafka import KafkaAdminClient
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for kafka_support
-
-from kafka_support import (
+from tests.support.kafka import (
     Broker,
     broker_fixture,
     make_temp_broker_dir,
     unique_topic_name,
 )
-
-from kafka import KafkaAdminClient
 
 
 def pytest_collection_modifyitems(items):

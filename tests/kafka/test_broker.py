@@ -6,7 +6,6 @@ import time
 from collections import defaultdict
 
 import pytest
-
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 # kafka-python ships gzip support in the stdlib; lz4/zstd/snappy need extra packages.

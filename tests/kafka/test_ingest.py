@@ -13,7 +13,16 @@ import time
 from pathlib import Path
 
 import pytest
-from client_fixtures import (
+from kafka import KafkaConsumer, KafkaProducer
+
+from runledger.ingest.kafka_ingester import run_ingester
+from runledger.ingest.kafka_sink import KafkaSink
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas import encode_event, make_event
+from runledger.schemas.payloads import StepMetrics
+from tests.support.kafka import free_ports
+from tests.support.kafka_clients import (
     IngesterProc,
     check_ledger,
     commit_count,
@@ -26,15 +35,6 @@ from client_fixtures import (
     wait_for,
     workload,
 )
-from kafka_support import free_ports
-
-from ingest.kafka_ingest import run_ingester
-from ingest.kafka_producer import KafkaSink
-from kafka import KafkaConsumer, KafkaProducer
-from ledger.query import Reader
-from ledger.store import Ledger, SourceRecord
-from schemas import encode_event, make_event
-from schemas.payloads import StepMetrics
 
 
 def test_end_to_end_producer_to_cli_query(kafka_broker, make_topic, tmp_path: Path) -> None:
@@ -297,9 +297,9 @@ def test_cli_errors_are_one_clear_line(tmp_path: Path) -> None:
 
 TRAIN_TO_KAFKA = """
 import json, sys
-from trainer.config import load_config
-from trainer.loop import train
-from ingest.kafka_producer import KafkaSink
+from runledger.trainer.config import load_config
+from runledger.trainer.loop import train
+from runledger.ingest.kafka_sink import KafkaSink
 tiny = ["model.num_layers=2", "model.hidden_size=64", "model.num_attention_heads=4", "model.seq_length=64",
         "moe.num_experts=8", "moe.top_k=2", "moe.ffn_hidden_size=128", "data.micro_batch_size=8",
         "run.device='cpu'", "schedule.warmup_steps=5", "checkpoint.interval=0", "checkpoint.final=false"]

@@ -14,7 +14,14 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from client_fixtures import (
+
+from runledger.ingest.bus import open_sink
+from runledger.ingest.kafka_config import KafkaConfigError, client_kwargs, deadletter_topic, events_topic
+from runledger.ingest.kafka_ingester import run_ingester
+from runledger.ingest.kafka_sink import DRAINED_FILE, KafkaSink
+from runledger.schemas import encode_event
+from tests.support.kafka import free_ports
+from tests.support.kafka_clients import (
     REPO,
     broker_pid,
     check_ledger,
@@ -25,13 +32,6 @@ from client_fixtures import (
     synthetic_run,
     workload,
 )
-from kafka_support import free_ports
-
-from ingest.bus import open_sink
-from ingest.kafka_config import KafkaConfigError, client_kwargs, deadletter_topic, events_topic
-from ingest.kafka_ingest import run_ingester
-from ingest.kafka_producer import DRAINED_FILE, KafkaSink
-from schemas import encode_event
 
 # The bound emit() is held to while the broker is slow, down, or coming back (stated in the docs).
 EMIT_BOUND_S = 0.25
@@ -213,10 +213,9 @@ def test_slow_then_down_broker_spools_and_drains_in_order(kafka_broker_factory, 
 
 
 SPOOL_ONLY = """
-import sys, time
-sys.path.insert(0, {tests!r})
-from client_fixtures import workload
-from ingest.kafka_producer import KafkaSink
+import time
+from tests.support.kafka_clients import workload
+from runledger.ingest.kafka_sink import KafkaSink
 t0 = time.monotonic()
 sink = KafkaSink({bootstrap!r}, {spool!r}, topic="never", connect_timeout_s=1.0)
 started = time.monotonic() - t0
@@ -234,9 +233,7 @@ def test_events_spooled_by_a_dead_producer_are_drained_first_by_the_next(kafka_b
     topic = make_topic(partitions=2)
     spool = tmp_path / "spool"
     (unused,) = free_ports(1)
-    script = SPOOL_ONLY.format(
-        tests=str(REPO / "tests" / "kafka"), bootstrap=f"127.0.0.1:{unused}", spool=str(spool)
-    )
+    script = SPOOL_ONLY.format(bootstrap=f"127.0.0.1:{unused}", spool=str(spool))
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stderr
     started, worst, spooled = out.stdout.split()

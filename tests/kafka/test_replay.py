@@ -5,7 +5,11 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from client_fixtures import (
+from kafka import KafkaProducer
+
+from runledger.ingest.kafka_ingester import run_ingester
+from runledger.schemas import encode_event
+from tests.support.kafka_clients import (
     check_ledger,
     consume_topic,
     produce_events,
@@ -13,10 +17,6 @@ from client_fixtures import (
     table_fingerprint,
     workload,
 )
-
-from ingest.kafka_ingest import run_ingester
-from kafka import KafkaProducer
-from schemas import encode_event
 
 
 def test_replay_equals_the_live_ledger(kafka_broker, make_topic, tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.merkle import (
+from runledger.ledger.merkle import (
     EMPTY_ROOT,
     CompactRange,
     MerkleTree,

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from ledger import verifier
-from ledger.checkpoint import sign_checkpoint, write_keypair
-from ledger.merkle import MerkleTree, leaf_hash
+from runledger.ledger import verifier
+from runledger.ledger.log_checkpoint import sign_checkpoint, write_keypair
+from runledger.ledger.merkle import MerkleTree, leaf_hash
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VERIFIER_FILE = REPO_ROOT / "ledger" / "verifier.py"
@@ -84,7 +84,11 @@ def fx(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
 
 
 def run(*args: str | Path, cwd: Path = REPO_ROOT, script: Path | None = None) -> tuple[int, str]:
-    cmd = [sys.executable, *(["-I", str(script)] if script else ["-m", "ledger.verifier"]), *map(str, args)]
+    cmd = [
+        sys.executable,
+        *(["-I", str(script)] if script else ["-m", "runledger.ledger.verifier"]),
+        *map(str, args),
+    ]
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
     out = proc.stdout.strip()
     assert len(out.splitlines()) == 1, (out, proc.stderr)  # exactly one OK/FAIL line
@@ -426,7 +430,7 @@ def test_copied_verifier_runs_alone(fx: Fixture, tmp_path: Path) -> None:
 
 def test_help_exits_zero() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "ledger.verifier", "--help"],
+        [sys.executable, "-m", "runledger.ledger.verifier", "--help"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from schemas import config_hash as schemas_config_hash
-from trainer.config import (
+from runledger.schemas import config_hash as schemas_config_hash
+from runledger.trainer.config import (
     DEMO_CONFIG,
     LIVE_KEYS,
     ConfigError,

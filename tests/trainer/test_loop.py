@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from schemas.canonical import config_hash as schemas_hash
-from tests.trainer.conftest import ListSink, assert_gap_free, data, tiny_config, tiny_config_file
-from trainer.config import load_config
-from trainer.loop import RunExistsError, chain, schedule_config_change, train
+from runledger.schemas.canonical import config_hash as schemas_hash
+from runledger.trainer.config import load_config
+from runledger.trainer.loop import RunExistsError, chain, schedule_config_change, train
+from tests.support.sinks import ListSink
+from tests.support.trainer import assert_gap_free, data, tiny_config, tiny_config_file
 
 
 def test_loss_falls_on_the_shipped_corpus(tmp_path: Path, sink: ListSink) -> None:
@@ -66,7 +67,7 @@ def test_live_change_lands_at_the_step_with_its_patch(tmp_path: Path, sink: List
 
 
 def _resolved(path: Path) -> dict:
-    from trainer.config import resolved
+    from runledger.trainer.config import resolved
 
     return resolved(load_config(path))
 

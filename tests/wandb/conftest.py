@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ingest.wandb_io import offline_environment
+from runledger.ingest.wandb_mirror import offline_environment
 
 
 @pytest.fixture

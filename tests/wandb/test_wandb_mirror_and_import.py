@@ -10,11 +10,12 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cli.github_cmd import register
-from ingest.bus import SpoolSink
-from ingest.spool import SpoolReader
-from ingest.wandb_io import WandbImportError, WandbMirror, find_offline_runs, import_offline_run
-from schemas import Event, config_hash, decode_event
+from runledger.cli.github_cmd import register
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.spool import SpoolReader
+from runledger.ingest.wandb_import import WandbImportError, find_offline_runs, import_offline_run
+from runledger.ingest.wandb_mirror import WandbMirror
+from runledger.schemas import Event, config_hash, decode_event
 
 STEPS = 300
 CHANGE_AT = 150

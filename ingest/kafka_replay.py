@@ -17,10 +17,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ingest.kafka_config import events_topic
-from ingest.kafka_ingest import open_consumer, source_name
 from kafka import TopicPartition
-from ledger.store import CommitResult, Ledger, LedgerError, SourceRecord
+
+from runledger.ingest.kafka_config import events_topic
+from runledger.ingest.kafka_ingester import open_consumer, source_name
+from runledger.ledger.store import CommitResult, Ledger, LedgerError, SourceRecord
 
 log = logging.getLogger(__name__)
 

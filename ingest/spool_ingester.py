@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ingest.spool import SpoolReader
-from ledger.store import Ledger, SourceRecord
+from runledger.ingest.spool import SpoolReader
+from runledger.ledger.store import Ledger, SourceRecord
 
 
 @dataclass

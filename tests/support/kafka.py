@@ -2,7 +2,7 @@
 
 Importable without pytest::
 
-    from tests.kafka_support import Broker
+    from tests.support.kafka import Broker
     with Broker(dir=".kafka/mytest", port=39192) as b:
         print(b.bootstrap)      # "127.0.0.1:39192"
         b.restart()             # same data dir, same ports
@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "scripts" / "kafka.sh"
 KAFKA_HOME = REPO_ROOT / ".kafka"
 EXTERNAL_ENV = "RUNLEDGER_TEST_KAFKA_BOOTSTRAP"

@@ -29,20 +29,20 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.errors import KafkaError, KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
-from ingest.kafka_config import (
+from runledger.ingest.kafka_config import (
     BrokerUnavailableError,
     client_kwargs,
     deadletter_topic,
     describe,
     events_topic,
 )
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from ledger.store import CommitResult, Ledger, SourceRecord
-from schemas.codec import Quarantined
+from runledger.ledger.store import CommitResult, Ledger, SourceRecord
+from runledger.schemas.codec import Quarantined
 
 log = logging.getLogger(__name__)
 

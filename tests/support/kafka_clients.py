@@ -1,7 +1,6 @@
 """Helpers and fixtures for the Kafka client tests (producer, ingester, replay).
 
-Import from test modules: ``from client_fixtures import ...`` (tests/kafka is on sys.path: no
-``__init__.py`` here, see conftest.py).
+Import from test modules: ``from tests.support.kafka_clients import ...``.
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from kafka import KafkaConsumer, TopicPartition
-from ledger.query import Reader
-from ledger.tables import TABLES
-from schemas import Envelope, make_event
-from schemas.canonical import config_hash
-from schemas.payloads import (
+
+from runledger.ledger.query import Reader
+from runledger.ledger.tables import TABLES
+from runledger.schemas import Envelope, make_event
+from runledger.schemas.canonical import config_hash
+from runledger.schemas.payloads import (
     ChangeCause,
     ConfigChanged,
     MoeLayerStats,
@@ -37,7 +37,7 @@ from schemas.payloads import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-LEDGER_BIN = str(REPO / ".venv" / "bin" / "ledger")
+LEDGER_BIN = str(Path(sys.executable).parent / "ledger")  # the venv the tests run in
 SCALAR_NAMES = [f"train/s{i:02d}" for i in range(12)]  # + 8 named fields ≈ 20 scalars per step
 
 
@@ -305,7 +305,7 @@ def broker_pid(broker: Any) -> int:
 
 def produce_events(bootstrap: str, topic: str, events: Sequence[Envelope], spool: Path, **kw: Any) -> Any:
     """Send through a KafkaSink and close it; returns the (closed) sink for its stats."""
-    from ingest.kafka_producer import KafkaSink
+    from runledger.ingest.kafka_sink import KafkaSink
 
     sink = KafkaSink(bootstrap, spool, topic=topic, **kw)
     for env in events:
