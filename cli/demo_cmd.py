@@ -21,18 +21,14 @@ from runledger.cli.output import Format, console, print_rows
 DEMO_DIR = Path(".runledger/demo")
 
 
-def register(
-    app: typer.Typer, ingest_app: typer.Typer | None = None, serve_app: typer.Typer | None = None
+def demo(
+    workdir: Annotated[Path, typer.Option(help="Where the demo writes (recreated).")] = DEMO_DIR,
+    steps: Annotated[int, typer.Option(help="Training steps.")] = 200,
+    crash_at: Annotated[int, typer.Option(help="Step at which attempt 1 crashes.")] = 130,
+    change_at: Annotated[int, typer.Option(help="Step after which the config file is edited.")] = 60,
 ) -> None:
-    @app.command()
-    def demo(
-        workdir: Annotated[Path, typer.Option(help="Where the demo writes (recreated).")] = DEMO_DIR,
-        steps: Annotated[int, typer.Option(help="Training steps.")] = 200,
-        crash_at: Annotated[int, typer.Option(help="Step at which attempt 1 crashes.")] = 130,
-        change_at: Annotated[int, typer.Option(help="Step after which the config file is edited.")] = 60,
-    ) -> None:
-        """Train a tiny MoE on CPU with a live config change, a crash and a resume; fold it into a ledger."""
-        run_demo(workdir, steps=steps, crash_at=crash_at, change_at=change_at)
+    """Train a tiny MoE on CPU with a live config change, a crash and a resume; fold it into a ledger."""
+    run_demo(workdir, steps=steps, crash_at=crash_at, change_at=change_at)
 
 
 def run_demo(workdir: Path, *, steps: int, crash_at: int, change_at: int) -> Path:

@@ -1,18 +1,18 @@
-"""Kafka commands: `ledger ingest kafka`, `ledger replay`, `ledger kafka drain-spool`."""
+"""Kafka commands: `ledger replay`, `ledger kafka drain-spool`, and the options and broker error
+handling they share with `ledger ingest kafka` (in ingest_cmd)."""
 
 from __future__ import annotations
 
 import contextlib
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from runledger.cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, user_errors
+from runledger.cli.output import console, fail, user_errors
 
 BootstrapOption = Annotated[
     str | None,
@@ -61,81 +61,7 @@ def stop_on_signals(event: threading.Event) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def ingest_kafka(
-    bootstrap: BootstrapOption = None,
-    group: Annotated[str, typer.Option("--group", help="Consumer group id.")] = "runledger-ingest",
-    topic: TopicOption = None,
-    ledger: LedgerOption = DEFAULT_LEDGER,
-    until_idle: Annotated[
-        float | None,
-        typer.Option(
-            "--until-idle",
-            help="Stop after this many seconds without records on the assigned partitions.",
-            show_default=False,
-        ),
-    ] = None,
-    batch_max: Annotated[int, typer.Option("--batch-max", help="Most records per ledger commit.")] = 5000,
-    poll_ms: Annotated[int, typer.Option("--poll-ms", help="Longest wait for records per poll.")] = 200,
-    session_timeout_ms: Annotated[
-        int,
-        typer.Option(
-            "--session-timeout-ms", help="Group session timeout (a dead member's partitions move after it)."
-        ),
-    ] = 10000,
-    instance_id: Annotated[
-        str | None,
-        typer.Option(
-            "--instance-id",
-            help="Static group membership id: a restart with the same id takes its partitions back at once.",
-            show_default=False,
-        ),
-    ] = None,
-    deadletter: Annotated[
-        str | None,
-        typer.Option(
-            "--deadletter", help="Dead-letter topic. Default: <prefix>deadletter.", show_default=False
-        ),
-    ] = None,
-    no_deadletter: Annotated[
-        bool, typer.Option("--no-deadletter", help="Don't copy quarantined records to Kafka.")
-    ] = False,
-    create: Annotated[
-        bool, typer.Option("--create/--no-create", help="Create the ledger if it does not exist.")
-    ] = True,
-    connect_timeout: ConnectTimeoutOption = 15.0,
-) -> None:
-    """Consume Kafka into the ledger in a consumer group, exactly once, until SIGTERM/SIGINT."""
-    from runledger.ingest.kafka_ingester import run_ingester
-
-    stop = threading.Event()
-    started = time.monotonic()
-    with kafka_errors(), stop_on_signals(stop):
-        if not create and not (ledger / "LEDGER.json").exists():
-            raise fail(f"no ledger at {ledger} (drop --no-create to make one)")
-        stats = run_ingester(
-            ledger,
-            bootstrap,
-            group,
-            topic or None,
-            batch_max=batch_max,
-            poll_ms=poll_ms,
-            stop_event=stop,
-            idle_timeout_s=until_idle,
-            create=create,
-            deadletter=None if no_deadletter else (deadletter or ""),
-            session_timeout_ms=session_timeout_ms,
-            instance_id=instance_id,
-            connect_timeout_s=connect_timeout,
-        )
-    seconds = time.monotonic() - started
-    console.print(
-        f"ingested {stats.accepted} events ({stats.metric_values} metric values) in {stats.commits} commits "
-        f"over {seconds:.1f} s; {stats.duplicates} duplicates dropped, {stats.skipped} already held, "
-        f"{stats.quarantined} quarantined ({stats.deadlettered} dead-lettered)"
-    )
-
-
-def replay_cmd(
+def replay(
     to: Annotated[Path, typer.Option("--to", help="The new ledger to build (a new or empty directory).")],
     bootstrap: BootstrapOption = None,
     topic: TopicOption = None,
@@ -143,10 +69,12 @@ def replay_cmd(
     connect_timeout: ConnectTimeoutOption = 15.0,
 ) -> None:
     """Rebuild a ledger from the Kafka topics' beginning up to their current end."""
-    from runledger.ingest.kafka_replay import replay
+    from runledger.ingest import kafka_replay
 
     with kafka_errors():
-        stats = replay(bootstrap, to, topic or None, batch_max=batch_max, connect_timeout_s=connect_timeout)
+        stats = kafka_replay.replay(
+            bootstrap, to, topic or None, batch_max=batch_max, connect_timeout_s=connect_timeout
+        )
     rate = stats.metric_values / stats.seconds if stats.seconds else 0.0
     console.print(
         f"{'resumed' if stats.resumed else 'replayed'} {stats.records} records from {stats.partitions} "
@@ -180,14 +108,3 @@ def drain_spool(
     if left:
         raise fail(f"{before - left} of {before} events sent; {left} still in {spool} (broker unreachable?)")
     console.print(f"sent {before} spooled events to {sink.topic}")
-
-
-def register(
-    app: typer.Typer, ingest_app: typer.Typer | None = None, serve_app: typer.Typer | None = None
-) -> None:
-    if ingest_app is not None:
-        ingest_app.command("kafka")(ingest_kafka)
-    app.command("replay")(replay_cmd)
-    kafka_app = typer.Typer(help="Kafka bus utilities.", no_args_is_help=True)
-    kafka_app.command("drain-spool")(drain_spool)
-    app.add_typer(kafka_app, name="kafka")

@@ -1,26 +1,26 @@
-"""`ledger`: the command line over runledger's library. Every command here is a thin shell."""
+"""`ledger`: the command line over runledger's library. Every command here is a thin shell.
+
+Each command is a plain module-level function in a ``cli/*_cmd.py`` module; this file builds the app
+and its groups and registers every command, by name, below (and nowhere else). Listing order in
+``ledger --help`` is registration order. Shared options, output and errors are in ``cli/output.py``.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
-from datetime import datetime
-from pathlib import Path
-from typing import Annotated
 
 import typer
 
-from runledger.cli.output import (
-    DEFAULT_LEDGER,
-    Format,
-    FormatOption,
-    LedgerOption,
-    OutputOption,
-    console,
-    fail,
-    print_json,
-    print_rows,
-    user_errors,
+from runledger.cli import (
+    demo_cmd,
+    ingest_cmd,
+    kafka_cmd,
+    ledger_cmd,
+    merkle_cmd,
+    schemas_cmd,
+    serve_cmd,
+    train_cmd,
 )
 
 app = typer.Typer(
@@ -35,13 +35,14 @@ ingest_app = typer.Typer(
 )
 schemas_app = typer.Typer(help="The event catalogue.", no_args_is_help=True)
 serve_app = typer.Typer(help="Long-running receivers.", no_args_is_help=True)
-app.add_typer(ingest_app, name="ingest")
-app.add_typer(schemas_app, name="schemas")
-app.add_typer(serve_app, name="serve")
+kafka_app = typer.Typer(help="Kafka bus utilities.", no_args_is_help=True)
+keys_app = typer.Typer(help="The Ed25519 key pair that signs log checkpoints.", no_args_is_help=True)
+prove_app = typer.Typer(
+    help="Proofs anyone can check with `python -m runledger.ledger.verifier`.", no_args_is_help=True
+)
 
 
-@app.callback()
-def _configure_logging() -> None:
+def configure_logging() -> None:
     # Long-running commands (ingesters, receivers) log through `logging`; RUNLEDGER_LOG_LEVEL
     # (e.g. INFO, DEBUG) shows it, kafka-python's own group and fetch logs included.
     level = os.environ.get("RUNLEDGER_LOG_LEVEL")
@@ -51,240 +52,49 @@ def _configure_logging() -> None:
         )
 
 
-def _reader(ledger: Path):
-    from runledger.ledger.query import Reader
+app.callback()(configure_logging)
 
-    return Reader(ledger)
+# -- every command ---------------------------------------------------------------------------------
 
+# Reading the ledger.
+app.command("query")(ledger_cmd.query)
+app.command("runs")(ledger_cmd.runs)
+app.command("history")(ledger_cmd.history)
+app.command("state")(ledger_cmd.state)
+app.command("diff")(ledger_cmd.diff)
+app.command("blame")(ledger_cmd.blame)
+app.command("compact")(ledger_cmd.compact)
+app.command("views")(ledger_cmd.views)
+# Producing and rebuilding.
+app.command("train")(train_cmd.train)
+app.command("replay")(kafka_cmd.replay)
+# Tamper evidence (a "checkpoint" here is a signed log checkpoint, not a model checkpoint).
+app.command("checkpoint")(merkle_cmd.checkpoint)
+app.command("verify")(merkle_cmd.verify)
+app.command("demo")(demo_cmd.demo)
 
-@app.command()
-def query(
-    sql: Annotated[str, typer.Argument(help="SQL over the ledger's views (read-only).")],
-    ledger: LedgerOption = DEFAULT_LEDGER,
-    fmt: FormatOption = Format.table,
-    output: OutputOption = None,
-) -> None:
-    """Run SQL over the ledger's views. Statements that would write are refused."""
-    with user_errors():
-        result = _reader(ledger).sql(sql)
-    print_rows(result.columns, result.rows, fmt, output)
+app.add_typer(ingest_app, name="ingest")
+ingest_app.command("spool")(ingest_cmd.ingest_spool)
+ingest_app.command("kafka")(ingest_cmd.ingest_kafka)
+ingest_app.command("github")(ingest_cmd.ingest_github)
+ingest_app.command("wandb")(ingest_cmd.ingest_wandb)
 
+app.add_typer(schemas_app, name="schemas")
+schemas_app.command("export")(schemas_cmd.export_schemas)
+schemas_app.command("list")(schemas_cmd.list_schemas)
 
-@app.command()
-def runs(
-    ledger: LedgerOption = DEFAULT_LEDGER, fmt: FormatOption = Format.table, output: OutputOption = None
-) -> None:
-    """List the runs in the ledger."""
-    with user_errors():
-        result = _reader(ledger).runs()
-    print_rows(result.columns, result.rows, fmt, output, title="runs")
+app.add_typer(serve_app, name="serve")
+serve_app.command("webhooks")(serve_cmd.serve_webhooks)
 
+app.add_typer(kafka_app, name="kafka")
+kafka_app.command("drain-spool")(kafka_cmd.drain_spool)
 
-@app.command()
-def history(
-    run: Annotated[str, typer.Argument(help="Run id.")],
-    ledger: LedgerOption = DEFAULT_LEDGER,
-    fmt: FormatOption = Format.table,
-    output: OutputOption = None,
-) -> None:
-    """The run's story in order: launches, config changes, checkpoints, crashes, GitHub events."""
-    with user_errors():
-        items = _reader(ledger).history(run)
-    rows = [(i.time, i.step, i.attempt, i.kind, i.text) for i in items]
-    print_rows(["time", "step", "attempt", "kind", "what"], rows, fmt, output, title=f"history of {run}")
+app.add_typer(keys_app, name="keys")
+keys_app.command("init")(merkle_cmd.keys_init)
 
-
-@app.command()
-def state(
-    run: Annotated[str, typer.Argument(help="Run id.")],
-    step: Annotated[int | None, typer.Option("--step", help="Training step.")] = None,
-    at: Annotated[
-        datetime | None, typer.Option("--at", help="Wall-clock time (ISO 8601, UTC if no offset).")
-    ] = None,
-    ledger: LedgerOption = DEFAULT_LEDGER,
-    fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json.")] = Format.table,
-    output: OutputOption = None,
-) -> None:
-    """The run's state at a step or a time: config, commit, attempt, last checkpoint, crashes so far."""
-    if step is not None and at is not None:
-        raise fail("give --step or --at, not both", 2)
-    if at is not None and at.tzinfo is None:
-        from datetime import UTC
-
-        at = at.replace(tzinfo=UTC)
-    with user_errors():
-        result = _reader(ledger).state(run, step=step, at=at)
-    if fmt == Format.json:
-        print_json(result.to_dict(), output)
-        return
-    if fmt != Format.table:
-        raise fail("state prints as table or json", 2)
-    console.print(f"[bold]{run}[/] at step {result.step} (attempt {result.attempt})")
-    console.print(f"  commit: {result.git_commit}{' (dirty)' if result.git_dirty else ''}")
-    console.print(f"  config hash: {result.config_hash}")
-    ckpt = result.last_checkpoint
-    where = f"step {ckpt['step']} ({ckpt['path']})" if ckpt else "none"
-    console.print(f"  last checkpoint: {where}")
-    console.print(
-        f"  crashes so far: {len(result.crashes)}; config changes so far: {len(result.config_changes)}"
-    )
-    console.print(f"  GitHub events so far: {len(result.github)}")
-    rows = sorted(_flatten(result.config).items())
-    print_rows(["key", "value"], rows, Format.table, None, title="config")
-
-
-@app.command()
-def diff(
-    run: Annotated[str, typer.Argument(help="Run id.")],
-    from_step: Annotated[int, typer.Option("--from-step", help="Earlier step.")],
-    to_step: Annotated[int, typer.Option("--to-step", help="Later step.")],
-    ledger: LedgerOption = DEFAULT_LEDGER,
-    fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json.")] = Format.table,
-    output: OutputOption = None,
-) -> None:
-    """Config diff between two steps, and everything that happened between them."""
-    with user_errors():
-        result = _reader(ledger).diff(run, from_step, to_step)
-    if fmt == Format.json:
-        print_json(result, output)
-        return
-    console.print(
-        f"[bold]{run}[/] step {from_step} (attempt {result['from']['attempt']}) → "
-        f"step {to_step} (attempt {result['to']['attempt']})"
-    )
-    rows = [(op["op"], op["path"], op.get("value")) for op in result["config_patch"]]
-    print_rows(["op", "path", "value"], rows, Format.table, None, title="config diff")
-    rows = [(i.time, i.step, i.attempt, i.kind, i.text) for i in result["events"]]
-    print_rows(["time", "step", "attempt", "kind", "what"], rows, Format.table, None, title="in between")
-
-
-@app.command()
-def blame(
-    run: Annotated[str, typer.Argument(help="Run id.")],
-    key: Annotated[str, typer.Argument(help="Dotted config key, e.g. moe.capacity_factor.")],
-    step: Annotated[int | None, typer.Option("--step", help="Step (default: the last).")] = None,
-    ledger: LedgerOption = DEFAULT_LEDGER,
-    fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json.")] = Format.table,
-    output: OutputOption = None,
-) -> None:
-    """Which change set a config key's value live at a step, and the commit/PR/person behind it."""
-    with user_errors():
-        result = _reader(ledger).blame(run, key, step)
-    if fmt == Format.json:
-        print_json(result, output)
-        return
-    s = result["set_by"]
-    cause = s["cause"] or {}
-    who = f" by {cause['actor']}" if cause.get("actor") else ""
-    how = f" ({cause.get('kind')}{': ' + cause['detail'] if cause.get('detail') else ''})" if cause else ""
-    console.print(f"{key} = {result['value']!r} at step {result['step']} of {run}")
-    console.print(f"  set by {s['kind']} at step {s['step']} (attempt {s['attempt']}, {s['time']}){who}{how}")
-    title = f" “{result['commit_title']}”" if result.get("commit_title") else ""
-    console.print(
-        f"  code: {result['commit'] or 'unknown'}{' (dirty)' if result['git_dirty'] else ''}{title}"
-    )
-    if result.get("person"):
-        console.print(f"  person: {result['person']}")
-    for pr in result["pull_requests"]:
-        state = f"merged {pr['merged_at']}" if pr["merged"] else pr["state"]
-        how = "merge commit" if pr["relation"] == "merge_commit" else "head commit"
-        console.print(f"  PR {pr['repo']}#{pr['number']} {pr['title']!r} by {pr['author']} ({state}; {how})")
-
-
-@app.command()
-def compact(ledger: LedgerOption = DEFAULT_LEDGER) -> None:
-    """Merge each partition's small Parquet files into one (answers do not change)."""
-    from runledger.ledger.store import Ledger
-
-    with user_errors():
-        result = Ledger.open(ledger).compact()
-    console.print(f"merged {result['merged_partitions']} partitions, removed {result['removed_files']} files")
-
-
-@app.command()
-def views(ledger: LedgerOption = DEFAULT_LEDGER) -> None:
-    """Write <ledger>/views.sql: the views, for `duckdb -init <ledger>/views.sql` without runledger."""
-    from runledger.ledger.store import Ledger
-    from runledger.ledger.views import write_views_file
-
-    with user_errors():
-        path = write_views_file(Ledger.open(ledger).root)
-    console.print(f"wrote {path}")
-
-
-@ingest_app.command("spool")
-def ingest_spool_cmd(
-    spool: Annotated[Path, typer.Option("--spool", envvar="RUNLEDGER_SPOOL", help="Spool directory.")] = Path(
-        ".runledger/spool"
-    ),
-    ledger: LedgerOption = DEFAULT_LEDGER,
-    batch_size: Annotated[int, typer.Option(help="Events per commit.")] = 5000,
-) -> None:
-    """Fold the embedded spool into the ledger (exactly once; safe to repeat)."""
-    from runledger.ingest.spool_ingester import ingest_spool
-    from runledger.ledger.store import Ledger
-
-    with user_errors():
-        if not spool.is_dir():
-            raise fail(f"no spool at {spool}")
-        stats = ingest_spool(Ledger.create(ledger), spool, batch_size=batch_size)
-    console.print(
-        f"ingested {stats.accepted} events ({stats.metric_values} metric values) in {stats.commits} commits; "
-        f"{stats.duplicates} duplicates dropped, {stats.quarantined} quarantined"
-    )
-
-
-@schemas_app.command("export")
-def schemas_export(
-    directory: Annotated[Path, typer.Argument(help="Where to write the JSON Schemas.")],
-) -> None:
-    """Write one JSON Schema per event type and version, for producers in other languages."""
-    from runledger.schemas.codec import export_json_schemas
-
-    with user_errors():
-        written = export_json_schemas(directory)
-    console.print(f"wrote {len(written)} schemas to {directory}")
-
-
-@schemas_app.command("list")
-def schemas_list(fmt: FormatOption = Format.table, output: OutputOption = None) -> None:
-    """The event types, their versions and what each records."""
-    from runledger.schemas import CATALOGUE
-
-    rows = [(t.name, ", ".join(map(str, sorted(t.versions))), t.doc) for t in CATALOGUE.values()]
-    print_rows(["type", "versions", "what"], rows, fmt, output, title="event catalogue")
-
-
-def _flatten(value: object, prefix: str = "") -> dict[str, object]:
-    if isinstance(value, dict):
-        out: dict[str, object] = {}
-        for k, v in value.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: value}
-
-
-def _register_extensions() -> None:
-    """Commands that live beside their subsystem (trainer, Kafka, GitHub/W&B, Merkle)."""
-    import importlib
-
-    for name in (
-        "runledger.cli.train_cmd",
-        "runledger.cli.kafka_cmd",
-        "runledger.cli.github_cmd",
-        "runledger.cli.merkle_cmd",
-        "runledger.cli.demo_cmd",
-    ):
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        module.register(app, ingest_app=ingest_app, serve_app=serve_app)
-
-
-_register_extensions()
+app.add_typer(prove_app, name="prove")
+prove_app.command("inclusion")(merkle_cmd.prove_inclusion)
+prove_app.command("consistency")(merkle_cmd.prove_consistency)
 
 
 if __name__ == "__main__":

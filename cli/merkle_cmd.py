@@ -1,4 +1,8 @@
-"""Tamper-evidence commands: keys, checkpoint, verify, prove."""
+"""Tamper-evidence commands: `ledger keys init`, `checkpoint`, `verify`, `prove inclusion|consistency`.
+
+A "checkpoint" here is a log checkpoint: a signed tree head (C2SP tlog-checkpoint in a signed note,
+``runledger.ledger.log_checkpoint``) of one event stream's Merkle tree, not a model checkpoint.
+"""
 
 from __future__ import annotations
 
@@ -29,92 +33,84 @@ def _read_key(keys: Path, suffix: str) -> str:
     return found[0].read_text().strip()
 
 
-def register(
-    app: typer.Typer, ingest_app: typer.Typer | None = None, serve_app: typer.Typer | None = None
+def keys_init(
+    name: Annotated[str, typer.Option(help="Key name (appears in signature lines).")] = "runledger",
+    keys: KeyDir = DEFAULT_KEYS,
 ) -> None:
-    keys_app = typer.Typer(help="The Ed25519 key pair that signs checkpoints.", no_args_is_help=True)
-    prove_app = typer.Typer(
-        help="Proofs anyone can check with `python -m runledger.ledger.verifier`.", no_args_is_help=True
+    """Create a key pair: NAME.key (owner-only, never printed) and NAME.pub (publish it)."""
+    from runledger.ledger.log_checkpoint import write_keypair
+
+    with user_errors():
+        try:
+            private, public = write_keypair(keys, name)
+        except FileExistsError:
+            raise fail(f"a key named {name} already exists in {keys}") from None
+    console.print(f"private key: {private} (mode {oct(os.stat(private).st_mode & 0o777)})")
+    console.print(f"public key:  {public}")
+
+
+def checkpoint(ledger: LedgerOption = DEFAULT_LEDGER, keys: KeyDir = DEFAULT_KEYS) -> None:
+    """Sign a log checkpoint of each stream's current size and root (publish the files under <ledger>/_checkpoints)."""
+    from runledger.ledger.integrity import sign_checkpoints
+
+    with user_errors():
+        written = sign_checkpoints(ledger, _read_key(keys, ".key"))
+    console.print(f"signed {len(written)} stream checkpoints in {ledger / '_checkpoints'}")
+
+
+def verify(
+    ledger: LedgerOption = DEFAULT_LEDGER,
+    keys: KeyDir = DEFAULT_KEYS,
+    public_key: Annotated[
+        Path | None, typer.Option("--public-key", help="Public key file (the log checkpoints' signer).")
+    ] = None,
+) -> None:
+    """Check the whole ledger against its Merkle trees and latest log checkpoints; name every bad event."""
+    from runledger.ledger.integrity import verify_ledger
+
+    with user_errors():
+        key = public_key.read_text().strip() if public_key else None
+        if key is None and keys.is_dir() and list(keys.glob("*.pub")):
+            key = _read_key(keys, ".pub")
+        report = verify_ledger(ledger, key)
+    for problem in report.problems:
+        console.print(problem.line(), highlight=False, markup=False)
+    status = "OK" if report.ok else f"FAILED ({len(report.problems)} problems)"
+    console.print(
+        f"{status}: {report.streams} streams, {report.events} events, "
+        f"{report.checkpoints} signed checkpoints checked"
     )
-    app.add_typer(keys_app, name="keys")
-    app.add_typer(prove_app, name="prove")
+    if not report.ok:
+        raise typer.Exit(1)
 
-    @keys_app.command("init")
-    def keys_init(
-        name: Annotated[str, typer.Option(help="Key name (appears in signature lines).")] = "runledger",
-        keys: KeyDir = DEFAULT_KEYS,
-    ) -> None:
-        """Create a key pair: NAME.key (owner-only, never printed) and NAME.pub (publish it)."""
-        from runledger.ledger.log_checkpoint import write_keypair
 
-        with user_errors():
-            try:
-                private, public = write_keypair(keys, name)
-            except FileExistsError:
-                raise fail(f"a key named {name} already exists in {keys}") from None
-        console.print(f"private key: {private} (mode {oct(os.stat(private).st_mode & 0o777)})")
-        console.print(f"public key:  {public}")
+def prove_inclusion(
+    event_id: Annotated[str, typer.Argument(help="The event's id.")],
+    source: Annotated[str | None, typer.Option(help="The event's source, if ids repeat.")] = None,
+    ledger: LedgerOption = DEFAULT_LEDGER,
+    output: OutputOption = None,
+) -> None:
+    """Inclusion proof of one event in its stream's tree at the latest log checkpoint (RFC 6962 shape)."""
+    from runledger.ledger.integrity import prove_inclusion as prove
 
-    @app.command()
-    def checkpoint(ledger: LedgerOption = DEFAULT_LEDGER, keys: KeyDir = DEFAULT_KEYS) -> None:
-        """Sign each stream's current size and root (publish the files under <ledger>/_checkpoints)."""
-        from runledger.ledger.integrity import sign_checkpoints
+    with user_errors():
+        doc = prove(ledger, event_id, source)
+    print_json(doc, output)
 
-        with user_errors():
-            written = sign_checkpoints(ledger, _read_key(keys, ".key"))
-        console.print(f"signed {len(written)} stream checkpoints in {ledger / '_checkpoints'}")
 
-    @app.command()
-    def verify(
-        ledger: LedgerOption = DEFAULT_LEDGER,
-        keys: KeyDir = DEFAULT_KEYS,
-        public_key: Annotated[Path | None, typer.Option("--public-key", help="Public key file.")] = None,
-    ) -> None:
-        """Check the whole ledger against its Merkle trees and latest checkpoints; name every bad event."""
-        from runledger.ledger.integrity import verify_ledger
+def prove_consistency(
+    stream: Annotated[str, typer.Argument(help="Stream (run id or owner/repo).")],
+    from_size: Annotated[int, typer.Option("--from", help="The earlier tree size.")],
+    to_size: Annotated[
+        int | None,
+        typer.Option("--to", help="The later size (default: the latest log checkpoint's, else the tree's)."),
+    ] = None,
+    ledger: LedgerOption = DEFAULT_LEDGER,
+    output: OutputOption = None,
+) -> None:
+    """Consistency proof between two sizes of a stream's tree (RFC 6962 shape)."""
+    from runledger.ledger.integrity import prove_consistency as prove
 
-        with user_errors():
-            key = public_key.read_text().strip() if public_key else None
-            if key is None and keys.is_dir() and list(keys.glob("*.pub")):
-                key = _read_key(keys, ".pub")
-            report = verify_ledger(ledger, key)
-        for problem in report.problems:
-            console.print(problem.line(), highlight=False, markup=False)
-        status = "OK" if report.ok else f"FAILED ({len(report.problems)} problems)"
-        console.print(
-            f"{status}: {report.streams} streams, {report.events} events, "
-            f"{report.checkpoints} signed checkpoints checked"
-        )
-        if not report.ok:
-            raise typer.Exit(1)
-
-    @prove_app.command("inclusion")
-    def prove_inclusion(
-        event_id: Annotated[str, typer.Argument(help="The event's id.")],
-        source: Annotated[str | None, typer.Option(help="The event's source, if ids repeat.")] = None,
-        ledger: LedgerOption = DEFAULT_LEDGER,
-        output: OutputOption = None,
-    ) -> None:
-        """Inclusion proof of one event in its stream's tree at the latest checkpoint (RFC 6962 shape)."""
-        from runledger.ledger.integrity import prove_inclusion as prove
-
-        with user_errors():
-            doc = prove(ledger, event_id, source)
-        print_json(doc, output)
-
-    @prove_app.command("consistency")
-    def prove_consistency(
-        stream: Annotated[str, typer.Argument(help="Stream (run id or owner/repo).")],
-        from_size: Annotated[int, typer.Option("--from", help="The earlier tree size.")],
-        to_size: Annotated[
-            int | None, typer.Option("--to", help="The later size (default: checkpoint).")
-        ] = None,
-        ledger: LedgerOption = DEFAULT_LEDGER,
-        output: OutputOption = None,
-    ) -> None:
-        """Consistency proof between two sizes of a stream's tree (RFC 6962 shape)."""
-        from runledger.ledger.integrity import prove_consistency as prove
-
-        with user_errors():
-            doc = prove(ledger, stream, from_size, to_size)
-        print_json(doc, output)
+    with user_errors():
+        doc = prove(ledger, stream, from_size, to_size)
+    print_json(doc, output)

@@ -1,4 +1,5 @@
-"""Output options shared by every command that prints rows: table, csv, json, parquet."""
+"""What every command shares: its options (--ledger, --spool, --format, --output), its output (rows as
+table, csv, json or parquet; documents as JSON) and its one error path (``fail``, ``user_errors``)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from runledger.ledger.store import LedgerError
-
 DEFAULT_LEDGER = Path(".runledger/ledger")
 
 
@@ -40,6 +39,13 @@ FormatOption = Annotated[Format, typer.Option("--format", "-f", help="Output for
 OutputOption = Annotated[
     Path | None, typer.Option("--output", "-o", help="Write to this file (required for parquet).")
 ]
+# Where a producer command (ingest github/wandb, serve webhooks) puts its events: see ingest.bus.open_sink.
+SpoolOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--spool", help="Spool directory the events go to (default: $RUNLEDGER_SPOOL or .runledger/spool)."
+    ),
+]
 
 # Wide enough for history rows when output is not a terminal (pipes, CI logs).
 console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
@@ -47,7 +53,11 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    """Print one clear line on stderr; the caller raises the returned Exit."""
+    """Print one clear line on stderr; the caller raises the returned Exit.
+
+    The one way a command reports a mistake: ``raise fail("...")`` (exit 1), ``raise fail("...", 2)``
+    for a usage mistake; ``user_errors()`` routes the library's own user errors here.
+    """
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
     return typer.Exit(code)
 
@@ -55,6 +65,8 @@ def fail(message: str, code: int = 1) -> typer.Exit:
 @contextmanager
 def user_errors() -> Iterator[None]:
     """Turn the mistakes a user can make into one line and a non-zero exit, never a traceback."""
+    from runledger.ledger.store import LedgerError  # here, not at the top: pyarrow is slow to import
+
     try:
         yield
     except LedgerError as exc:
@@ -119,6 +131,7 @@ def print_rows(
 
 
 def print_json(value: Any, output: Path | None = None) -> None:
+    """The one way a command prints a JSON document (stats, a state, a proof): indented, to stdout or --output."""
     _write_text(
         msgspec.json.format(msgspec.json.encode(value, enc_hook=str), indent=2).decode() + "\n", output
     )

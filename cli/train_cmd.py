@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
-console = Console(stderr=True, soft_wrap=True)
+# Progress and the summary go to stderr; errors through `fail`, as in every command.
+from runledger.cli.output import err_console, fail
 
 
-def train_command(
+def train(
     config: Annotated[
         Path, typer.Argument(help="TOML config; watched for live changes.", exists=True, dir_okay=False)
     ],
@@ -73,13 +73,12 @@ def train_command(
     ] = None,
 ) -> None:
     """Train a Megatron-Core MoE GPT; record its launch, metrics, changes, checkpoints and crashes."""
+    from runledger.trainer import loop
     from runledger.trainer.config import ConfigError
-    from runledger.trainer.loop import train
     from runledger.trainer.telemetry import StepReport, open_rank_sink
 
     if step is not None and not resume:
-        console.print("[bold red]error:[/] a checkpoint STEP needs --resume", highlight=False)
-        raise typer.Exit(2)
+        raise fail("a checkpoint STEP needs --resume", 2)
     extra = list(overrides or [])
     if steps is not None:
         extra.append(f"run.steps={steps}")
@@ -96,7 +95,7 @@ def train_command(
     def show(report: StepReport) -> None:
         if log_every and report.step % log_every == 0:
             drop = report.token_drop_rate
-            console.print(
+            err_console.print(
                 f"step {report.step:>6}  loss {report.loss:7.4f}  lr {report.lr:.2e}  "
                 f"drop {'-' if drop is None else f'{100 * drop:5.2f}%'}  "
                 f"tok/s {report.tokens_per_second:9.0f}  mfu {report.mfu:6.2f}%  "
@@ -105,7 +104,7 @@ def train_command(
             )
 
     try:
-        result = train(
+        result = loop.train(
             config,
             sink,
             overrides=extra,
@@ -115,8 +114,7 @@ def train_command(
             mirror=mirror,
         )
     except ConfigError as exc:
-        console.print(f"[bold red]error:[/] {exc}", highlight=False)
-        raise typer.Exit(2) from None
+        raise fail(str(exc), 2) from None
     finally:
         sink.close()
         if "WORLD_SIZE" in os.environ:  # under torchrun: leave the process group cleanly
@@ -131,7 +129,7 @@ def train_command(
         summary += f"\n{result.crash.kind}: {result.crash.message}"
     if mirror is not None:
         summary += "\n" + _wandb_line(result.external)
-    console.print(summary, highlight=False, markup=False)
+    err_console.print(summary, highlight=False, markup=False)
     raise typer.Exit(result.exit_code)
 
 
@@ -148,12 +146,7 @@ def _resume_value(value: str) -> Any:
     return int(value) if value.isdigit() else Path(value)
 
 
-def register(app: typer.Typer, **_: typer.Typer) -> None:
-    """Add ``train`` to the ``ledger`` app (other sub-apps are passed by keyword and unused)."""
-    app.command("train")(train_command)
-
-
-if __name__ == "__main__":
-    _app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    register(_app)
-    _app()
+if __name__ == "__main__":  # what torchrun launches: this one command, without the rest of the CLI
+    standalone = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    standalone.command("train")(train)
+    standalone()

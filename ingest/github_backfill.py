@@ -33,8 +33,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -49,6 +47,7 @@ from github.GithubObject import GithubObject
 from urllib3 import Retry
 from urllib3.response import BaseHTTPResponse
 
+from runledger.durable import write_durably
 from runledger.ingest.bus import EventSink
 from runledger.ingest.github_events import (
     CURSOR_KIND_OF_TYPE,
@@ -104,7 +103,7 @@ class MemoryCursorStore:
 class JsonCursorStore:
     """``{"version": 1, "repos": {"owner/name": {"issues": "2024-03-01T10:00:00Z", …}}}``.
 
-    Replaced atomically (temporary file, fsync, rename) on every ``set``.
+    Replaced atomically and durably (``runledger.durable.write_durably``) on every ``set``.
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -128,17 +127,7 @@ class JsonCursorStore:
     def _write(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps({"version": 1, "repos": self._repos}, indent=2, sort_keys=True) + "\n"
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
-        try:
-            with os.fdopen(fd, "w") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        write_durably(self.path, text, mode=0o600)  # 0600: the mode it always had (from mkstemp)
 
 
 def default_cursor_file(spool_dir: str | Path) -> Path:

@@ -54,6 +54,7 @@ from kafka import KafkaProducer
 from kafka import codec as kafka_codec
 from kafka.errors import KafkaError
 
+from runledger.durable import write_durably
 from runledger.ingest.kafka_config import client_kwargs, events_topic
 from runledger.ingest.spool import SpoolReader, SpoolRecord, SpoolWriter
 from runledger.schemas import Envelope, encode_event
@@ -557,12 +558,8 @@ class KafkaSink:
         with self._save_lock:
             if position <= self._saved:
                 return
-            path = self._drained_path()
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text(json.dumps({"spool_id": self._writer.id, "next": position, "topic": self.topic}))
-            with open(tmp, "rb") as handle:
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
+            state = {"spool_id": self._writer.id, "next": position, "topic": self.topic}
+            write_durably(self._drained_path(), json.dumps(state))
             self._saved = position
         # Segments whose every record is acked go (never the one being written).
         bases = sorted(int(p.stem) for p in self.spool_dir.glob("*.seg") if p.stem.isdigit())

@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from runledger.durable import fsync_dir, write_durably
+
 MAGIC = b"RLSPOOL1"
 HEADER = struct.Struct("<II")
 MAX_RECORD = 64 * 1024 * 1024
@@ -56,11 +58,9 @@ def spool_id(directory: Path) -> str:
     try:
         return path.read_text().strip()
     except FileNotFoundError:
-        tmp = directory / f".spool.id.{os.getpid()}"
-        tmp.write_text(uuid.uuid4().hex + "\n")
         with contextlib.suppress(FileExistsError):
-            os.link(tmp, path)  # atomic create-if-absent: two first writers agree on one id
-        tmp.unlink()
+            # Atomic create-if-absent: two first writers agree on one id.
+            write_durably(path, uuid.uuid4().hex + "\n", exclusive=True)
         return path.read_text().strip()
 
 
@@ -161,7 +161,7 @@ class SpoolWriter:
         self._segment_base = base
         self._segment_size = len(MAGIC)
         self.sync()
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
 
     def append(self, payload: bytes) -> int:
         """Append one record; returns its index. Durable within ``fsync_interval_s``."""
@@ -246,11 +246,3 @@ class SpoolReader:
                         yield SpoolRecord(index, payload, None, base, offset)
                     produced += 1
                 index += 1
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import jsonpatch
 import msgspec
 
+from runledger.ledger.config_patch import apply_config_patch
 from runledger.schemas import Envelope
 from runledger.schemas import catalogue as c
 from runledger.schemas.canonical import config_hash
@@ -156,7 +156,7 @@ def fold_run(
             cut_time = e.time
         d = e.data
         if e.type == c.CONFIG_CHANGED and in_live:
-            config = jsonpatch.apply_patch(config, msgspec.to_builtins(d.patch))
+            config = apply_config_patch(config, d.patch)  # a patch that does not apply raises
             state.config_changes.append(_change(e, accepted=True))
         elif e.type == c.CONFIG_REJECTED and (in_live or in_past):
             state.config_changes.append(_change(e, accepted=False))

@@ -25,11 +25,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from runledger.durable import write_durably
 from runledger.ledger import verifier
 from runledger.ledger.log_checkpoint import parse_and_verify_checkpoint, parse_private_key, sign_checkpoint
 from runledger.ledger.merkle import CompactRange, MerkleTree, leaf_hash, root_from_leaf_hashes
+from runledger.ledger.parquet_schemas import TABLES
+from runledger.ledger.projectors import FoldState, RowBuffer, rows_for_event
 from runledger.ledger.store import Ledger, LedgerError
-from runledger.ledger.tables import TABLES, FoldState, RowBuffer, rows_for_event
 from runledger.schemas import Event, decode_event
 
 CHECKPOINTS = "_checkpoints"
@@ -291,8 +293,8 @@ def sign_checkpoints(root: str | Path, private_key: str) -> list[Path]:
         latest = checkpoint_path(ledger.root, stream)
         history = latest.with_suffix("") / f"{head.size:012d}.txt"
         history.parent.mkdir(parents=True, exist_ok=True)
-        history.write_text(text)
-        latest.write_text(text)
+        write_durably(history, text)
+        write_durably(latest, text)
         written.append(latest)
     return written
 

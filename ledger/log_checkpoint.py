@@ -32,6 +32,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from runledger.durable import write_durably
+
 __all__ = [
     "Checkpoint",
     "CheckpointError",
@@ -152,8 +154,10 @@ def generate_keypair(name: str) -> tuple[str, str]:
 def write_keypair(directory: str | os.PathLike[str], name: str, stem: str | None = None) -> tuple[Path, Path]:
     """Generate a key pair and write ``<stem>.key`` (mode 0600) and ``<stem>.pub`` in ``directory``.
 
-    The private file is created with O_EXCL and mode 0o600 in a single open(), so there is no window
-    in which it exists with wider permissions, and an existing key is never overwritten.
+    Both are written with ``runledger.durable.write_durably(..., exclusive=True)``: the private file's
+    temporary file is created with O_EXCL and mode 0o600 in a single open() (no window in which the
+    key exists with wider permissions), and the finished file is linked into place only if no file
+    of that name exists, so an existing key is never overwritten, nor a key left half written.
     ``stem`` defaults to the key name with unsafe filename characters replaced by '_'.
     Returns (private_path, public_path).
     """
@@ -165,12 +169,9 @@ def write_keypair(directory: str | os.PathLike[str], name: str, stem: str | None
     public_path = directory / f"{stem}.pub"
     if public_path.exists():
         raise FileExistsError(f"{public_path} already exists; refusing to overwrite a key")
-    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with os.fdopen(fd, "w", encoding="ascii") as fh:
-        fh.write(skey + "\n")
-    fd = os.open(public_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    with os.fdopen(fd, "w", encoding="ascii") as fh:
-        fh.write(vkey + "\n")
+    private_bytes, public_bytes = (skey + "\n").encode("ascii"), (vkey + "\n").encode("ascii")
+    write_durably(private_path, private_bytes, mode=0o600, exclusive=True)
+    write_durably(public_path, public_bytes, mode=0o644, exclusive=True)
     return private_path, public_path
 
 

@@ -17,6 +17,7 @@ import jsonpatch
 import jsonpointer
 import msgspec
 
+from runledger.ledger.config_patch import ConfigPatchError, apply_config_patch
 from runledger.ledger.fold import STATE_TYPES, RunState, attempts_of, fold_run
 from runledger.ledger.store import Ledger, LedgerError
 from runledger.ledger.views import connect
@@ -358,10 +359,9 @@ def _config_after(e: Envelope, config: dict[str, Any] | None) -> dict[str, Any] 
     if e.type in (c.RUN_STARTED, c.RUN_RESUMED):
         return e.data.config
     if e.type == c.CONFIG_CHANGED and config is not None:
-        ops = [msgspec.to_builtins(op) for op in e.data.patch]
         try:
-            return jsonpatch.apply_patch(config, ops)
-        except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException):
+            return apply_config_patch(config, e.data.patch)
+        except ConfigPatchError:
             return config  # the fold reports a patch that does not apply; the story goes on
     return config
 

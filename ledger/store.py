@@ -25,7 +25,6 @@ import contextlib
 import fcntl
 import json
 import os
-import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -37,8 +36,10 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from runledger.durable import fsync_dir, write_durably
 from runledger.ledger.merkle import CompactRange, leaf_hash
-from runledger.ledger.tables import TABLES, FoldState, RowBuffer, rows_for_event
+from runledger.ledger.parquet_schemas import TABLES
+from runledger.ledger.projectors import FoldState, RowBuffer, rows_for_event
 from runledger.schemas.codec import Event, Quarantined, decode_event
 
 FORMAT = {"format": "runledger-ledger", "version": 1}
@@ -110,7 +111,7 @@ class Ledger:
             (root / COMMITS).mkdir(exist_ok=True)
             for table in TABLES.values():
                 _write_empty(root, table.name)
-            _atomic_write(marker, json.dumps(FORMAT | {"id": uuid.uuid4().hex[:16]}).encode())
+            write_durably(marker, json.dumps(FORMAT | {"id": uuid.uuid4().hex[:16]}))
         return cls.open(root)
 
     @classmethod
@@ -224,10 +225,19 @@ class Ledger:
                 if not final.exists() and tmp.exists():
                     os.replace(tmp, final)
         if not self._swept:  # strays from writers that died before their commit point
-            for tmp in self.root.rglob("*.tmp"):
+            for tmp in self._own_tmp_files():
                 if tmp not in listed:
                     tmp.unlink(missing_ok=True)
             self._swept = True
+
+    def _own_tmp_files(self) -> Iterator[Path]:
+        """Temporary files of the ledger's own writes: table files, commit records, the format marker.
+        Not those of ``views.sql`` or signed checkpoints, written beside a live ledger without the
+        writer lock (sweeping them could pull a file from under its writer's rename)."""
+        for table in TABLES:
+            yield from (self.root / table).rglob("*.tmp")
+        yield from (self.root / COMMITS).glob("*.tmp")
+        yield from self.root.glob(".LEDGER.json.*.tmp")
 
     def commit(self, records: Sequence[SourceRecord], *, writer: str = "") -> CommitResult:
         """Validate, deduplicate and append records in one atomic commit. Idempotent per position."""
@@ -306,7 +316,7 @@ class Ledger:
                     "quarantined": len(result.quarantined),
                 },
             }
-            _atomic_write(self.root / COMMITS / f"{number:010d}.json", json.dumps(record_json).encode())
+            write_durably(self.root / COMMITS / f"{number:010d}.json", json.dumps(record_json))
         except BaseException:
             for key in new_ids:
                 seen.discard(key)
@@ -315,7 +325,7 @@ class Ledger:
         for rel in files:
             final = self.root / rel
             os.replace(final.with_name(final.name + ".tmp"), final)
-        _fsync_dirs({(self.root / rel).parent for rel in files})
+        _fsync_dirs(self.root, files)
         self._last_commit = self._folded_commit = number
         self._positions = positions
         self._streams = streams
@@ -331,11 +341,9 @@ class Ledger:
             rel = f"{table}/{TABLES[table].partition}={partition or '_'}/part-{number:010d}-{i:03d}.parquet"
             final = self.root / rel
             final.parent.mkdir(parents=True, exist_ok=True)
-            tmp = final.with_name(final.name + ".tmp")
-            pq.write_table(data, tmp, compression="zstd")
-            with open(tmp, "rb+") as handle:
-                os.fsync(handle.fileno())
+            _write_part(data, final.with_name(final.name + ".tmp"))
             files.append(rel)
+        _fsync_dirs(self.root, files)  # the tmp files' entries too, before the commit point
         return files
 
     # ----------------------------------------------------------------- compaction
@@ -358,13 +366,13 @@ class Ledger:
                     rel = str(
                         (partition_dir / f"part-{number:010d}-c{merged:03d}.parquet").relative_to(self.root)
                     )
-                    tmp = self.root / (rel + ".tmp")
-                    pq.write_table(data, tmp, compression="zstd")
+                    _write_part(data, self.root / (rel + ".tmp"))
                     added.append(rel)
                     dropped.extend(str(p.relative_to(self.root)) for p in parts)
                     merged += 1
             if not added:
                 return {"merged_partitions": 0, "removed_files": 0}
+            _fsync_dirs(self.root, added)
             record = {
                 "commit": number,
                 "time": datetime.now(UTC).isoformat(),
@@ -376,13 +384,14 @@ class Ledger:
                 "streams": {s: h.to_json() for s, h in sorted(self._streams.items())},
                 "counts": {"accepted": 0, "duplicates": 0, "quarantined": 0},
             }
-            _atomic_write(self.root / COMMITS / f"{number:010d}.json", json.dumps(record).encode())
+            write_durably(self.root / COMMITS / f"{number:010d}.json", json.dumps(record))
             # Old files go first, then the merged ones appear: a racing glob reader may see a
             # partition briefly empty, never doubled.
             for rel in dropped:
                 (self.root / rel).unlink(missing_ok=True)
             for rel in added:
                 os.replace(self.root / (rel + ".tmp"), self.root / rel)
+            _fsync_dirs(self.root, added)
             removed = len(dropped)
             self._last_commit = self._folded_commit = number
         return {"merged_partitions": merged, "removed_files": removed}
@@ -447,23 +456,19 @@ def _write_empty(root: Path, table: str) -> None:
     spec = TABLES[table]
     path = root / table / f"{spec.partition}=_" / "part-0000000000-000.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(spec.schema.empty_table(), path)
+    out = pa.BufferOutputStream()
+    pq.write_table(spec.schema.empty_table(), out)
+    write_durably(path, out.getvalue().to_pybytes())
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
+def _write_part(data: pa.Table, tmp: Path) -> None:
+    """A part file under its ``.tmp`` name, fsynced; the commit protocol renames it later."""
+    pq.write_table(data, tmp, compression="zstd")
+    with open(tmp, "rb+") as handle:
         os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    _fsync_dirs({path.parent})
 
 
-def _fsync_dirs(directories: Iterable[Path]) -> None:
-    for directory in directories:
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+def _fsync_dirs(root: Path, files: Iterable[str]) -> None:
+    """fsync each directory holding one of ``files`` (paths relative to ``root``), once."""
+    for directory in {(root / rel).parent for rel in files}:
+        fsync_dir(directory)

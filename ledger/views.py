@@ -10,7 +10,8 @@ from pathlib import Path
 
 import duckdb
 
-from runledger.ledger.tables import TABLES
+from runledger.durable import write_durably
+from runledger.ledger.parquet_schemas import TABLES
 
 # Physical tables whose public name is a derived view (the physical one gets a leading underscore).
 _DERIVED = {"metrics", "moe_layer_stats"}
@@ -94,6 +95,4 @@ def connect(root: Path) -> duckdb.DuckDBPyConnection:
 
 
 def write_views_file(root: Path) -> Path:
-    path = root / "views.sql"
-    path.write_text(views_sql(root))
-    return path
+    return write_durably(root / "views.sql", views_sql(root))

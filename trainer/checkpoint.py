@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from runledger.durable import fsync_dir, write_durably
 from runledger.trainer.distributed import DistEnv, barrier
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -56,24 +57,6 @@ def latest_step(root: Path) -> int | None:
     return steps[-1] if steps else None
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
 def save(
     root: Path, step: int, state: dict[str, Any], env: DistEnv, *, config: dict[str, Any] | None = None
 ) -> tuple[Path, int, float]:
@@ -88,6 +71,8 @@ def save(
         tmp.mkdir()
     barrier(env)
     path = tmp / f"rank{env.rank:05d}.pt"
+    # Streamed straight into the temporary directory (no per-file rename: the directory's rename
+    # below is the atomic step); its entry becomes durable with rank 0's fsync of ``tmp``.
     with open(path, "wb") as handle:
         torch.save(state, handle)
         handle.flush()
@@ -96,14 +81,14 @@ def save(
     barrier(env)
     if env.is_main:
         if config is not None:
-            _write_durably(tmp / "config.json", json.dumps(config, indent=1).encode())
+            write_durably(tmp / "config.json", json.dumps(config, indent=1))
         marker = {"step": step, "world_size": env.world_size, "time": time.time()}
-        _write_durably(tmp / "COMPLETE", json.dumps(marker).encode())
+        write_durably(tmp / "COMPLETE", json.dumps(marker))  # also fsyncs ``tmp``: every rank's file
         if final.exists():  # the same step saved again (a resumed attempt): the new one wins
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_dir(root)
-        _write_durably(root / "latest", f"{step}\n".encode())
+        fsync_dir(root)
+        write_durably(root / "latest", f"{step}\n")
     barrier(env)
     return final, size, time.perf_counter() - start
 
@@ -180,5 +165,5 @@ def register_attempt(root: Path, record: dict[str, Any]) -> int:
     records = attempts(root)
     number = len(records) + 1
     records.append({"attempt": number, **record})
-    _write_durably(root / "attempts.json", json.dumps({"attempts": records}, indent=1).encode())
+    write_durably(root / "attempts.json", json.dumps({"attempts": records}, indent=1))
     return number

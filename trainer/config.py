@@ -23,6 +23,7 @@ from typing import Any, Literal
 import jsonpatch
 import msgspec
 
+from runledger.durable import write_durably
 from runledger.schemas import config_hash as _config_hash
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -355,12 +356,9 @@ class ConfigSource:
 
 
 def write_config(path: str | Path, cfg: TrainConfig | dict[str, Any]) -> None:
-    """Write a config as TOML, atomically (a watcher never sees half a file)."""
+    """Write a config as TOML, atomically and durably (a watcher never sees half a file)."""
     tree = resolved(cfg) if isinstance(cfg, TrainConfig) else cfg
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(to_toml(tree))
-    os.replace(tmp, target)
+    write_durably(path, to_toml(tree))
 
 
 def to_toml(tree: dict[str, Any]) -> str:
@@ -415,9 +413,7 @@ def edit_config_file(path: str | Path, changes: dict[str, Any]) -> None:
         keeps_layout = False
     before = target.stat().st_mtime_ns
     if keeps_layout and edited is not None:
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        tmp.write_text(edited)
-        os.replace(tmp, target)
+        write_durably(target, edited)
     else:
         write_config(target, tree)
     # Bump the mtime even when the same tick: the watcher keys on mtime and size.

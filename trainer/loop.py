@@ -1,5 +1,11 @@
 """The training loop, top to bottom: launch, resume, steps, live config, checkpoints, crashes.
 
+Reading order: ``train`` sets up the process and the attempt, ``_run`` is the loop itself, one
+call per phase, and the phases follow in the order it calls them: ``_announce_launch``,
+``_build_or_restore``, then per step ``_step_boundary`` (signals, live config changes),
+``_optimizer_step``, ``_log_telemetry``, ``_checkpoint_on_interval``; then ``_finish``, or
+``_stop_on_signal`` / ``_crash``. Everything one attempt works with lives in one ``RunContext``.
+
 Events (``runledger.schemas.payloads``), all with ``stream = run_id`` and the launch's ``attempt``:
 
   source   ``trainer/<run_id>/a<attempt>/rank<rank>``: a fresh source per attempt and rank, so its
@@ -80,6 +86,10 @@ from runledger.trainer.optim import MasterAdamW, lr_at
 
 ResumeFrom = Literal["latest"] | int | str | Path | None
 Status = Literal["completed", "stopped", "crashed", "signal"]
+CrashKind = Literal["exception", "nonfinite_loss", "signal", "oom"]
+SaveReason = Literal["interval", "signal", "final"]
+Progress = Callable[[telemetry.StepReport], None]
+PatchOpDict = dict[str, Any]  # one RFC 6902 operation, as ``config.diff`` makes it
 
 
 class RunExistsError(ConfigError):
@@ -144,6 +154,7 @@ class _StopFlag:
 
 @contextlib.contextmanager
 def _signal_handlers(flag: _StopFlag, enabled: bool) -> Iterator[None]:
+    # Python only delivers signals to the main thread; elsewhere (a test's worker) keep the defaults.
     if not enabled or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -153,6 +164,86 @@ def _signal_handlers(flag: _StopFlag, enabled: bool) -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+# --- what the ranks exchange, and what the phases share ----------------------------------------
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """Rank 0's decision for this launch, already durable in ``attempts.json``; broadcast to all ranks."""
+
+    attempt: int
+    step: int  # the checkpoint step to resume from (0: from scratch)
+    path: str | None  # that checkpoint's directory (None: from scratch)
+    previous: int  # how many attempts the run had before this one
+
+
+@dataclass(frozen=True)
+class ConfigEdit:
+    """An edit rank 0 found in the watched config file, broadcast so every rank acts on it at the
+    same step boundary. Either the file loaded, and its diff is split by ``config.LIVE_KEYS`` into
+    ``allowed`` and ``refused``, or it did not, and ``error`` says why (nothing is applied)."""
+
+    path: str  # the watched file: the change's recorded cause
+    allowed: tuple[PatchOpDict, ...] = ()
+    refused: tuple[PatchOpDict, ...] = ()
+    error: str | None = None
+
+
+# (the refused ops' repr, the error): the last refusal, so an unchanged file is not refused twice
+_Refusal = tuple[str, str | None]
+
+
+@dataclass(eq=False)
+class RunContext:
+    """One attempt on one rank: what every phase reads and advances, instead of a parameter list."""
+
+    # Fixed for the attempt.
+    env: distributed.DistEnv  # this rank, the world, the device, the control group
+    emitter: telemetry.Emitter  # this rank's event source: enqueues, a thread emits
+    result: TrainResult  # what ``train`` returns, filled in as the attempt goes
+    flag: _StopFlag  # set by the first SIGTERM/SIGINT
+    source: ConfigSource | None  # the watched config file (None: no live changes)
+    ckpt_path: Path | None  # the checkpoint this attempt restores (None: from scratch)
+    stop_at_step: int | None  # end the attempt early ("stopped") after this step
+    progress: Progress | None  # the driver's per-step callback (rank 0)
+    # Advanced by the steps.
+    cfg: TrainConfig  # the live config: replaced when a live change is applied
+    step: int  # the last step applied or skipped (the start step before the first)
+    mirror: mirror_lib.Mirror | None = None  # rank 0's tracker (None: none, or it failed to start)
+    total_tokens: int = 0
+    last_saved: int | None = None  # the step whose state is on disk already
+    rejected: _Refusal | None = None
+    started: float = field(default_factory=time.perf_counter)
+    last_rank_stats: float = field(default_factory=time.perf_counter)  # when rank stats last went out
+    stats: telemetry.RouterStats | None = None  # the router hooks; None while telemetry is off
+    # Set by ``_build_or_restore`` before the first step.
+    model: torch.nn.Module = field(init=False, repr=False)
+    optimizer: MasterAdamW = field(init=False, repr=False)
+    batches: Batches = field(init=False, repr=False)
+    mask: torch.Tensor = field(init=False, repr=False)
+    tokens_per_step: int = field(init=False, repr=False)  # global: over all data-parallel ranks
+
+    @property
+    def attempt(self) -> int:
+        return self.result.attempt
+
+    @property
+    def is_main(self) -> bool:
+        return self.env.is_main
+
+
+@dataclass(frozen=True)
+class _Update:
+    """One applied optimizer step, as telemetry reports it (host floats, global values)."""
+
+    step: int
+    lr: float
+    loss: float
+    grad_norm: float
+    step_time_s: float
+    router: list[float]  # the all-reduced router counters (empty while telemetry is off)
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -165,7 +256,7 @@ def train(
     overrides: Sequence[str] = (),
     resume_from: ResumeFrom = None,
     stop_at_step: int | None = None,
-    progress: Callable[[telemetry.StepReport], None] | None = None,
+    progress: Progress | None = None,
     handle_signals: bool = True,
     watch: str | Path | None = None,
     mirror: mirror_lib.Mirror | None = None,
@@ -180,24 +271,11 @@ def train(
     ``mirror``: an experiment tracker to mirror the run to (``runledger.trainer.mirror.Mirror``), used on rank 0.
     """
     started = time.perf_counter()
-    if isinstance(config, TrainConfig):
-        source = ConfigSource(watch, overrides) if watch is not None else None
-        cfg = finalize(config)
-        if source is not None:
-            source.run_id = cfg.run.run_id
-    else:
-        source = ConfigSource(config, overrides)
-        cfg = source.load()
+    cfg, source = _open_config(config, overrides, watch)
+    env = _start_process(cfg)
 
-    device = distributed.pick_device(cfg)
-    cpu_compat.check_supported(cfg, device)
-    cpu_compat.apply(device)
-    if device.type == "cpu" and cfg.run.threads > 0:
-        torch.set_num_threads(cfg.run.threads)
-    env = distributed.init_distributed(cfg, device)
-
-    # One run id for every rank (rank 0 may have generated it).
-    run_id = distributed.broadcast_object(env, cfg.run.run_id)
+    # One run id for every rank (rank 0 may have generated it); reloads of the file keep it.
+    run_id: str = distributed.broadcast_object(env, cfg.run.run_id)
     if run_id != cfg.run.run_id:
         cfg = finalize(msgspec.structs.replace(cfg, run=msgspec.structs.replace(cfg.run, run_id="")), run_id)
     if source is not None:
@@ -205,91 +283,138 @@ def train(
     root = Path(cfg.checkpoint.dir)
 
     # The launch: attempt number and resume point, decided by rank 0, durable before any event.
-    launch: dict[str, Any] | BaseException
-    if env.is_main:
-        try:
-            launch = _plan_launch(cfg, root, resume_from, env)
-        except (ConfigError, ckpt.CheckpointError) as exc:
-            launch = exc
-    else:
-        launch = {}
-    launch = distributed.broadcast_object(env, launch)
-    if isinstance(launch, BaseException):
-        raise launch
-    attempt: int = launch["attempt"]
-    start_step: int = launch["step"]
-    ckpt_path: Path | None = Path(launch["path"]) if launch["path"] else None
+    launch = _agree_launch(cfg, root, resume_from, env)
+    ckpt_path = Path(launch.path) if launch.path else None
 
     emitter = telemetry.Emitter(
         sink,
-        source=f"trainer/{run_id}/a{attempt}/rank{env.rank}",
+        source=f"trainer/{run_id}/a{launch.attempt}/rank{env.rank}",
         stream=run_id,
         run_id=run_id,
-        attempt=attempt,
+        attempt=launch.attempt,
         queue_size=cfg.telemetry.queue_size,
         critical_timeout_s=cfg.telemetry.critical_timeout_s,
     )
     result = TrainResult(
         run_id=run_id,
-        attempt=attempt,
+        attempt=launch.attempt,
         status="completed",
-        start_step=start_step,
-        final_step=start_step,
+        start_step=launch.step,
+        final_step=launch.step,
         total_tokens=0,
         exit_code=0,
         checkpoint_dir=root,
         last_checkpoint=ckpt_path,
         config=cfg,
     )
-    flag = _StopFlag()
-    state = _State(cfg=cfg, step=start_step, mirror=mirror if env.is_main else None)
+    ctx = RunContext(
+        env=env,
+        emitter=emitter,
+        result=result,
+        flag=_StopFlag(),
+        source=source,
+        ckpt_path=ckpt_path,
+        stop_at_step=stop_at_step,
+        progress=progress,
+        cfg=cfg,
+        step=launch.step,
+        mirror=mirror if env.is_main else None,
+    )
     escaped = False
     try:
-        with _signal_handlers(flag, handle_signals):
-            _run(cfg, state, env, emitter, result, flag, source, ckpt_path, launch, stop_at_step, progress)
+        with _signal_handlers(ctx.flag, handle_signals):
+            _run(ctx)
     except BaseException:
         escaped = True  # not a recorded crash (those return): the mirror still learns it failed
         raise
     finally:
+        # Drain the queue (the launch config's timeout) so every event is handed over before we return.
         result.events_dropped = emitter.dropped
         emitter.close(timeout=cfg.telemetry.critical_timeout_s * 2)
         result.events_emitted = emitter.emitted
         result.duration_s = time.perf_counter() - started
-        if state.mirror is not None:
-            _finish_mirror(state.mirror, result, escaped)
+        if ctx.mirror is not None:
+            _finish_mirror(ctx.mirror, result, escaped)
     return result
 
 
-def _finish_mirror(mirror: mirror_lib.Mirror, result: TrainResult, escaped: bool) -> None:
-    exit_code = result.exit_code or (1 if escaped else 0)
-    summary = mirror_lib.end_summary(
-        status="crashed" if escaped else result.status,
-        final_step=result.final_step,
-        total_tokens=result.total_tokens,
-        attempt=result.attempt,
-        exit_code=exit_code,
-        skipped_steps=len(result.skipped_steps),
-        crash_kind=result.crash.kind if result.crash is not None else None,
-        duration_s=result.duration_s,
-    )
-    mirror_lib.finish(mirror, summary, exit_code)
+def _run(ctx: RunContext) -> None:
+    """The attempt, one phase per call. A crash is recorded (durably) and returns; it does not raise."""
+    try:
+        _announce_launch(ctx)
+        _build_or_restore(ctx)
+        while _steps_left(ctx):
+            step = ctx.step + 1
+            if _step_boundary(ctx, step):
+                _stop_on_signal(ctx)
+                return
+            update = _optimizer_step(ctx, step)
+            if update is None:
+                continue  # skipped: non-finite, under run.nonfinite_policy = "skip"
+            _log_telemetry(ctx, update)
+            _checkpoint_on_interval(ctx)
+            if ctx.cfg.debug.step_sleep_s > 0:  # debug pacing: a window between steps (kill tests)
+                time.sleep(ctx.cfg.debug.step_sleep_s)
+        _finish(ctx)
+    except SignalStop as exc:  # a second signal: stop mid-step, without a checkpoint
+        _crash(ctx, "signal", exc, signum=exc.signum)
+    except KeyboardInterrupt as exc:  # Ctrl-C while our handler is not installed
+        _crash(ctx, "signal", exc, signum=signal.SIGINT)
+    except NonFiniteLoss as exc:
+        _crash(ctx, "nonfinite_loss", exc)
+    except (torch.OutOfMemoryError, MemoryError) as exc:
+        _crash(ctx, "oom", exc)
+    except Exception as exc:
+        _crash(ctx, "exception", exc)
+    finally:
+        if ctx.stats is not None:
+            ctx.stats.close()  # take the router hooks off the model
 
 
-@dataclass
-class _State:
-    cfg: TrainConfig
-    step: int
-    total_tokens: int = 0
-    last_saved: int | None = None
-    rejected: object = None  # the last refused change, so an unchanged file is not refused twice
-    started: float = field(default_factory=time.perf_counter)
-    mirror: mirror_lib.Mirror | None = None  # rank 0's, once started (None: none, or it failed to)
+# --- setup (before any event) ------------------------------------------------------------------
 
 
-def _plan_launch(
-    cfg: TrainConfig, root: Path, resume_from: ResumeFrom, env: distributed.DistEnv
-) -> dict[str, Any]:
+def _open_config(
+    config: TrainConfig | str | Path, overrides: Sequence[str], watch: str | Path | None
+) -> tuple[TrainConfig, ConfigSource | None]:
+    """The launch config, and the source that is watched for live changes (None: not watched)."""
+    if isinstance(config, TrainConfig):
+        source = ConfigSource(watch, overrides) if watch is not None else None
+        cfg = finalize(config)
+        if source is not None:
+            source.run_id = cfg.run.run_id
+        return cfg, source
+    source = ConfigSource(config, overrides)
+    return source.load(), source
+
+
+def _start_process(cfg: TrainConfig) -> distributed.DistEnv:
+    """Device, CPU compatibility shims and thread count, then the process groups."""
+    device = distributed.pick_device(cfg)
+    cpu_compat.check_supported(cfg, device)
+    cpu_compat.apply(device)
+    if device.type == "cpu" and cfg.run.threads > 0:
+        torch.set_num_threads(cfg.run.threads)
+    return distributed.init_distributed(cfg, device)
+
+
+def _agree_launch(cfg: TrainConfig, root: Path, resume_from: ResumeFrom, env: distributed.DistEnv) -> _Launch:
+    """Rank 0 plans the launch; every rank gets its plan, or raises its refusal (no attempt registered)."""
+    mine: _Launch | BaseException | None = None
+    if env.is_main:
+        try:
+            mine = _plan_launch(cfg, root, resume_from, env)
+        except (ConfigError, ckpt.CheckpointError) as exc:
+            mine = exc
+    agreed: _Launch | BaseException = distributed.broadcast_object(env, mine)
+    if isinstance(agreed, BaseException):
+        raise agreed
+    return agreed
+
+
+def _plan_launch(cfg: TrainConfig, root: Path, resume_from: ResumeFrom, env: distributed.DistEnv) -> _Launch:
     previous = ckpt.attempts(root)
+    path: Path | None
     if resume_from is None:
         if previous:
             raise RunExistsError(
@@ -303,6 +428,7 @@ def _plan_launch(
         step, path = ckpt.resolve(root, resume_from)
         saved = ckpt.saved_config(path) if path is not None else None
         if saved is not None:
+            # A resume may change live keys, never what the checkpoint's shapes and data depend on.
             pinned = pinned_changes(diff(_from_saved(saved), cfg))
             if pinned:
                 paths = ", ".join(str(op["path"]) for op in pinned)
@@ -318,7 +444,31 @@ def _plan_launch(
         "config_hash": config_hash(cfg),
     }
     attempt = ckpt.register_attempt(root, record)
-    return {"attempt": attempt, "step": step, "path": str(path) if path else None, "previous": len(previous)}
+    return _Launch(attempt=attempt, step=step, path=str(path) if path else None, previous=len(previous))
+
+
+# --- phase 1: announce the launch ---------------------------------------------------------------
+
+
+def _announce_launch(ctx: RunContext) -> None:
+    """Rank 0: run-started (attempt 1) or run-resumed, first, so that a failure to build or load is a
+    crash of a recorded attempt. The mirror starts before it: the event records the mirror's ids."""
+    if not ctx.is_main:
+        return
+    cfg, result = ctx.cfg, ctx.result
+    if ctx.mirror is not None:
+        ctx.mirror, result.external = mirror_lib.start(ctx.mirror, result.run_id, resolved(cfg), cfg.run.name)
+    fields = _launch_fields(cfg, ctx.env, result.external)
+    if ctx.attempt == 1:  # a resume always follows an attempt
+        ctx.emitter.submit(RunStarted(name=cfg.run.name, **fields), step=0, critical=True)
+    else:
+        payload = RunResumed(
+            from_checkpoint_step=ctx.step,
+            checkpoint_path=str(ctx.ckpt_path) if ctx.ckpt_path else None,
+            previous_attempt=max(1, ctx.attempt - 1),
+            **fields,
+        )
+        ctx.emitter.submit(payload, step=ctx.step, critical=True)
 
 
 def _launch_fields(cfg: TrainConfig, env: distributed.DistEnv, external: dict[str, str]) -> dict[str, Any]:
@@ -340,214 +490,30 @@ def _launch_fields(cfg: TrainConfig, env: distributed.DistEnv, external: dict[st
     }
 
 
-def _run(
-    cfg: TrainConfig,
-    state: _State,
-    env: distributed.DistEnv,
-    emitter: telemetry.Emitter,
-    result: TrainResult,
-    flag: _StopFlag,
-    source: ConfigSource | None,
-    ckpt_path: Path | None,
-    launch: dict[str, Any],
-    stop_at_step: int | None,
-    progress: Callable[[telemetry.StepReport], None] | None,
-) -> None:
-    device = env.device
-    model: torch.nn.Module | None = None
-    stats: telemetry.RouterStats | None = None
-    try:
-        # --- the launch event first: a failure to build or load is then a crash of this attempt
-        if env.is_main:
-            if state.mirror is not None:  # before the launch event, which records its ids
-                state.mirror, result.external = mirror_lib.start(
-                    state.mirror, result.run_id, resolved(cfg), cfg.run.name
-                )
-            fields = _launch_fields(cfg, env, result.external)
-            if result.attempt == 1:  # a resume always follows an attempt
-                emitter.submit(RunStarted(name=cfg.run.name, **fields), step=0, critical=True)
-            else:
-                payload = RunResumed(
-                    from_checkpoint_step=state.step,
-                    checkpoint_path=str(ckpt_path) if ckpt_path else None,
-                    previous_attempt=max(1, result.attempt - 1),
-                    **fields,
-                )
-                emitter.submit(payload, step=state.step, critical=True)
+# --- phase 2: build (or restore) the model, optimizer and data ----------------------------------
 
-        # --- build (or restore) the model and optimizer -------------------------------------
-        cpu_compat.seed_rng(cfg.run.seed, device)
-        model = model_lib.build_model(cfg, device)
-        _sync_replicas(model, env)
-        optimizer = MasterAdamW(model, cfg.optimizer)
-        if ckpt_path is not None:
-            saved = ckpt.load(ckpt_path, env)
-            model_lib.unwrap(model).load_state_dict(saved["model"])
-            optimizer.load_state_dict(saved["optimizer"])
-            torch.set_rng_state(saved["rng"]["torch"])
-            state.total_tokens = int(saved["total_tokens"])
-            state.last_saved = state.step
-        batches = Batches(cfg, dp_rank=_dp_rank(env), device=device)
-        mask = cpu_compat.causal_attention_mask(cfg.model.seq_length, device)
-        if cfg.telemetry.enabled:
-            stats = telemetry.RouterStats(model, cfg.moe.num_experts, cfg.moe.top_k, device)
 
-        tokens_per_step = batches.tokens_per_step * env.dp
-        params = optimizer.params
-        last_log = time.perf_counter()
-        while state.step < cfg.run.steps and (stop_at_step is None or state.step < stop_at_step):
-            step = state.step + 1
-
-            # --- step boundary: signals and live config, the same decision on every rank ----
-            patch_msg = None
-            poll = max(1, cfg.telemetry.config_poll_steps)
-            if env.is_main and source is not None and (step - 1) % poll == 0 and source.changed():
-                patch_msg = _read_change(source, cfg)
-            stop, patch_msg = distributed.sync_control(env, flag.requested, patch_msg)
-            if stop:
-                _stop_on_signal(cfg, state, env, emitter, result, flag, model, optimizer)
-                return
-            if patch_msg is not None:
-                before = cfg
-                cfg = _apply_change(cfg, state, env, emitter, patch_msg, step, model)
-                result.config = cfg
-                if state.mirror is not None and cfg is not before:
-                    state.mirror.config_update(resolved(cfg))
-                if cfg.telemetry.enabled and stats is None:  # telemetry switched on live
-                    stats = telemetry.RouterStats(model, cfg.moe.num_experts, cfg.moe.top_k, device)
-                elif not cfg.telemetry.enabled and stats is not None:
-                    stats.close()
-                    stats = None
-            nan_now = _maybe_inject(cfg, step, result.attempt, env)
-
-            # --- one optimizer step ----------------------------------------------------------
-            t0 = time.perf_counter()
-            lr = lr_at(step, cfg)
-            optimizer.set_hyper(lr=lr, weight_decay=cfg.optimizer.weight_decay)
-            loss_acc = torch.zeros((), dtype=torch.float32, device=device)
-            for micro in range(cfg.data.micro_batches):
-                tokens, labels = batches.get(step, micro)
-                loss = model_lib.loss_fn(model, tokens, labels, mask) / cfg.data.micro_batches
-                if nan_now:
-                    loss = loss * float("nan")
-                loss.backward()
-                loss_acc += loss.detach()
-            distributed.reduce_gradients(params, env)
-            grads = optimizer.grads_to_master()
-            parts = [loss_acc.reshape(1), distributed.weighted_grad_sq(params, env).reshape(1)]
-            if stats is not None:
-                parts.append(stats.take())
-            packed = distributed.allreduce_sum(torch.cat(parts), env)
-            grad_norm_dev = packed[1].sqrt()
-            if cfg.optimizer.grad_clip > 0 and grads:
-                coef = torch.clamp(cfg.optimizer.grad_clip / (grad_norm_dev + 1e-6), max=1.0)
-                torch._foreach_mul_(grads, coef)
-            host = packed.tolist()  # the step's one device-to-host transfer
-            loss_value = host[0] / env.world_size
-            grad_norm = math.sqrt(host[1]) if host[1] >= 0 else float("nan")
-
-            if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
-                bad = _nonfinite_text(loss_value if not math.isfinite(loss_value) else grad_norm)
-                if cfg.run.nonfinite_policy == "stop":
-                    raise NonFiniteLoss(step, bad)
-                optimizer.zero_grad()
-                state.step = step
-                result.final_step = step
-                result.skipped_steps.append(step)
-                if env.is_main:
-                    what = "loss" if not math.isfinite(loss_value) else "grad_norm"
-                    emitter.submit(
-                        StepSkipped(reason=f"nonfinite_{what}", value=bad), step=step, critical=True
-                    )
-                continue
-            optimizer.step()
-            optimizer.zero_grad()
-            state.step = step
-            state.total_tokens += tokens_per_step
-            result.final_step = step
-            result.total_tokens = state.total_tokens
-            result.losses.append((step, loss_value))
-            step_time = time.perf_counter() - t0
-
-            # --- telemetry (enqueued; the emitter thread builds and sends) ---------------------
-            tokens_per_second = tokens_per_step / step_time if step_time > 0 else 0.0
-            report = telemetry.StepReport(
-                step=step,
-                loss=loss_value,
-                grad_norm=grad_norm,
-                lr=lr,
-                tokens=tokens_per_step,
-                total_tokens=state.total_tokens,
-                step_time_s=step_time,
-                tokens_per_second=tokens_per_second,
-                mfu=telemetry.mfu_percent(cfg, tokens_per_second, env.world_size),
-            )
-            if stats is not None:
-                report.layers = telemetry.layer_stats(
-                    host[2:], stats.num_layers, cfg.moe.num_experts, cfg.moe.top_k
-                )
-            report.scalars = {
-                "events_dropped": float(emitter.dropped),
-                "skipped_steps": float(len(result.skipped_steps)),
-            }
-            if cfg.telemetry.enabled:
-                if env.is_main and step % cfg.telemetry.log_interval == 0:
-                    emitter.submit(lambda r=report: telemetry.step_metrics(r), step=step)
-                    if report.layers:
-                        emitter.submit(lambda r=report: telemetry.router_stats(r), step=step)
-                    if state.mirror is not None:
-                        state.mirror.log(step, mirror_lib.step_values(report))
-                if step % cfg.telemetry.rank_stats_interval == 0:
-                    now = time.perf_counter()
-                    values = {
-                        "interval_s": now - last_log,
-                        "events_dropped": float(emitter.dropped),
-                        "queue_depth": float(emitter.pending),
-                    }
-                    last_log = now
-                    emitter.submit(
-                        RankStats(rank=env.rank, host=env.host, step_time_s=step_time, values=values),
-                        step=step,
-                    )
-            if progress is not None and env.is_main:
-                progress(report)
-
-            # --- checkpoint on interval ------------------------------------------------------
-            if cfg.checkpoint.interval > 0 and step % cfg.checkpoint.interval == 0:
-                _save(cfg, state, env, emitter, result, model, optimizer, "interval")
-            if cfg.debug.step_sleep_s > 0:
-                time.sleep(cfg.debug.step_sleep_s)
-
-        if state.step >= cfg.run.steps:
-            if cfg.checkpoint.final:
-                _save(cfg, state, env, emitter, result, model, optimizer, "final")
-            result.status = "completed"
-        else:
-            result.status = "stopped"
-        if env.is_main:
-            emitter.submit(
-                RunFinished(
-                    status=result.status,
-                    final_step=state.step,
-                    total_tokens=state.total_tokens,
-                    duration_s=time.perf_counter() - state.started,
-                ),
-                step=state.step,
-                critical=True,
-            )
-    except SignalStop as exc:
-        _crash(result, env, emitter, state, "signal", exc, signum=exc.signum)
-    except KeyboardInterrupt as exc:
-        _crash(result, env, emitter, state, "signal", exc, signum=signal.SIGINT)
-    except NonFiniteLoss as exc:
-        _crash(result, env, emitter, state, "nonfinite_loss", exc)
-    except (torch.OutOfMemoryError, MemoryError) as exc:
-        _crash(result, env, emitter, state, "oom", exc)
-    except Exception as exc:
-        _crash(result, env, emitter, state, "exception", exc)
-    finally:
-        if stats is not None:
-            stats.close()
+def _build_or_restore(ctx: RunContext) -> None:
+    """Everything from the seed; then, when resuming, the checkpoint's weights, optimizer moments,
+    RNG state and token count, so the trajectory continues as if never interrupted."""
+    cfg, env, device = ctx.cfg, ctx.env, ctx.env.device
+    cpu_compat.seed_rng(cfg.run.seed, device)
+    ctx.model = model_lib.build_model(cfg, device)
+    _sync_replicas(ctx.model, env)
+    ctx.optimizer = MasterAdamW(ctx.model, cfg.optimizer)
+    if ctx.ckpt_path is not None:
+        saved = ckpt.load(ctx.ckpt_path, env)
+        model_lib.unwrap(ctx.model).load_state_dict(saved["model"])
+        ctx.optimizer.load_state_dict(saved["optimizer"])
+        torch.set_rng_state(saved["rng"]["torch"])
+        ctx.total_tokens = int(saved["total_tokens"])
+        ctx.last_saved = ctx.step  # that state is on disk already: a save now would only rewrite it
+    ctx.batches = Batches(cfg, dp_rank=_dp_rank(env), device=device)
+    ctx.mask = cpu_compat.causal_attention_mask(cfg.model.seq_length, device)
+    if cfg.telemetry.enabled:
+        ctx.stats = _router_stats(ctx)
+    ctx.tokens_per_step = ctx.batches.tokens_per_step * env.dp
+    ctx.last_rank_stats = time.perf_counter()
 
 
 def _from_saved(tree: dict[str, Any]) -> TrainConfig:
@@ -579,72 +545,174 @@ def _sync_replicas(model: torch.nn.Module, env: distributed.DistEnv) -> None:
                 dist.broadcast(p.data, src=dist.get_global_rank(group, 0), group=group)
 
 
+def _router_stats(ctx: RunContext) -> telemetry.RouterStats:
+    return telemetry.RouterStats(ctx.model, ctx.cfg.moe.num_experts, ctx.cfg.moe.top_k, ctx.env.device)
+
+
+# --- phase 3: the step boundary (signals, live config changes) ----------------------------------
+
+
+def _steps_left(ctx: RunContext) -> bool:
+    stop_at = ctx.stop_at_step
+    return ctx.step < ctx.cfg.run.steps and (stop_at is None or ctx.step < stop_at)
+
+
+def _step_boundary(ctx: RunContext, step: int) -> bool:
+    """Before ``step``: did any rank get a stop signal, and did the watched file change? Decided
+    together over the control group, so every rank stops, or applies an edit, at the same step.
+    True: stop now (the caller checkpoints and records it)."""
+    edit: ConfigEdit | None = None
+    poll = max(1, ctx.cfg.telemetry.config_poll_steps)
+    if ctx.is_main and ctx.source is not None and (step - 1) % poll == 0 and ctx.source.changed():
+        edit = _read_edit(ctx.source, ctx.cfg)
+    stop, edit = distributed.sync_control(ctx.env, ctx.flag.requested, edit)
+    if stop:
+        return True
+    if edit is not None:
+        before = ctx.cfg
+        _apply_edit(ctx, edit, step)
+        _follow_config(ctx, before)
+    return False
+
+
+def _read_edit(source: ConfigSource, current: TrainConfig) -> ConfigEdit:
+    """Rank 0: the edit found in the watched file, as a message every rank can act on."""
+    path = str(source.path)
+    try:
+        new = source.load()
+    except ConfigError as exc:
+        return ConfigEdit(path=path, error=str(exc))
+    allowed, refused = split_patch(diff(current, new))
+    return ConfigEdit(path=path, allowed=tuple(allowed), refused=tuple(refused))
+
+
+def _apply_edit(ctx: RunContext, edit: ConfigEdit, step: int) -> None:
+    """Apply the allowed part of an edit before ``step`` (config.changed); refuse the rest, with the
+    reason (config.rejected). All or nothing: if the allowed part does not validate, all is refused."""
+    cause = ChangeCause(kind="file_edit", detail=edit.path)
+    refused, error = list(edit.refused), edit.error
+    allowed = list(edit.allowed)
+    if allowed:
+        try:
+            new = apply_patch(ctx.cfg, allowed)
+        except ConfigError as exc:
+            refused, error = refused + allowed, str(exc)
+        else:
+            if ctx.is_main:
+                payload = ConfigChanged(
+                    patch=_ops(allowed),
+                    previous_hash=config_hash(ctx.cfg),
+                    config_hash=config_hash(new),
+                    cause=cause,
+                )
+                ctx.emitter.submit(payload, step=step, critical=True)
+            model_lib.apply_live_moe(ctx.model, new.moe)
+            ctx.cfg = new
+    if not (refused or error):
+        ctx.rejected = None
+        return
+    refusal: _Refusal = (repr(refused), error)
+    if refusal != ctx.rejected and ctx.is_main:  # the file still holds it: say so once, not per poll
+        if error:
+            reason = f"the edited config is invalid: {error}"
+        else:
+            paths = ", ".join(sorted({str(op.get("path")) for op in refused}))
+            reason = f"not changeable while the run is live: {paths} (needs a restart)"
+        ctx.emitter.submit(
+            ConfigRejected(patch=_ops(refused), reason=reason, cause=cause), step=step, critical=True
+        )
+    ctx.rejected = refusal
+
+
+def _follow_config(ctx: RunContext, before: TrainConfig) -> None:
+    """After an edit: the result, the mirror and the router hooks follow the (possibly) new config."""
+    ctx.result.config = ctx.cfg
+    if ctx.mirror is not None and ctx.cfg is not before:
+        ctx.mirror.config_update(resolved(ctx.cfg))
+    if ctx.cfg.telemetry.enabled and ctx.stats is None:  # telemetry switched on live
+        ctx.stats = _router_stats(ctx)
+    elif not ctx.cfg.telemetry.enabled and ctx.stats is not None:
+        ctx.stats.close()
+        ctx.stats = None
+
+
+def _ops(ops: Sequence[PatchOpDict]) -> list[PatchOp]:
+    return [msgspec.convert(op, PatchOp, from_attributes=False) for op in ops]
+
+
+# --- phase 4: one optimizer step ----------------------------------------------------------------
+
+
+def _optimizer_step(ctx: RunContext, step: int) -> _Update | None:
+    """Train ``step``: forward/backward, then the update if the loss and grad norm are finite.
+    None: the update was skipped (``run.nonfinite_policy = "skip"``); "stop" raises NonFiniteLoss."""
+    cfg, optimizer = ctx.cfg, ctx.optimizer
+    nan_now = _maybe_inject(cfg, step, ctx.attempt, ctx.env)
+    t0 = time.perf_counter()
+    lr = lr_at(step, cfg)
+    optimizer.set_hyper(lr=lr, weight_decay=cfg.optimizer.weight_decay)
+    loss, grad_norm, router = _forward_backward(ctx, step, nan_now)
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        _skip_nonfinite(ctx, step, loss, grad_norm)
+        return None
+    optimizer.step()
+    optimizer.zero_grad()
+    ctx.step = step
+    ctx.total_tokens += ctx.tokens_per_step
+    ctx.result.final_step = step
+    ctx.result.total_tokens = ctx.total_tokens
+    ctx.result.losses.append((step, loss))
+    return _Update(step, lr, loss, grad_norm, time.perf_counter() - t0, router)
+
+
+def _forward_backward(ctx: RunContext, step: int, nan_now: bool) -> tuple[float, float, list[float]]:
+    """(global loss, global grad norm, router counters), the master gradients reduced and clipped.
+    The three travel in one all-reduce and reach the host in the step's one device-to-host copy."""
+    cfg, env, optimizer = ctx.cfg, ctx.env, ctx.optimizer
+    params = optimizer.params
+    loss_acc = torch.zeros((), dtype=torch.float32, device=env.device)
+    for micro in range(cfg.data.micro_batches):
+        tokens, labels = ctx.batches.get(step, micro)
+        loss = model_lib.loss_fn(ctx.model, tokens, labels, ctx.mask) / cfg.data.micro_batches
+        if nan_now:
+            loss = loss * float("nan")  # debug.crash_kind = "nan"
+        loss.backward()
+        loss_acc += loss.detach()
+    distributed.reduce_gradients(params, env)
+    grads = optimizer.grads_to_master()
+    parts = [loss_acc.reshape(1), distributed.weighted_grad_sq(params, env).reshape(1)]
+    if ctx.stats is not None:
+        parts.append(ctx.stats.take())
+    packed = distributed.allreduce_sum(torch.cat(parts), env)
+    grad_norm_dev = packed[1].sqrt()
+    if cfg.optimizer.grad_clip > 0 and grads:
+        coef = torch.clamp(cfg.optimizer.grad_clip / (grad_norm_dev + 1e-6), max=1.0)
+        torch._foreach_mul_(grads, coef)
+    host: list[float] = packed.tolist()
+    loss_value = host[0] / env.world_size
+    grad_norm = math.sqrt(host[1]) if host[1] >= 0 else float("nan")
+    return loss_value, grad_norm, host[2:]
+
+
+def _skip_nonfinite(ctx: RunContext, step: int, loss: float, grad_norm: float) -> None:
+    """A non-finite loss or grad norm: a crash under policy "stop"; otherwise drop this step's
+    gradients, count the step as done and record the skip."""
+    bad = _nonfinite_text(loss if not math.isfinite(loss) else grad_norm)
+    if ctx.cfg.run.nonfinite_policy == "stop":
+        raise NonFiniteLoss(step, bad)
+    ctx.optimizer.zero_grad()
+    ctx.step = step
+    ctx.result.final_step = step
+    ctx.result.skipped_steps.append(step)
+    if ctx.is_main:
+        what = "loss" if not math.isfinite(loss) else "grad_norm"
+        ctx.emitter.submit(StepSkipped(reason=f"nonfinite_{what}", value=bad), step=step, critical=True)
+
+
 def _nonfinite_text(value: float) -> str:
     if math.isnan(value):
         return "nan"
     return "inf" if value > 0 else "-inf"
-
-
-def _read_change(source: ConfigSource, current: TrainConfig) -> dict[str, Any]:
-    """Rank 0: the edit found in the watched file, as a message every rank can act on."""
-    try:
-        new = source.load()
-    except ConfigError as exc:
-        return {"error": str(exc), "path": str(source.path)}
-    allowed, refused = split_patch(diff(current, new))
-    return {"allowed": allowed, "refused": refused, "path": str(source.path)}
-
-
-def _apply_change(
-    cfg: TrainConfig,
-    state: _State,
-    env: distributed.DistEnv,
-    emitter: telemetry.Emitter,
-    msg: dict[str, Any],
-    step: int,
-    model: torch.nn.Module,
-) -> TrainConfig:
-    """Apply the allowed part of a file edit before ``step``; refuse the rest, with the reason."""
-    cause = ChangeCause(kind="file_edit", detail=str(msg.get("path", "")))
-    refused: list[dict[str, Any]] = msg.get("refused", [])
-    error = msg.get("error")
-    allowed: list[dict[str, Any]] = msg.get("allowed", [])
-    if allowed:
-        try:
-            new = apply_patch(cfg, allowed)
-        except ConfigError as exc:
-            refused, error, new = refused + allowed, str(exc), cfg
-        else:
-            if env.is_main:
-                payload = ConfigChanged(
-                    patch=_ops(allowed),
-                    previous_hash=config_hash(cfg),
-                    config_hash=config_hash(new),
-                    cause=cause,
-                )
-                emitter.submit(payload, step=step, critical=True)
-            model_lib.apply_live_moe(model, new.moe)
-            cfg = new
-            state.cfg = new
-    if refused or error:
-        key = (repr(refused), error)
-        if key != state.rejected and env.is_main:
-            if error:
-                reason = f"the edited config is invalid: {error}"
-            else:
-                paths = ", ".join(sorted({str(op.get("path")) for op in refused}))
-                reason = f"not changeable while the run is live: {paths} (needs a restart)"
-            emitter.submit(
-                ConfigRejected(patch=_ops(refused), reason=reason, cause=cause), step=step, critical=True
-            )
-        state.rejected = key
-    else:
-        state.rejected = None
-    return cfg
-
-
-def _ops(ops: Sequence[dict[str, Any]]) -> list[PatchOp]:
-    return [msgspec.convert(op, PatchOp, from_attributes=False) for op in ops]
 
 
 def _maybe_inject(cfg: TrainConfig, step: int, attempt: int, env: distributed.DistEnv) -> bool:
@@ -663,79 +731,133 @@ def _maybe_inject(cfg: TrainConfig, step: int, attempt: int, env: distributed.Di
     raise RuntimeError(f"injected crash at step {step} (debug.crash_at_step)")
 
 
-def _checkpoint_state(
-    state: _State, model: torch.nn.Module, optimizer: MasterAdamW, attempt: int
-) -> dict[str, Any]:
-    return {
-        "step": state.step,
-        "total_tokens": state.total_tokens,
-        "attempt": attempt,
-        "config": resolved(state.cfg),
-        "model": model_lib.unwrap(model).state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "rng": {"torch": torch.get_rng_state()},
-    }
+# --- phase 5: telemetry (enqueued; the emitter thread builds and sends) --------------------------
 
 
-def _save(
-    cfg: TrainConfig,
-    state: _State,
-    env: distributed.DistEnv,
-    emitter: telemetry.Emitter,
-    result: TrainResult,
-    model: torch.nn.Module,
-    optimizer: MasterAdamW,
-    reason: Literal["interval", "signal", "final"],
-) -> None:
-    if state.last_saved == state.step:
-        return  # this exact state is on disk already
-    root = Path(cfg.checkpoint.dir)
-    path, size, seconds = ckpt.save(
-        root, state.step, _checkpoint_state(state, model, optimizer, result.attempt), env
+def _log_telemetry(ctx: RunContext, update: _Update) -> None:
+    """Rank 0: step metrics and router stats every ``log_interval`` (and the mirror); every rank: its
+    own stats every ``rank_stats_interval``. Then the driver's progress callback."""
+    cfg, env, emitter, step = ctx.cfg, ctx.env, ctx.emitter, update.step
+    tokens_per_second = ctx.tokens_per_step / update.step_time_s if update.step_time_s > 0 else 0.0
+    report = telemetry.StepReport(
+        step=step,
+        loss=update.loss,
+        grad_norm=update.grad_norm,
+        lr=update.lr,
+        tokens=ctx.tokens_per_step,
+        total_tokens=ctx.total_tokens,
+        step_time_s=update.step_time_s,
+        tokens_per_second=tokens_per_second,
+        mfu=telemetry.mfu_percent(cfg, tokens_per_second, env.world_size),
     )
-    state.last_saved = state.step
-    result.last_checkpoint = path
-    if env.is_main:
-        ckpt.prune(root, cfg.checkpoint.keep, protect=state.step)
-        emitter.submit(
-            CheckpointSaved(path=str(path), bytes=size * env.world_size, duration_s=seconds, reason=reason),
-            step=state.step,
+    if ctx.stats is not None:
+        report.layers = telemetry.layer_stats(
+            update.router, ctx.stats.num_layers, cfg.moe.num_experts, cfg.moe.top_k
+        )
+    report.scalars = {
+        "events_dropped": float(emitter.dropped),
+        "skipped_steps": float(len(ctx.result.skipped_steps)),
+    }
+    if cfg.telemetry.enabled:
+        if env.is_main and step % cfg.telemetry.log_interval == 0:
+            # Payload factories: the emitter thread builds the structs, off the training thread.
+            emitter.submit(lambda: telemetry.step_metrics(report), step=step)
+            if report.layers:
+                emitter.submit(lambda: telemetry.router_stats(report), step=step)
+            if ctx.mirror is not None:
+                ctx.mirror.log(step, mirror_lib.step_values(report))
+        if step % cfg.telemetry.rank_stats_interval == 0:
+            now = time.perf_counter()
+            values = {
+                "interval_s": now - ctx.last_rank_stats,
+                "events_dropped": float(emitter.dropped),
+                "queue_depth": float(emitter.pending),
+            }
+            ctx.last_rank_stats = now
+            emitter.submit(
+                RankStats(rank=env.rank, host=env.host, step_time_s=update.step_time_s, values=values),
+                step=step,
+            )
+    if ctx.progress is not None and env.is_main:
+        ctx.progress(report)
+
+
+# --- phase 6: checkpoints -----------------------------------------------------------------------
+
+
+def _checkpoint_on_interval(ctx: RunContext) -> None:
+    if ctx.cfg.checkpoint.interval > 0 and ctx.step % ctx.cfg.checkpoint.interval == 0:
+        _save(ctx, "interval")
+
+
+def _save(ctx: RunContext, reason: SaveReason) -> None:
+    """Every rank writes its shard; rank 0 prunes old checkpoints and records the save."""
+    if ctx.last_saved == ctx.step:
+        return  # this exact state is on disk already
+    root = Path(ctx.cfg.checkpoint.dir)
+    path, size, seconds = ckpt.save(root, ctx.step, _checkpoint_state(ctx), ctx.env)
+    ctx.last_saved = ctx.step
+    ctx.result.last_checkpoint = path
+    if ctx.is_main:
+        ckpt.prune(root, ctx.cfg.checkpoint.keep, protect=ctx.step)
+        ctx.emitter.submit(
+            CheckpointSaved(
+                path=str(path), bytes=size * ctx.env.world_size, duration_s=seconds, reason=reason
+            ),
+            step=ctx.step,
             critical=True,
         )
 
 
-def _stop_on_signal(
-    cfg: TrainConfig,
-    state: _State,
-    env: distributed.DistEnv,
-    emitter: telemetry.Emitter,
-    result: TrainResult,
-    flag: _StopFlag,
-    model: torch.nn.Module,
-    optimizer: MasterAdamW,
-) -> None:
-    signum = flag.signum if flag.signum is not None else signal.SIGTERM
-    if cfg.checkpoint.on_signal:
-        _save(cfg, state, env, emitter, result, model, optimizer, "signal")
+def _checkpoint_state(ctx: RunContext) -> dict[str, Any]:
+    return {
+        "step": ctx.step,
+        "total_tokens": ctx.total_tokens,
+        "attempt": ctx.attempt,
+        "config": resolved(ctx.cfg),
+        "model": model_lib.unwrap(ctx.model).state_dict(),
+        "optimizer": ctx.optimizer.state_dict(),
+        "rng": {"torch": torch.get_rng_state()},
+    }
+
+
+# --- phase 7: the end (finished, stopped by a signal, or crashed) -------------------------------
+
+
+def _finish(ctx: RunContext) -> None:
+    """The loop ran out of steps: "completed" (with the final checkpoint) at ``run.steps``, else
+    "stopped" by ``stop_at_step``; rank 0 records which."""
+    if ctx.step >= ctx.cfg.run.steps:
+        if ctx.cfg.checkpoint.final:
+            _save(ctx, "final")
+        ctx.result.status = "completed"
+    else:
+        ctx.result.status = "stopped"
+    if ctx.is_main:
+        ctx.emitter.submit(
+            RunFinished(
+                status=ctx.result.status,
+                final_step=ctx.step,
+                total_tokens=ctx.total_tokens,
+                duration_s=time.perf_counter() - ctx.started,
+            ),
+            step=ctx.step,
+            critical=True,
+        )
+
+
+def _stop_on_signal(ctx: RunContext) -> None:
+    """A first SIGTERM/SIGINT, honoured at the step boundary: checkpoint, then a "signal" crash."""
+    signum = ctx.flag.signum if ctx.flag.signum is not None else signal.SIGTERM  # another rank's
+    if ctx.cfg.checkpoint.on_signal:
+        _save(ctx, "signal")
     name = signal.Signals(signum).name
-    _crash(
-        result,
-        env,
-        emitter,
-        state,
-        "signal",
-        None,
-        signum=signum,
-        message=f"{name}: stopped at a step boundary",
-    )
+    _crash(ctx, "signal", None, signum=signum, message=f"{name}: stopped at a step boundary")
 
 
 def _crash(
-    result: TrainResult,
-    env: distributed.DistEnv,
-    emitter: telemetry.Emitter,
-    state: _State,
-    kind: Literal["exception", "nonfinite_loss", "signal", "oom"],
+    ctx: RunContext,
+    kind: CrashKind,
     exc: BaseException | None,
     *,
     signum: int | None = None,
@@ -750,23 +872,37 @@ def _crash(
         traceback="".join(traceback.format_exception(exc)) if exc is not None else None,
         signal=signum,
         exit_code=exit_code,
-        rank=env.rank,
-        host=env.host,
-        last_step=state.step,
+        rank=ctx.env.rank,
+        host=ctx.env.host,
+        last_step=ctx.step,
     )
-    emitter.submit(payload, step=state.step, critical=True)
-    emitter.flush(sync=True, timeout=emitter.critical_timeout_s)
-    result.status = "signal" if kind == "signal" else "crashed"
-    result.exit_code = exit_code
-    result.crash = payload
+    ctx.emitter.submit(payload, step=ctx.step, critical=True)
+    ctx.emitter.flush(sync=True, timeout=ctx.emitter.critical_timeout_s)
+    ctx.result.status = "signal" if kind == "signal" else "crashed"
+    ctx.result.exit_code = exit_code
+    ctx.result.crash = payload
+
+
+def _finish_mirror(mirror: mirror_lib.Mirror, result: TrainResult, escaped: bool) -> None:
+    """The mirror's end of the attempt: its summary and exit code (also after a crash)."""
+    exit_code = result.exit_code or (1 if escaped else 0)
+    summary = mirror_lib.end_summary(
+        status="crashed" if escaped else result.status,
+        final_step=result.final_step,
+        total_tokens=result.total_tokens,
+        attempt=result.attempt,
+        exit_code=exit_code,
+        skipped_steps=len(result.skipped_steps),
+        crash_kind=result.crash.kind if result.crash is not None else None,
+        duration_s=result.duration_s,
+    )
+    mirror_lib.finish(mirror, summary, exit_code)
 
 
 # --- helpers for drivers (the demo, tests) -----------------------------------------------------
 
 
-def schedule_config_change(
-    path: str | Path, at_step: int, changes: dict[str, Any]
-) -> Callable[[telemetry.StepReport], None]:
+def schedule_config_change(path: str | Path, at_step: int, changes: dict[str, Any]) -> Progress:
     """A progress callback that edits the watched config file once step ``at_step - 1`` is done, so
     the change is picked up at the next boundary and ``at_step`` is the first step trained with it
     (with the default ``telemetry.config_poll_steps = 1``). ``changes``: {"moe.capacity_factor": 1.5}."""
@@ -781,9 +917,7 @@ def schedule_config_change(
     return callback
 
 
-def chain(
-    *callbacks: Callable[[telemetry.StepReport], None] | None,
-) -> Callable[[telemetry.StepReport], None]:
+def chain(*callbacks: Progress | None) -> Progress:
     """One progress callback that calls several in order."""
     active = [c for c in callbacks if c is not None]
 

@@ -110,5 +110,17 @@ def test_every_factory_event_decodes() -> None:
     run.checkpoint(2)
     run.crash(3)
     run.resume(2)
+    decoded = []
     for raw in run.events:
-        assert isinstance(decode_event(raw), Event), msgspec.json.decode(raw)
+        event = decode_event(raw)
+        assert isinstance(event, Event), msgspec.json.decode(raw)
+        decoded.append(event.envelope.type)
+    # One event per builder call: the loop cannot pass by checking nothing.
+    assert decoded == [
+        "runledger.run.started",
+        "runledger.step.metrics",
+        "runledger.config.changed",
+        "runledger.checkpoint.saved",
+        "runledger.run.crashed",
+        "runledger.run.resumed",
+    ]

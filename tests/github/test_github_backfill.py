@@ -240,13 +240,28 @@ def test_webhook_and_backfill_give_the_same_source_and_id(github_api_no_limits: 
         ("push", "webhook_push.json"),
     ]
     now = datetime.now(UTC)
+    compared: dict[str, int] = {}  # per delivery: webhook events matched against their backfilled twin
+    pushes = 0
     for event, fixture in deliveries:
         for envelope in webhook_events(event, fixture_json(fixture), received_at=now):
             if envelope.type == "github.push":
+                pushes += 1
                 continue  # pushes exist only as webhooks
             twin = backfilled.get((envelope.source, envelope.id))
             assert twin is not None, (event, envelope.id)
             assert (twin.type, twin.time, twin.subject) == (envelope.type, envelope.time, envelope.subject)
+            compared[event] = compared.get(event, 0) + 1
+    # Every delivery was compared (the push through its two commits), so the loop cannot pass by
+    # skipping everything.
+    assert pushes == 1
+    assert compared == {
+        "issues": 1,
+        "pull_request": 1,
+        "pull_request_review": 1,
+        "issue_comment": 1,
+        "pull_request_review_comment": 1,
+        "push": 2,
+    }
 
 
 def test_cursor_from_events_ignores_other_repositories_and_webhook_events() -> None:

@@ -1,4 +1,4 @@
-"""`ledger serve webhooks` / `ledger ingest github` through typer's CliRunner, on a throwaway app."""
+"""`ledger serve webhooks` / `ledger ingest github` / `ledger ingest wandb` through typer's CliRunner."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from runledger.cli.github_cmd import register
+from runledger.cli.main import app as ledger_app
 from runledger.ingest.bus import SpoolSink
 from runledger.ingest.github_webhook import signature_of
 from tests.support.github import FixtureGitHub, fixture_json, read_events
@@ -25,13 +25,7 @@ TOKEN = "ghp_CliT0kenThatMustNotLeak000000000000"
 
 @pytest.fixture
 def app() -> typer.Typer:
-    root = typer.Typer()
-    ingest_app = typer.Typer()
-    serve_app = typer.Typer()
-    root.add_typer(ingest_app, name="ingest")
-    root.add_typer(serve_app, name="serve")
-    register(root, ingest_app=ingest_app, serve_app=serve_app)
-    return root
+    return ledger_app
 
 
 def invoke(app: typer.Typer, *args: str, env: dict[str, str] | None = None) -> typer.testing.Result:

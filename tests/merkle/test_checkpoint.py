@@ -1,4 +1,4 @@
-"""Tests for ledger.log_checkpoint: signed-note compatibility with Go, strict parsing, tampering."""
+"""Tests for runledger.ledger.log_checkpoint: signed-note compatibility with Go, strict parsing, tampering."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for ledger.merkle: known answers, corrupted proofs, properties, compact ranges."""
+"""Tests for runledger.ledger.merkle: known answers, corrupted proofs, properties, compact ranges."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Helpers and fixtures for the Kafka client tests (producer, ingester, replay).
+"""Helpers for the Kafka client tests (producer, ingester, replay, sink contract): synthetic
+workloads, reading a topic or a ledger back, the ``ledger`` CLI in a child process.
 
-Import from test modules: ``from tests.support.kafka_clients import ...``.
+Plain functions and classes, no fixtures (the broker and topic fixtures are in
+``tests/kafka/conftest.py``). Import from test modules: ``from tests.support.kafka_clients import ...``.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
+from runledger.ledger.parquet_schemas import TABLES
 from runledger.ledger.query import Reader
-from runledger.ledger.tables import TABLES
 from runledger.schemas import Envelope, make_event
 from runledger.schemas.canonical import config_hash
 from runledger.schemas.payloads import (

@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from runledger.cli.github_cmd import register
+from runledger.cli.main import app
 from runledger.ingest.bus import SpoolSink
 from runledger.ingest.spool import SpoolReader
 from runledger.ingest.wandb_import import WandbImportError, find_offline_runs, import_offline_run
@@ -210,10 +209,6 @@ def test_what_is_not_a_wandb_run(tmp_path: Path) -> None:
 
 def test_cli_ingest_wandb(wandb_dir: Path, tmp_path: Path) -> None:
     mirrored_run(wandb_dir, run_id="cli-run")
-    app, ingest_app, serve_app = typer.Typer(), typer.Typer(), typer.Typer()
-    app.add_typer(ingest_app, name="ingest")
-    app.add_typer(serve_app, name="serve")
-    register(app, ingest_app=ingest_app, serve_app=serve_app)
     runner = CliRunner()
     spool = tmp_path / "spool"
     result = runner.invoke(

@@ -1,0 +1,268 @@
+"""`ledger ingest spool|kafka|github|wandb`: events from a bus or an outside system.
+
+``spool`` and ``kafka`` fold the bus into the ledger. ``github`` and ``wandb`` are producers: they write
+events to the bus (``runledger.ingest.bus.open_sink``: the spool, or Kafka when configured), which
+``ledger ingest spool`` (or ``kafka``) then folds in. For the producers a mistake a user can fix is one
+line on stderr and exit code 2; a failure outside their control (network, GitHub) exits 1.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from runledger.cli.kafka_cmd import (
+    BootstrapOption,
+    ConnectTimeoutOption,
+    TopicOption,
+    kafka_errors,
+    stop_on_signals,
+)
+from runledger.cli.output import (
+    DEFAULT_LEDGER,
+    LedgerOption,
+    SpoolOption,
+    console,
+    err_console,
+    fail,
+    print_json,
+    user_errors,
+)
+from runledger.ingest.bus import EventSink, default_spool_dir, open_sink
+from runledger.ingest.spool import SpoolLockedError
+
+
+def ingest_spool(
+    spool: Annotated[Path, typer.Option("--spool", envvar="RUNLEDGER_SPOOL", help="Spool directory.")] = Path(
+        ".runledger/spool"
+    ),
+    ledger: LedgerOption = DEFAULT_LEDGER,
+    batch_size: Annotated[int, typer.Option(help="Events per commit.")] = 5000,
+) -> None:
+    """Fold the embedded spool into the ledger (exactly once; safe to repeat)."""
+    from runledger.ingest import spool_ingester
+    from runledger.ledger.store import Ledger
+
+    with user_errors():
+        if not spool.is_dir():
+            raise fail(f"no spool at {spool}")
+        stats = spool_ingester.ingest_spool(Ledger.create(ledger), spool, batch_size=batch_size)
+    console.print(
+        f"ingested {stats.accepted} events ({stats.metric_values} metric values) in {stats.commits} commits; "
+        f"{stats.duplicates} duplicates dropped, {stats.quarantined} quarantined"
+    )
+
+
+def ingest_kafka(
+    bootstrap: BootstrapOption = None,
+    group: Annotated[str, typer.Option("--group", help="Consumer group id.")] = "runledger-ingest",
+    topic: TopicOption = None,
+    ledger: LedgerOption = DEFAULT_LEDGER,
+    until_idle: Annotated[
+        float | None,
+        typer.Option(
+            "--until-idle",
+            help="Stop after this many seconds without records on the assigned partitions.",
+            show_default=False,
+        ),
+    ] = None,
+    batch_max: Annotated[int, typer.Option("--batch-max", help="Most records per ledger commit.")] = 5000,
+    poll_ms: Annotated[int, typer.Option("--poll-ms", help="Longest wait for records per poll.")] = 200,
+    session_timeout_ms: Annotated[
+        int,
+        typer.Option(
+            "--session-timeout-ms", help="Group session timeout (a dead member's partitions move after it)."
+        ),
+    ] = 10000,
+    instance_id: Annotated[
+        str | None,
+        typer.Option(
+            "--instance-id",
+            help="Static group membership id: a restart with the same id takes its partitions back at once.",
+            show_default=False,
+        ),
+    ] = None,
+    deadletter: Annotated[
+        str | None,
+        typer.Option(
+            "--deadletter", help="Dead-letter topic. Default: <prefix>deadletter.", show_default=False
+        ),
+    ] = None,
+    no_deadletter: Annotated[
+        bool, typer.Option("--no-deadletter", help="Don't copy quarantined records to Kafka.")
+    ] = False,
+    create: Annotated[
+        bool, typer.Option("--create/--no-create", help="Create the ledger if it does not exist.")
+    ] = True,
+    connect_timeout: ConnectTimeoutOption = 15.0,
+) -> None:
+    """Consume Kafka into the ledger in a consumer group, exactly once, until SIGTERM/SIGINT."""
+    from runledger.ingest.kafka_ingester import run_ingester
+
+    stop = threading.Event()
+    started = time.monotonic()
+    with kafka_errors(), stop_on_signals(stop):
+        if not create and not (ledger / "LEDGER.json").exists():
+            raise fail(f"no ledger at {ledger} (drop --no-create to make one)")
+        stats = run_ingester(
+            ledger,
+            bootstrap,
+            group,
+            topic or None,
+            batch_max=batch_max,
+            poll_ms=poll_ms,
+            stop_event=stop,
+            idle_timeout_s=until_idle,
+            create=create,
+            deadletter=None if no_deadletter else (deadletter or ""),
+            session_timeout_ms=session_timeout_ms,
+            instance_id=instance_id,
+            connect_timeout_s=connect_timeout,
+        )
+    seconds = time.monotonic() - started
+    console.print(
+        f"ingested {stats.accepted} events ({stats.metric_values} metric values) in {stats.commits} commits "
+        f"over {seconds:.1f} s; {stats.duplicates} duplicates dropped, {stats.skipped} already held, "
+        f"{stats.quarantined} quarantined ({stats.deadlettered} dead-lettered)"
+    )
+
+
+def ingest_github(
+    repo: Annotated[str, typer.Argument(help="OWNER/REPO")],
+    since: Annotated[
+        str | None, typer.Option(help="Read objects updated since (overrides the cursor).")
+    ] = None,
+    base_url: Annotated[
+        str, typer.Option("--base-url", help="API root (GitHub Enterprise: https://HOST/api/v3).")
+    ] = "https://api.github.com",
+    token_file: Annotated[
+        Path | None, typer.Option("--token-file", help="File holding a token (default: $GITHUB_TOKEN).")
+    ] = None,
+    spool: SpoolOption = None,
+    cursor_file: Annotated[
+        Path | None, typer.Option("--cursor-file", help="Resume cursors (default: beside the spool).")
+    ] = None,
+    per_page: Annotated[int, typer.Option("--per-page", min=1, max=100)] = 100,
+    request_interval: Annotated[
+        float,
+        typer.Option("--request-interval", help="Seconds between requests (GitHub asks for serial)."),
+    ] = 0.25,
+    max_rate_limit_wait: Annotated[
+        float, typer.Option("--max-rate-limit-wait", help="Longest rate-limit wait, seconds.")
+    ] = 900.0,
+) -> None:
+    """Backfill a repository's issues, PRs, reviews, comments and commits onto the bus."""
+    from runledger.ingest.github_backfill import (
+        BackfillError,
+        JsonCursorStore,
+        backfill,
+        cursor_from_spool,
+        default_cursor_file,
+    )
+    from runledger.ingest.github_events import valid_repo
+
+    if not valid_repo(repo):
+        raise fail(f"not a repository name: {repo!r} (expected OWNER/REPO)", 2)
+    start = _parse_since(since) if since is not None else None
+    token = _token(token_file)
+    where = spool if spool is not None else default_spool_dir()
+    try:
+        store = JsonCursorStore(cursor_file if cursor_file is not None else default_cursor_file(where))
+    except (OSError, ValueError) as exc:
+        raise fail(f"unreadable cursor file: {exc}", 2) from None
+    if start is None and not store.has(repo):
+        # No cursor recorded: resume from the backfill events already on the spool, if any.
+        for kind, value in cursor_from_spool(where, repo).items():
+            store.set(repo, kind, value)
+    sink = _open_sink(spool)
+    if token is None:  # said once nothing else can fail first, so an error stays one line
+        err_console.print(
+            "note: no token ($GITHUB_TOKEN or --token-file): anonymous, 60 requests/hour",
+            highlight=False,
+            markup=False,
+            emoji=False,
+        )
+    try:
+        stats = backfill(
+            repo,
+            sink,
+            token=token,
+            base_url=base_url,
+            since=start,
+            cursor_store=store,
+            per_page=per_page,
+            seconds_between_requests=request_interval or None,
+            max_rate_limit_wait_s=max_rate_limit_wait,
+        )
+    except BackfillError as exc:
+        raise fail(str(exc), exc.code) from None
+    finally:
+        sink.close()
+    print_json(stats.as_dict())
+
+
+def ingest_wandb(
+    directory: Annotated[Path, typer.Argument(help="W&B offline run directory (or its .wandb file).")],
+    run_id: Annotated[
+        str | None, typer.Option("--run-id", help="Ledger run id (default: the W&B run id).")
+    ] = None,
+    spool: SpoolOption = None,
+) -> None:
+    """Import a W&B offline run (wandb/offline-run-*) as ledger events."""
+    from runledger.ingest.wandb_import import WandbImportError, find_offline_runs, import_offline_run
+
+    try:
+        files = find_offline_runs(directory)
+    except WandbImportError as exc:
+        raise fail(str(exc), 2) from None
+    if run_id is not None and len(files) > 1:
+        raise fail(f"{directory} holds {len(files)} runs; --run-id needs exactly one", 2)
+    sink = _open_sink(spool)
+    try:
+        for wandb_file in files:
+            try:
+                stats = import_offline_run(wandb_file, sink, run_id=run_id)
+            except WandbImportError as exc:
+                raise fail(str(exc), 2 if "run id" in str(exc) else 1) from None
+            print_json(stats.as_dict())
+    finally:
+        sink.close()
+
+
+def _open_sink(spool: Path | None) -> EventSink:
+    try:
+        return open_sink(spool)
+    except SpoolLockedError:
+        where = spool if spool is not None else default_spool_dir()
+        raise fail(
+            f"spool {where} already has a live writer (another producer?); give this one its own --spool", 2
+        ) from None
+    except OSError as exc:
+        raise fail(f"cannot open spool: {exc.strerror}: {exc.filename}", 2) from None
+
+
+def _parse_since(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
+    except ValueError:
+        raise fail(f"--since {text!r} is not a date (use 2024-03-01 or 2024-03-01T12:00:00Z)", 2) from None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _token(token_file: Path | None) -> str | None:
+    """From --token-file, else $GITHUB_TOKEN: never from the command line, where `ps` would show it."""
+    if token_file is not None:
+        try:
+            token = token_file.read_text().strip()
+        except OSError as exc:
+            raise fail(f"cannot read token file {token_file}: {exc.strerror}", 2) from None
+        if not token:
+            raise fail(f"token file {token_file} is empty", 2)
+        return token
+    return os.environ.get("GITHUB_TOKEN") or None

@@ -1,0 +1,373 @@
+"""How accepted events fill the typed tables: one projector per event type.
+
+A projector is a small function of one event (its envelope, its ``stream_seq`` and the fold state)
+that returns the rows the event contributes: ``Row`` (one row) or ``Columns`` (several rows given
+column-wise). ``PROJECTORS`` maps each event type to its projector; ``rows_for_event`` looks the
+event's type up and adds what it returns to a ``RowBuffer``. The tables themselves (names, schemas,
+partitioning) are in ``runledger.ledger.parquet_schemas``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, NamedTuple
+
+import msgspec
+import pyarrow as pa
+
+from runledger.ledger.config_patch import ConfigPatchError, apply_config_patch
+from runledger.ledger.parquet_schemas import TABLES
+from runledger.schemas import catalogue as c
+from runledger.schemas import github as gh
+from runledger.schemas import payloads as p
+from runledger.schemas.canonical import canonical_bytes, config_hash
+from runledger.schemas.codec import Event
+from runledger.schemas.envelope import Envelope
+
+
+@dataclass
+class RowBuffer:
+    """Rows waiting to be written, grouped by (table, partition value), stored column-wise."""
+
+    columns: dict[tuple[str, str], dict[str, list[Any]]] = field(default_factory=dict)
+
+    def add(self, table: str, partition: str, row: dict[str, Any]) -> None:
+        key = (table, partition)
+        cols = self.columns.get(key)
+        if cols is None:
+            cols = self.columns[key] = {name: [] for name in TABLES[table].schema.names}
+        for name, values in cols.items():
+            values.append(row.get(name))
+
+    def add_many(self, table: str, partition: str, rows: dict[str, list[Any]]) -> None:
+        """Add several rows given column-wise (missing columns become nulls)."""
+        key = (table, partition)
+        cols = self.columns.get(key)
+        if cols is None:
+            cols = self.columns[key] = {name: [] for name in TABLES[table].schema.names}
+        n = len(next(iter(rows.values())))
+        for name, values in cols.items():
+            given = rows.get(name)
+            values.extend(given if given is not None else [None] * n)
+
+    def tables(self) -> list[tuple[str, str, pa.Table]]:
+        out = []
+        for (table, partition), cols in self.columns.items():
+            out.append((table, partition, pa.table(cols, schema=TABLES[table].schema)))
+        return out
+
+
+@dataclass
+class FoldState:
+    """What filling the tables needs to remember between events: each attempt's live config."""
+
+    configs: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    load_config: Callable[[str, int], dict[str, Any] | None] = lambda run, attempt: None
+
+    def config_of(self, run_id: str, attempt: int) -> dict[str, Any] | None:
+        key = (run_id, attempt)
+        if key not in self.configs:
+            loaded = self.load_config(run_id, attempt)
+            if loaded is None:
+                return None
+            self.configs[key] = loaded
+        return self.configs[key]
+
+
+class Row(NamedTuple):
+    """One row for ``table`` in hive partition ``partition``."""
+
+    table: str
+    partition: str
+    values: dict[str, Any]
+
+
+class Columns(NamedTuple):
+    """Several rows for ``table`` in ``partition``, column-wise (absent columns are nulls)."""
+
+    table: str
+    partition: str
+    values: dict[str, list[Any]]
+
+
+Projector = Callable[[Envelope, int, FoldState], list[Row | Columns]]
+
+
+def rows_for_event(event: Event, stream_seq: int, buf: RowBuffer, state: FoldState) -> None:
+    """Append the typed rows one accepted event contributes."""
+    env = event.envelope
+    projector = PROJECTORS.get(env.type)
+    if projector is None:
+        return
+    for out in projector(env, stream_seq, state):
+        if isinstance(out, Columns):
+            buf.add_many(out.table, out.partition, out.values)
+        else:
+            buf.add(out.table, out.partition, out.values)
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def _json(value: Any) -> str:
+    return canonical_bytes(value).decode()
+
+
+def _run(env: Envelope) -> str:
+    """The partition value of a run's tables."""
+    return env.run_id or ""
+
+
+def _key(env: Envelope, stream_seq: int) -> dict[str, Any]:
+    """The columns every run table row starts with: where in the run, and which event."""
+    return {
+        "attempt": env.attempt,
+        "step": env.step,
+        "time": env.time,
+        "stream": env.stream,
+        "stream_seq": stream_seq,
+    }
+
+
+def _flatten_metrics(m: p.StepMetrics) -> tuple[list[str], list[float | None]]:
+    names: list[str] = []
+    values: list[float | None] = []
+    for name in (
+        "loss",
+        "grad_norm",
+        "lr",
+        "tokens",
+        "total_tokens",
+        "tokens_per_second",
+        "mfu",
+        "step_time_s",
+    ):
+        value = getattr(m, name)
+        if value is not None:
+            names.append(name)
+            values.append(float(value))
+    for name, value in m.scalars.items():
+        names.append(name)
+        values.append(value)
+    return names, values
+
+
+def _change_row(key: dict[str, Any], data: Any, accepted: bool, hash_matches: bool | None) -> dict[str, Any]:
+    return {
+        **key,
+        "accepted": accepted,
+        "patch": _json(data.patch),
+        "previous_hash": getattr(data, "previous_hash", None),
+        "config_hash": getattr(data, "config_hash", None),
+        "hash_matches": hash_matches,
+        "reason": getattr(data, "reason", None),
+        "cause_kind": data.cause.kind,
+        "cause_detail": data.cause.detail,
+        "actor": data.cause.actor,
+        "commit_sha": data.cause.commit,
+    }
+
+
+# --------------------------------------------------------------------------------- projectors
+
+
+def _step_metrics(env: Envelope, stream_seq: int, state: FoldState) -> list[Row | Columns]:
+    names, values = _flatten_metrics(env.data)
+    n = len(names)
+    columns = {
+        "attempt": [env.attempt] * n,
+        "step": [env.step] * n,
+        "time": [env.time] * n,
+        "name": names,
+        "value": values,
+        "stream": [env.stream] * n,
+        "stream_seq": [stream_seq] * n,
+    }
+    return [Columns("metrics", _run(env), columns)]
+
+
+def _moe_router_stats(env: Envelope, stream_seq: int, state: FoldState) -> list[Row | Columns]:
+    key = _key(env, stream_seq)
+    return [
+        Row("moe_layer_stats", _run(env), {**key, **msgspec.structs.asdict(layer)})
+        for layer in env.data.layers
+    ]
+
+
+_LAUNCH_COLUMNS = frozenset(TABLES["launches"].schema.names)
+
+
+def _launch(env: Envelope, stream_seq: int, state: FoldState) -> list[Row | Columns]:
+    """A start or a resume: its launch row, and the config it launched with."""
+    data, run, key = env.data, _run(env), _key(env, stream_seq)
+    kind = "start" if env.type == c.RUN_STARTED else "resume"
+    launch = {k: v for k, v in msgspec.structs.asdict(data).items() if k in _LAUNCH_COLUMNS}
+    row = {**key, **launch, "kind": kind, "software": _json(data.software), "external": _json(data.external)}
+    state.configs[(run, env.attempt or 1)] = data.config
+    config = {**key, "config_hash": data.config_hash, "config": _json(data.config), "cause": kind}
+    return [Row("launches", run, row), Row("configs", run, config)]
+
+
+def _config_changed(env: Envelope, stream_seq: int, state: FoldState) -> list[Row | Columns]:
+    """An accepted change: the patched config (when the previous one is known) and the change."""
+    data, run, key = env.data, _run(env), _key(env, stream_seq)
+    out: list[Row | Columns] = []
+    previous = state.config_of(run, env.attempt or 1)
+    hash_matches = None
+    if previous is not None:
+        try:
+            new = apply_config_patch(previous, data.patch)
+        except ConfigPatchError:
+            hash_matches = False
+        else:
+            new_hash = config_hash(new)
+            hash_matches = new_hash == data.config_hash
+            state.configs[(run, env.attempt or 1)] = new
+            out.append(
+                Row(
+                    "configs",
+                    run,
+                    {**key, "config_hash": new_hash, "config": _json(new), "cause": data.cause.kind},
+                )
+            )
+    out.append(Row("config_changes", run, _change_row(key, data, True, hash_matches)))
+    return out
+
+
+def _config_rejected(env: Envelope, stream_seq: int, state: FoldState) -> list[Row | Columns]:
+    return [Row("config_changes", _run(env), _change_row(_key(env, stream_seq), env.data, False, None))]
+
+
+def _checkpoint_saved(env: Envelope, stream_seq: int, state: FoldState) -> list[Row | Columns]:
+    return [Row("checkpoints", _run(env), {**_key(env, stream_seq), **msgspec.structs.asdict(env.data)})]
+
+
+def _run_crashed(env: Envelope, stream_seq: int, state: FoldState) -> list[Row | Columns]:
+    return [Row("incidents", _run(env), {**_key(env, stream_seq), **msgspec.structs.asdict(env.data)})]
+
+
+def _step_skipped(env: Envelope, stream_seq: int, state: FoldState) -> list[Row | Columns]:
+    data = env.data
+    row = {**_key(env, stream_seq), "kind": "skipped", "message": f"{data.reason} ({data.value})"}
+    return [Row("incidents", _run(env), row)]
+
+
+def _run_finished(env: Envelope, stream_seq: int, state: FoldState) -> list[Row | Columns]:
+    data = env.data
+    row = {
+        **_key(env, stream_seq),
+        "status": data.status,
+        "total_tokens": data.total_tokens,
+        "duration_s": data.duration_s,
+    }
+    return [Row("run_ends", _run(env), row)]
+
+
+def _rank_stats(env: Envelope, stream_seq: int, state: FoldState) -> list[Row | Columns]:
+    data = env.data
+    row = {
+        **_key(env, stream_seq),
+        "rank": data.rank,
+        "host": data.host,
+        "step_time_s": data.step_time_s,
+        "values": _json(data.values),
+    }
+    return [Row("rank_stats", _run(env), row)]
+
+
+def _annotation(env: Envelope, stream_seq: int, state: FoldState) -> list[Row | Columns]:
+    data = env.data
+    row = {**_key(env, stream_seq), "author": data.author, "text": data.text, "tags": data.tags}
+    return [Row("annotations", _run(env), row)]
+
+
+def _run_summary(env: Envelope, stream_seq: int, state: FoldState) -> list[Row | Columns]:
+    return [Row("summaries", _run(env), {**_key(env, stream_seq), "values": _json(env.data.values)})]
+
+
+def _github(env: Envelope, stream_seq: int, state: FoldState) -> list[Row | Columns]:
+    """Every GitHub event: one row, partitioned by the repository's owner."""
+    row = github_row(env.type, env.data, env.time)
+    origin = {"stream": env.stream, "stream_seq": stream_seq}
+    return [Row("github", row["repo"].split("/")[0], {**row, **origin})]
+
+
+PROJECTORS: dict[str, Projector] = {
+    c.STEP_METRICS: _step_metrics,
+    c.MOE_ROUTER_STATS: _moe_router_stats,
+    c.RUN_STARTED: _launch,
+    c.RUN_RESUMED: _launch,
+    c.CONFIG_CHANGED: _config_changed,
+    c.CONFIG_REJECTED: _config_rejected,
+    c.CHECKPOINT_SAVED: _checkpoint_saved,
+    c.RUN_CRASHED: _run_crashed,
+    c.STEP_SKIPPED: _step_skipped,
+    c.RUN_FINISHED: _run_finished,
+    c.RANK_STATS: _rank_stats,
+    c.ANNOTATION: _annotation,
+    c.RUN_SUMMARY: _run_summary,
+    **{name: _github for name in c.CATALOGUE if name.startswith("github.")},
+}
+
+
+def github_row(type_name: str, data: Any, time: datetime) -> dict[str, Any]:
+    kind = type_name.removeprefix("github.")
+    row: dict[str, Any] = {
+        "repo": getattr(data, "repo", ""),
+        "time": time,
+        "kind": kind,
+        "action": getattr(data, "action", None),
+    }
+    if isinstance(data, gh.GitHubIssue | gh.GitHubPullRequest):
+        row |= {
+            "number": data.number,
+            "title": data.title,
+            "state": data.state,
+            "actor": data.actor or data.author,
+            "url": data.url,
+            "body": data.body,
+        }
+    if isinstance(data, gh.GitHubPullRequest):
+        row |= {
+            "merged": data.merged,
+            "sha": data.merge_commit_sha,
+            "head_sha": data.head_sha,
+            "base_sha": data.base_sha,
+        }
+    elif isinstance(data, gh.GitHubReview):
+        row |= {
+            "number": data.pr_number,
+            "state": data.state,
+            "actor": data.author,
+            "sha": data.commit_id,
+            "url": data.url,
+            "body": data.body,
+        }
+    elif isinstance(data, gh.GitHubComment):
+        row |= {
+            "number": data.number,
+            "actor": data.author,
+            "sha": data.commit_id,
+            "url": data.url,
+            "body": data.body,
+        }
+    elif isinstance(data, gh.GitHubPush):
+        row |= {
+            "title": data.ref,
+            "actor": data.pusher,
+            "sha": data.after,
+            "base_sha": data.before,
+            "shas": [commit.sha for commit in data.commits],
+        }
+    elif isinstance(data, gh.GitHubCommit):
+        row |= {
+            "sha": data.sha,
+            "title": data.message.split("\n", 1)[0],
+            "actor": data.author,
+            "shas": data.parents,
+        }
+    elif isinstance(data, gh.GitHubRaw):
+        row |= {"kind": f"raw:{data.event}", "body": _json(data.payload)}
+    return row
