@@ -1,12 +1,13 @@
 # The two commands a fresh machine needs (each does its own set-up):
 #   make demo   — the main job: a tiny MoE trains on CPU, its events flow into a fresh ledger, history printed
-#   make test   — the whole test suite (starts its own Kafka broker from Maven Central's jars)
+#   make test   — the whole test suite (starts its own Kafka broker from Maven Central's jars; real
+#                 GitHub webhook payloads from the npm registry, checked against a pinned sha512)
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: setup demo test kafka-jars lint bench clean
+.PHONY: setup demo test kafka-jars fixtures lint bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,12 +21,16 @@ setup: $(STAMP)
 kafka-jars:
 	scripts/kafka.sh fetch
 
+fixtures:
+	scripts/fixtures.sh fetch
+
 demo: setup
 	$(BIN)/ledger demo
 
-test: setup kafka-jars
+# RUNLEDGER_REQUIRE_FIXTURES: a test needing the downloaded fixtures fails instead of skipping.
+test: setup kafka-jars fixtures
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q -p no:cacheprovider
+	RUNLEDGER_REQUIRE_FIXTURES=1 $(BIN)/pytest -q -p no:cacheprovider
 
 lint: setup
 	$(BIN)/ruff check .

@@ -31,6 +31,7 @@ from runledger.cli.output import (
     console,
     err_console,
     fail,
+    plural,
     print_json,
     user_errors,
 )
@@ -54,8 +55,9 @@ def ingest_spool(
             raise fail(f"no spool at {spool}")
         stats = spool_ingester.ingest_spool(Ledger.create(ledger), spool, batch_size=batch_size)
     console.print(
-        f"ingested {stats.accepted} events ({stats.metric_values} metric values) in {stats.commits} commits; "
-        f"{stats.duplicates} duplicates dropped, {stats.quarantined} quarantined"
+        f"ingested {plural(stats.accepted, 'event')} ({plural(stats.metric_values, 'metric value')}) in "
+        f"{plural(stats.commits, 'commit')}; {plural(stats.duplicates, 'duplicate')} dropped, "
+        f"{stats.quarantined} quarantined"
     )
 
 
@@ -127,8 +129,9 @@ def ingest_kafka(
         )
     seconds = time.monotonic() - started
     console.print(
-        f"ingested {stats.accepted} events ({stats.metric_values} metric values) in {stats.commits} commits "
-        f"over {seconds:.1f} s; {stats.duplicates} duplicates dropped, {stats.skipped} already held, "
+        f"ingested {plural(stats.accepted, 'event')} ({plural(stats.metric_values, 'metric value')}) in "
+        f"{plural(stats.commits, 'commit')} over {seconds:.1f} s; {plural(stats.duplicates, 'duplicate')} "
+        f"dropped, {stats.skipped} already held, "
         f"{stats.quarantined} quarantined ({stats.deadlettered} dead-lettered)"
     )
 

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from runledger.cli.output import console, fail, user_errors
+from runledger.cli.output import console, fail, plural, user_errors
 
 BootstrapOption = Annotated[
     str | None,
@@ -77,9 +77,10 @@ def replay(
         )
     rate = stats.metric_values / stats.seconds if stats.seconds else 0.0
     console.print(
-        f"{'resumed' if stats.resumed else 'replayed'} {stats.records} records from {stats.partitions} "
-        f"partitions into {to}: {stats.accepted} events, {stats.metric_values} metric values "
-        f"({rate:,.0f}/s), {stats.duplicates} duplicates, {stats.quarantined} quarantined, in {stats.seconds:.1f} s"
+        f"{'resumed' if stats.resumed else 'replayed'} {plural(stats.records, 'record')} from "
+        f"{plural(stats.partitions, 'partition')} into {to}: {plural(stats.accepted, 'event')}, "
+        f"{plural(stats.metric_values, 'metric value')} ({rate:,.0f}/s), {plural(stats.duplicates, 'duplicate')}, "
+        f"{stats.quarantined} quarantined, in {stats.seconds:.1f} s"
     )
 
 
@@ -107,4 +108,4 @@ def drain_spool(
     left = sink.left_in_spool
     if left:
         raise fail(f"{before - left} of {before} events sent; {left} still in {spool} (broker unreachable?)")
-    console.print(f"sent {before} spooled events to {sink.topic}")
+    console.print(f"sent {plural(before, 'spooled event')} to {sink.topic}")

@@ -80,7 +80,13 @@ def state(
 
         at = at.replace(tzinfo=UTC)
     with user_errors():
-        result = _reader(ledger).state(run, step=step, at=at)
+        reader = _reader(ledger)
+        result = reader.state(run, step=step, at=at)
+        if at is not None and result.attempt is None:
+            # Like --step out of range: no state exists before the run's first event.
+            began = reader.sql("SELECT min(time) FROM events WHERE stream = ?", [run]).rows[0][0]
+            since = f" (it began at {began.isoformat()})" if began is not None else ""
+            raise fail(f"--at {at.isoformat()} is before run {run} began{since}")
     if fmt == Format.json:
         print_json(result.to_dict(), output)
         return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Annotated
 
 import typer
 
@@ -42,7 +43,20 @@ prove_app = typer.Typer(
 )
 
 
-def configure_logging() -> None:
+def _print_version(value: bool) -> None:
+    if value:
+        from runledger import __version__
+
+        typer.echo(f"runledger {__version__}")
+        raise typer.Exit()
+
+
+def configure_logging(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", help="Print the version and exit.", is_eager=True, callback=_print_version),
+    ] = False,
+) -> None:
     # Long-running commands (ingesters, receivers) log through `logging`; RUNLEDGER_LOG_LEVEL
     # (e.g. INFO, DEBUG) shows it, kafka-python's own group and fetch logs included.
     level = os.environ.get("RUNLEDGER_LOG_LEVEL")

@@ -6,6 +6,7 @@ A "checkpoint" here is a log checkpoint: a signed tree head (C2SP tlog-checkpoin
 
 from __future__ import annotations
 
+import base64
 import os
 from pathlib import Path
 from typing import Annotated
@@ -18,6 +19,7 @@ from runledger.cli.output import (
     OutputOption,
     console,
     fail,
+    plural,
     print_json,
     user_errors,
 )
@@ -55,7 +57,11 @@ def checkpoint(ledger: LedgerOption = DEFAULT_LEDGER, keys: KeyDir = DEFAULT_KEY
 
     with user_errors():
         written = sign_checkpoints(ledger, _read_key(keys, ".key"))
-    console.print(f"signed {len(written)} stream checkpoints in {ledger / '_checkpoints'}")
+    console.print(f"signed {plural(len(written), 'stream checkpoint')} in {ledger / '_checkpoints'}")
+
+
+# `ledger verify` exits 3 when it found nothing wrong but could not check every signed checkpoint.
+UNVERIFIED_EXIT = 3
 
 
 def verify(
@@ -65,8 +71,12 @@ def verify(
         Path | None, typer.Option("--public-key", help="Public key file (the log checkpoints' signer).")
     ] = None,
 ) -> None:
-    """Check the whole ledger against its Merkle trees and latest log checkpoints; name every bad event."""
-    from runledger.ledger.integrity import verify_ledger
+    """Check the whole ledger against its Merkle trees and latest log checkpoints; name every bad event.
+
+    Exit status: 0 all checked and OK; 1 a problem found; 3 nothing wrong found, but signed log
+    checkpoints are on disk that were not checked (no public key: pass --public-key or --keys).
+    """
+    from runledger.ledger.integrity import CHECKPOINTS, verify_ledger
 
     with user_errors():
         key = public_key.read_text().strip() if public_key else None
@@ -75,13 +85,67 @@ def verify(
         report = verify_ledger(ledger, key)
     for problem in report.problems:
         console.print(problem.line(), highlight=False, markup=False)
-    status = "OK" if report.ok else f"FAILED ({len(report.problems)} problems)"
-    console.print(
-        f"{status}: {report.streams} streams, {report.events} events, "
-        f"{report.checkpoints} signed checkpoints checked"
-    )
+    # The OK/FAILED line keeps its long-standing form ("1 streams"): tests/core/test_integrity.py pins it.
+    checked = f"{report.streams} streams, {report.events} events"
     if not report.ok:
+        console.print(
+            f"FAILED ({len(report.problems)} problems): {checked}, {report.checkpoints} signed checkpoints checked",
+            highlight=False,
+        )
         raise typer.Exit(1)
+    counted = f"{plural(report.streams, 'stream')}, {plural(report.events, 'event')}"
+    # Count the signed checkpoints on disk ourselves: the report only counts those it checked.
+    on_disk = len(list((ledger / CHECKPOINTS).glob("*.txt")))
+    unchecked = on_disk - report.checkpoints
+    if unchecked > 0:
+        if key is None:
+            why = f"no public key (none given, none in {keys})"
+        else:
+            why = "their streams are not in the ledger"
+        count = plural(on_disk, "signed checkpoint")
+        if unchecked < on_disk:
+            count = f"{unchecked} of {count}"
+        console.print(
+            f"UNVERIFIED: {count} in {ledger / CHECKPOINTS} not checked: {why}; pass --public-key PATH "
+            f"(the signer's .pub file) or --keys DIR. Checked: {counted} against the ledger's own "
+            "commit log only.",
+            style="bold yellow",
+            highlight=False,
+            markup=False,
+        )
+        raise typer.Exit(UNVERIFIED_EXIT)
+    if on_disk == 0:
+        console.print(
+            f"OK: {counted} match the commit log; no signed checkpoints to check "
+            "(sign one with `ledger checkpoint`)",
+            highlight=False,
+        )
+        return
+    console.print(f"OK: {checked}, {report.checkpoints} signed checkpoints checked", highlight=False)
+
+
+def _leaf_bytes(ledger: Path, doc: dict) -> bytes:
+    """The canonical bytes of the event a proof is for: the leaf the verifier hashes itself."""
+    from runledger.ledger.merkle import leaf_hash
+    from runledger.ledger.query import Reader
+
+    rows = (
+        Reader(ledger)
+        .sql(
+            "SELECT canonical FROM events WHERE stream = ? AND stream_seq = ?",
+            [doc["stream"], doc["leaf_index"]],
+        )
+        .rows
+    )
+    want = base64.b64decode(doc["leaf_hash"])
+    for (canonical,) in rows:
+        raw = canonical.encode("utf-8")
+        if leaf_hash(raw) == want:
+            return raw
+    raise fail(
+        f"the stored bytes of event {doc['event_id']} no longer hash to its recorded leaf: "
+        "run `ledger verify`"
+    )
 
 
 def prove_inclusion(
@@ -89,12 +153,29 @@ def prove_inclusion(
     source: Annotated[str | None, typer.Option(help="The event's source, if ids repeat.")] = None,
     ledger: LedgerOption = DEFAULT_LEDGER,
     output: OutputOption = None,
+    leaf_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--leaf-out", help="Also write the leaf's bytes (the event's canonical JSON) to this file."
+        ),
+    ] = None,
 ) -> None:
-    """Inclusion proof of one event in its stream's tree at the latest log checkpoint (RFC 6962 shape)."""
+    """Inclusion proof of one event in its stream's tree at the latest log checkpoint (RFC 6962 shape).
+
+    The proof carries the leaf's bytes (the event's canonical JSON, in "leaf"), so the verifier
+    hashes the leaf itself and reads the event's id, source and stream from it.
+    """
     from runledger.ledger.integrity import prove_inclusion as prove
 
     with user_errors():
         doc = prove(ledger, event_id, source)
+        leaf = _leaf_bytes(ledger, doc)
+    doc["leaf"] = leaf.decode("utf-8")
+    if leaf_out is not None:
+        with user_errors():
+            tmp = leaf_out.with_name(leaf_out.name + f".{os.getpid()}.part")
+            tmp.write_bytes(leaf)
+            tmp.replace(leaf_out)
     print_json(doc, output)
 
 

@@ -77,6 +77,11 @@ def user_errors() -> Iterator[None]:
         raise fail(str(exc)) from None
 
 
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """``1 stream``, ``2 streams``, ``0 streams``: a count and its noun in the right number."""
+    return f"{count} {word if count == 1 else many or word + 's'}"
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, datetime | date):
         return value.isoformat()

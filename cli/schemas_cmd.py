@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from runledger.cli.output import Format, FormatOption, OutputOption, console, print_rows, user_errors
+from runledger.cli.output import Format, FormatOption, OutputOption, console, plural, print_rows, user_errors
 
 
 def export_schemas(
@@ -18,7 +18,7 @@ def export_schemas(
 
     with user_errors():
         written = export_json_schemas(directory)
-    console.print(f"wrote {len(written)} schemas to {directory}")
+    console.print(f"wrote {plural(len(written), 'schema')} to {directory}")
 
 
 def list_schemas(fmt: FormatOption = Format.table, output: OutputOption = None) -> None:

@@ -11,8 +11,12 @@ What is read, per repository ``owner/name`` (the ``full_name`` GitHub returns na
   review_comments  GET /repos/{r}/pulls/comments?sort=updated&…&since=   github.pull_request_review_comment
   commits          GET /repos/{r}/commits?since=  (default branch)       github.commit (emitted oldest first)
 
-Events get the same content-derived ids as webhook deliveries (``runledger.ingest.github_events``), so running a
-backfill over a period the webhook already covered adds nothing to the ledger.
+Events have the backfill's own source, ``github-backfill/{owner/repo}``, and ids naming the observed
+object state (``issue/{number}/{updated_at}``, ``commit/{sha}``…), so reading the same state again (a
+rerun, the inclusive ``since`` boundary) adds nothing to the ledger. Their payloads carry the same
+``fact`` keys as the webhook's events for the same fact (``runledger.ingest.github_events``): a
+backfill over a period the webhook already covered adds a second observation of each fact, which the
+``github`` view shows once (``observations`` = 2, ``observed_via`` = [backfill, webhook]).
 
 Resuming: per repository and kind, the cursor is the ``updated_at`` (commits: commit date) of the last
 object fully processed; the next run passes it as ``since`` (GitHub's ``since`` is inclusive, so the

@@ -1,29 +1,45 @@
-"""GitHub JSON (a webhook payload or a REST object) → envelopes. The ONE place GitHub event ids are made.
+"""GitHub JSON (a webhook payload or a REST object) → envelopes. The ONE place GitHub identities are made.
 
-Both producers (``runledger.ingest.github_webhook`` and ``runledger.ingest.github_backfill``) call these functions, so the
-same update of the same object gets the same (source, id) whichever way it arrives, and the ledger
-keeps it once. Ids are derived from content, never from the delivery:
+THE IDENTITY RULE. The same GitHub fact seen by the webhook receiver and by a backfill is two
+observations by two producers, not a conflict: each producer has its own ``source`` and its own ids,
+the ledger keeps both, and every event's payload carries a ``fact`` key naming *what* it observed,
+independently of who observed it. The ``github`` view shows one row per fact; ``github_all`` and
+``events`` keep every observation.
 
-  github.issues                      issue/{number}/{updated_at}
-  github.pull_request                pull/{number}/{updated_at}
-  github.pull_request_review         review/{review_id}/{submitted_at or "pending"}/{state}
-  github.issue_comment               comment/{comment_id}/{updated_at}
-  github.pull_request_review_comment comment/{comment_id}/{updated_at}
-  github.push                        push/{ref}/{after}
-  github.commit                      commit/{sha}
-  github.raw                         raw/{event}/{sha256 of the payload's canonical bytes}
+  producer  source                       id
+  webhook   github-webhook/{stream}      delivery/{X-GitHub-Delivery}/{n}  (n: 0, 1… within the delivery)
+  backfill  github-backfill/{owner/repo} the observed object state, e.g. issue/{number}/{updated_at}
 
-Timestamps inside ids are normalised to UTC ``YYYY-MM-DDTHH:MM:SSZ`` (REST and webhooks agree on the
-form today; normalising keeps that true if one of them starts sending an offset). A review id also
-carries its state because dismissing a review keeps its ``submitted_at``. A ``deleted`` action gets
-``/deleted`` appended: deleting does not change ``updated_at``, and only webhooks ever see deletions.
+A redelivery of the same GUID is the same event (the receiver answers it ``duplicate``; the ledger's
+(source, id) dedupe is the second line). Facts, per kind (``U`` = the object's ``updated_at``):
 
-An id names the object's state at ``updated_at``: two webhook actions that leave the same
-``updated_at`` (rare; GitHub bumps it on almost every change) collapse into the first one.
+  github.issues        issues/{N}/opened/{created_at}, issues/{N}/closed/{closed_at}, issues/{N}/deleted,
+                       issues/{N}/{action}/{U}[/{detail}] — detail: label:{name} (labeled, unlabeled),
+                       assignee:{login}, milestone:{number}, to:{repo}#{number} (transferred),
+                       content:{hash of title+body} (edited); else, if the payload lacks it, the delivery.
+                       A backfill snapshot is ``opened`` when never updated since created, ``closed``
+                       when its last update was the close, else issues/{N}/snapshot/{U}.
+  github.pull_request  the same with pull_request/{N}/…, plus merged/{merged_at} (closed+merged, and any
+                       snapshot of a merged PR), head:{sha} (synchronize), reviewer:{login} or
+                       team:{slug} (review_requested/_removed), content:{hash of title+body+base}.
+  github.pull_request_review  review/{id}/{state} (submitted, dismissed, snapshot);
+                       review/{id}/{state}/{action}/body:{hash} otherwise (edited).
+  github.issue_comment / github.pull_request_review_comment
+                       {issue_comment|review_comment}/{id}/created/{created_at},
+                       …/edited/{U}/body:{hash of body}, …/deleted. A snapshot is ``created`` when
+                       updated_at = created_at, else the edit that left it (same key as the webhook's).
+  github.push          push/{ref}/{before}/{after}       (webhook only)
+  github.commit        commit/{sha}                      (backfill REST object = a push's listed commit)
+  github.raw           raw/{event}/{delivery}            (webhook only: each delivery its own fact)
 
-Envelope fields: ``stream`` = ``owner/repo`` (as GitHub spells it: ``repository.full_name``),
-``source`` = ``github:owner/repo``, ``time`` = the object's own update/submit time, ``subject`` =
-``issue/N``, ``pull/N``, ``ref/<ref>`` or ``commit/<sha>``, ``seq`` = 0 (see schemas.github).
+A delivery id that is not GUID-like (only a library caller can pass one) appears as ``sha256:<hex>``
+of it; without any delivery id, ids are ``payload/{sha256 of event and payload}/{n}``.
+
+Timestamps in ids and facts are normalised to UTC ``YYYY-MM-DDTHH:MM:SSZ``; hashes are the first 16 hex
+digits of the SHA-256 of the value's canonical JSON. Envelope fields: ``stream`` = ``owner/repo`` (as
+GitHub spells it: ``repository.full_name``; an org-level webhook: the organisation's login), ``time`` =
+the object's own update/submit time, ``subject`` = ``issue/N``, ``pull/N``, ``ref/<ref>`` or
+``commit/<sha>``, ``seq`` = 0 (see schemas.github).
 """
 
 from __future__ import annotations
@@ -32,6 +48,8 @@ import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
+
+import msgspec
 
 from runledger.schemas import Envelope, make_event
 from runledger.schemas import github as gh
@@ -45,9 +63,11 @@ from runledger.schemas.catalogue import (
     GITHUB_REVIEW_COMMENT,
 )
 
-# Two producers share a source, so no per-source counter can be gap-free: GitHub events carry 0.
+# Deliveries arrive unordered and are redelivered: no GitHub producer keeps a per-source counter.
 GITHUB_SEQ = 0
 SNAPSHOT = "snapshot"  # the action of an object read by a backfill: its state, not a change
+WEBHOOK = "webhook"
+BACKFILL = "backfill"
 REPO_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}$")
 TYPED_EVENTS = frozenset(
     {"issues", "issue_comment", "pull_request", "pull_request_review", "pull_request_review_comment", "push"}
@@ -64,8 +84,11 @@ def valid_repo(repo: str) -> bool:
     return bool(REPO_RE.match(repo)) and not repo.endswith((".git", "/.", "/.."))
 
 
-def source_of(repo: str) -> str:
-    return f"github:{repo}"
+def source_of(stream: str, via: str = BACKFILL) -> str:
+    """The source of one producer's GitHub events: ``github-webhook/…`` or ``github-backfill/…``."""
+    if via not in (WEBHOOK, BACKFILL):
+        raise ValueError(f"unknown GitHub producer {via!r}")
+    return f"github-{via}/{stream}"
 
 
 def parse_time(value: Any) -> datetime:
@@ -73,9 +96,15 @@ def parse_time(value: Any) -> datetime:
     if isinstance(value, bool) or value is None:
         raise GitHubMappingError(f"not a timestamp: {value!r}")
     if isinstance(value, int | float):
-        return datetime.fromtimestamp(value, UTC)
+        try:
+            return datetime.fromtimestamp(value, UTC)
+        except (OverflowError, OSError, ValueError) as exc:
+            raise GitHubMappingError(f"not a timestamp: {value!r}") from exc
+    text = str(value)
+    if _SHORT_YEAR.match(text):  # years before 1000 as strftime("%Y") writes them: "999-01-01…"
+        text = text.zfill(len(text) + 4 - text.index("-"))
     try:
-        parsed = datetime.fromisoformat(str(value))
+        parsed = datetime.fromisoformat(text)
     except ValueError as exc:
         raise GitHubMappingError(f"not a timestamp: {value!r}") from exc
     if parsed.tzinfo is None:
@@ -83,8 +112,18 @@ def parse_time(value: Any) -> datetime:
     return parsed.astimezone(UTC)
 
 
+_SHORT_YEAR = re.compile(r"^\d{1,3}-")
+
+
 def id_time(value: Any) -> str:
-    return parse_time(value).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """UTC ``YYYY-MM-DDTHH:MM:SSZ`` (four year digits on every platform, unlike strftime's ``%Y``)."""
+    t = parse_time(value)
+    return f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:{t.second:02d}Z"
+
+
+def content_hash(value: Any) -> str:
+    """16 hex digits of the SHA-256 of a JSON value's canonical bytes (a fact's content qualifier)."""
+    return sha256_hex(canonical_bytes(value))[:16]
 
 
 def _login(obj: Any) -> str | None:
@@ -117,11 +156,18 @@ def _deleted(action: str) -> str:
 
 
 def _event(
-    payload: gh.Payload, *, repo: str, id: str, time: datetime, subject: str, type: str | None = None
+    payload: gh.Payload,
+    *,
+    repo: str,
+    id: str,
+    time: datetime,
+    subject: str,
+    via: str,
+    type: str | None = None,
 ) -> Envelope:
     return make_event(
         payload,
-        source=source_of(repo),
+        source=source_of(repo, via),
         stream=repo,
         seq=GITHUB_SEQ,
         id=id,
@@ -131,12 +177,125 @@ def _event(
     )
 
 
+# ------------------------------------------------------------------------------------- facts
+
+
+def _same_second(a: Any, b: Any) -> bool:
+    return a is not None and b is not None and id_time(a) == id_time(b)
+
+
+def _action_detail(kind: str, action: str, obj: JSON, payload: JSON | None) -> str | None:
+    """What tells two deliveries of the same action on one object in one second apart.
+
+    "" when the action needs nothing more than its time; None when the payload lacks what it needs
+    (the caller then falls back on the delivery id).
+    """
+    payload = payload or {}
+    if action in ("labeled", "unlabeled"):
+        label = payload.get("label")
+        name = label.get("name") if isinstance(label, Mapping) else None
+        return f"/label:{name}" if name is not None else None
+    if action in ("assigned", "unassigned"):
+        login = _login(payload.get("assignee"))
+        return f"/assignee:{login}" if login is not None else None
+    if action in ("milestoned", "demilestoned"):
+        milestone = payload.get("milestone") or obj.get("milestone")
+        number = milestone.get("number") if isinstance(milestone, Mapping) else None
+        return f"/milestone:{number}" if number is not None else None
+    if action in ("review_requested", "review_request_removed"):
+        reviewer = _login(payload.get("requested_reviewer"))
+        if reviewer is not None:
+            return f"/reviewer:{reviewer}"
+        team = payload.get("requested_team")
+        slug = (team.get("slug") or team.get("name")) if isinstance(team, Mapping) else None
+        return f"/team:{slug}" if slug is not None else None
+    if action == "synchronize":
+        head = obj.get("head")
+        sha = payload.get("after") or (head.get("sha") if isinstance(head, Mapping) else None)
+        return f"/head:{sha}" if sha else None
+    if action == "edited":
+        content: dict[str, Any] = {"title": obj.get("title"), "body": obj.get("body")}
+        if kind == "pull_request":
+            base = obj.get("base")
+            content["base"] = base.get("ref") if isinstance(base, Mapping) else None
+        return f"/content:{content_hash(content)}"
+    if action == "transferred":
+        changes = payload.get("changes")
+        if not isinstance(changes, Mapping):
+            return None
+        repo = changes.get("new_repository")
+        issue = changes.get("new_issue")
+        full_name = repo.get("full_name") if isinstance(repo, Mapping) else None
+        number = issue.get("number") if isinstance(issue, Mapping) else None
+        return f"/to:{full_name}#{number}" if full_name is not None else None
+    return ""
+
+
+def lifecycle_fact(
+    kind: str, number: int, action: str, obj: JSON, payload: JSON | None = None, delivery: str | None = None
+) -> str:
+    """The fact of an issue (``kind="issues"``) or pull request (``"pull_request"``) event."""
+    base = f"{kind}/{number}"
+    updated = obj.get("updated_at")
+    if kind == "pull_request" and obj.get("merged_at") and action in (SNAPSHOT, "closed"):
+        return f"{base}/merged/{id_time(obj['merged_at'])}"  # a PR merges once: its merge is one fact
+    if action == SNAPSHOT:
+        if obj.get("state") == "closed" and _same_second(obj.get("closed_at"), updated):
+            return f"{base}/closed/{id_time(updated)}"
+        if _same_second(obj.get("created_at"), updated):
+            return f"{base}/opened/{id_time(updated)}"
+        return f"{base}/{SNAPSHOT}/{id_time(_need(obj, 'updated_at'))}"
+    if action == "opened":
+        return f"{base}/opened/{id_time(obj.get('created_at') or _need(obj, 'updated_at'))}"
+    if action == "closed":
+        return f"{base}/closed/{id_time(obj.get('closed_at') or _need(obj, 'updated_at'))}"
+    if action == "deleted":
+        return f"{base}/deleted"
+    detail = _action_detail(kind, action, obj, payload)
+    if detail is None:
+        detail = f"/delivery:{delivery_key(delivery)}" if delivery else ""
+    return f"{base}/{action}/{id_time(_need(obj, 'updated_at'))}{detail}"
+
+
+def comment_fact(kind: str, comment: JSON, action: str) -> str:
+    """``kind`` is ``issue_comment`` or ``review_comment``. A REST snapshot gets the key of the webhook
+    action that left the comment as it is: ``created`` if never edited, else that edit."""
+    comment_id = int(_need(comment, "id"))
+    base = f"{kind}/{comment_id}"
+    created = comment.get("created_at")
+    updated = comment.get("updated_at") or created
+    if action == "deleted":
+        return f"{base}/deleted"
+    if action == "created" or (action == SNAPSHOT and (updated is None or _same_second(created, updated))):
+        return f"{base}/created/{id_time(created or _need(comment, 'updated_at'))}"
+    if action in ("edited", SNAPSHOT):
+        return f"{base}/edited/{id_time(updated)}/body:{content_hash(comment.get('body'))}"
+    return f"{base}/{action}/{id_time(updated)}"
+
+
+def review_fact(review_id: int, state: str, action: str, body: Any) -> str:
+    if action in (SNAPSHOT, "submitted", "dismissed"):
+        return f"review/{review_id}/{state or 'unknown'}"
+    return f"review/{review_id}/{state or 'unknown'}/{action}/body:{content_hash(body)}"
+
+
+# ------------------------------------------------------------------------------------ events
+
+
 def issue_event(
-    repo: str, issue: JSON, *, action: str = SNAPSHOT, actor: str | None = None, via: str = "backfill"
+    repo: str,
+    issue: JSON,
+    *,
+    action: str = SNAPSHOT,
+    actor: str | None = None,
+    via: str = BACKFILL,
+    payload: JSON | None = None,
+    delivery: str | None = None,
 ) -> Envelope:
+    """An issue; ``payload`` is the whole webhook payload (a label, an assignee… qualify the fact)."""
     number = int(_need(issue, "number"))
     updated = _need(issue, "updated_at")
-    payload = gh.GitHubIssue(
+    data = gh.GitHubIssue(
         action=action,
         repo=repo,
         number=number,
@@ -151,13 +310,15 @@ def issue_event(
         updated_at=updated,
         closed_at=issue.get("closed_at"),
         via=via,
+        fact=lifecycle_fact("issues", number, action, issue, payload, delivery),
     )
     return _event(
-        payload,
+        data,
         repo=repo,
         id=f"issue/{number}/{id_time(updated)}{_deleted(action)}",
         time=parse_time(updated),
         subject=f"issue/{number}",
+        via=via,
     )
 
 
@@ -168,14 +329,16 @@ def pull_event(
     action: str = SNAPSHOT,
     actor: str | None = None,
     changed_files: list[str] | None = None,
-    via: str = "backfill",
+    via: str = BACKFILL,
+    payload: JSON | None = None,
+    delivery: str | None = None,
 ) -> Envelope:
     number = int(_need(pr, "number"))
     updated = _need(pr, "updated_at")
     head = pr.get("head") or {}
     base = pr.get("base") or {}
     count = pr.get("changed_files")
-    payload = gh.GitHubPullRequest(
+    data = gh.GitHubPullRequest(
         action=action,
         repo=repo,
         number=number,
@@ -200,13 +363,15 @@ def pull_event(
         draft=pr.get("draft"),
         changed_files_count=count if isinstance(count, int) and not isinstance(count, bool) else None,
         via=via,
+        fact=lifecycle_fact("pull_request", number, action, pr, payload, delivery),
     )
     return _event(
-        payload,
+        data,
         repo=repo,
         id=f"pull/{number}/{id_time(updated)}{_deleted(action)}",
         time=parse_time(updated),
         subject=f"pull/{number}",
+        via=via,
     )
 
 
@@ -217,14 +382,14 @@ def review_event(
     *,
     fallback_time: Any,
     action: str = SNAPSHOT,
-    via: str = "backfill",
+    via: str = BACKFILL,
 ) -> Envelope:
     """A review; ``fallback_time`` (the PR's ``updated_at``) dates a review not yet submitted."""
     review_id = int(_need(review, "id"))
     submitted = review.get("submitted_at")
     # REST spells states in upper case (APPROVED), webhooks in lower case (approved).
     state = str(review.get("state") or "").lower()
-    payload = gh.GitHubReview(
+    data = gh.GitHubReview(
         action=action,
         repo=repo,
         pr_number=int(pr_number),
@@ -236,14 +401,16 @@ def review_event(
         submitted_at=submitted,
         url=review.get("html_url"),
         via=via,
+        fact=review_fact(review_id, state, action, review.get("body")),
     )
     stamp = id_time(submitted) if submitted else "pending"
     return _event(
-        payload,
+        data,
         repo=repo,
         id=f"review/{review_id}/{stamp}/{state or 'unknown'}",
         time=parse_time(submitted if submitted else fallback_time),
         subject=f"pull/{int(pr_number)}",
+        via=via,
     )
 
 
@@ -254,7 +421,7 @@ def comment_event(
     kind: str,
     number: int | None = None,
     action: str = SNAPSHOT,
-    via: str = "backfill",
+    via: str = BACKFILL,
 ) -> Envelope:
     """An issue comment (``kind="issue_comment"``) or a PR diff comment (``kind="review_comment"``)."""
     if kind not in ("issue_comment", "review_comment"):
@@ -265,7 +432,7 @@ def comment_event(
         url = comment.get("issue_url") if kind == "issue_comment" else comment.get("pull_request_url")
         number = _number_from_url(url)
     reply = comment.get("in_reply_to_id")
-    payload = gh.GitHubComment(
+    data = gh.GitHubComment(
         action=action,
         repo=repo,
         number=int(number),
@@ -278,29 +445,31 @@ def comment_event(
         url=comment.get("html_url"),
         created_at=comment.get("created_at"),
         updated_at=updated,
-        in_reply_to=int(reply) if isinstance(reply, int) else None,
+        in_reply_to=int(reply) if isinstance(reply, int) and not isinstance(reply, bool) else None,
         via=via,
+        fact=comment_fact(kind, comment, action),
     )
     # Issue comments live on issue/N even when N is a PR (GitHub numbers both alike).
     prefix = "issue" if kind == "issue_comment" else "pull"
     return _event(
-        payload,
+        data,
         repo=repo,
         id=f"comment/{comment_id}/{id_time(updated)}{_deleted(action)}",
         time=parse_time(updated),
         subject=f"{prefix}/{int(number)}",
         type=GITHUB_ISSUE_COMMENT if kind == "issue_comment" else GITHUB_REVIEW_COMMENT,
+        via=via,
     )
 
 
-def commit_event(repo: str, commit: JSON, *, via: str = "backfill") -> Envelope:
+def commit_event(repo: str, commit: JSON, *, via: str = BACKFILL) -> Envelope:
     """A REST commit object (``GET /repos/{o}/{r}/commits``)."""
     sha = str(_need(commit, "sha"))
     inner = commit.get("commit") or {}
     committer = inner.get("committer") or {}
     author = commit.get("author")
     committed = committer.get("date") or (inner.get("author") or {}).get("date")
-    payload = gh.GitHubCommit(
+    data = gh.GitHubCommit(
         repo=repo,
         sha=sha,
         message=str(inner.get("message") or ""),
@@ -309,34 +478,41 @@ def commit_event(repo: str, commit: JSON, *, via: str = "backfill") -> Envelope:
         parents=[str(p["sha"]) for p in commit.get("parents") or [] if isinstance(p, Mapping) and "sha" in p],
         url=commit.get("html_url"),
         via=via,
+        fact=f"commit/{sha}",
     )
     if committed is None:
         raise GitHubMappingError(f"commit {sha} has no date")
-    return _event(payload, repo=repo, id=f"commit/{sha}", time=parse_time(committed), subject=f"commit/{sha}")
+    return _event(
+        data, repo=repo, id=f"commit/{sha}", time=parse_time(committed), subject=f"commit/{sha}", via=via
+    )
 
 
 def _pushed_commit_event(repo: str, commit: JSON) -> Envelope:
     # Push payloads carry a commit's author/committer by name and no parents; the REST object a
-    # backfill sees has the same id (commit/{sha}), so whichever arrives first is kept.
+    # backfill sees is the same fact (commit/{sha}), observed by the other producer.
     sha = str(_need(commit, "id"))
     stamp = _need(commit, "timestamp")
     author = commit.get("author") or {}
-    payload = gh.GitHubCommit(
+    data = gh.GitHubCommit(
         repo=repo,
         sha=sha,
         message=str(commit.get("message") or ""),
         author=author.get("username") or author.get("name"),
         committed_at=stamp,
         url=commit.get("url"),
-        via="webhook",
+        via=WEBHOOK,
+        fact=f"commit/{sha}",
     )
-    return _event(payload, repo=repo, id=f"commit/{sha}", time=parse_time(stamp), subject=f"commit/{sha}")
+    return _event(
+        data, repo=repo, id=f"commit/{sha}", time=parse_time(stamp), subject=f"commit/{sha}", via=WEBHOOK
+    )
 
 
 def push_events(repo: str, push: JSON, *, received_at: datetime) -> list[Envelope]:
     """A push and one ``github.commit`` per commit it lists."""
     ref = str(_need(push, "ref"))
     after = str(_need(push, "after"))
+    before = str(push.get("before") or "")
     repository = push.get("repository") or {}
     pushed_at = repository.get("pushed_at")  # epoch seconds in push payloads
     head = push.get("head_commit") or {}
@@ -346,10 +522,10 @@ def push_events(repo: str, push: JSON, *, received_at: datetime) -> list[Envelop
         else (parse_time(head["timestamp"]) if head.get("timestamp") else received_at)
     )
     commits = [c for c in push.get("commits") or [] if isinstance(c, Mapping)]
-    payload = gh.GitHubPush(
+    data = gh.GitHubPush(
         repo=repo,
         ref=ref,
-        before=str(push.get("before") or ""),
+        before=before,
         after=after,
         pusher=_login(push.get("pusher")),
         commits=[
@@ -364,10 +540,11 @@ def push_events(repo: str, push: JSON, *, received_at: datetime) -> list[Envelop
         created=bool(push.get("created")),
         deleted=bool(push.get("deleted")),
         forced=bool(push.get("forced")),
-        pushed_at=when.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        via="webhook",
+        pushed_at=id_time(when),
+        via=WEBHOOK,
+        fact=f"push/{ref}/{before}/{after}",
     )
-    out = [_event(payload, repo=repo, id=f"push/{ref}/{after}", time=when, subject=f"ref/{ref}")]
+    out = [_event(data, repo=repo, id=f"push/{ref}/{after}", time=when, subject=f"ref/{ref}", via=WEBHOOK)]
     out.extend(_pushed_commit_event(repo, c) for c in commits if c.get("id") and c.get("timestamp"))
     return out
 
@@ -383,46 +560,86 @@ def stream_of(payload: JSON) -> str:
     return "github"
 
 
+_DELIVERY_RE = re.compile(r"[A-Za-z0-9-]{1,128}")
+
+
+def delivery_key(delivery: str) -> str:
+    """How a delivery id appears in ids and facts: itself when GUID-like (the receiver lets only those
+    in), else ``sha256:<hex>`` of it, so that an odd one from a library caller stays one path segment."""
+    if _DELIVERY_RE.fullmatch(delivery):
+        return delivery
+    return f"sha256:{sha256_hex(delivery.encode('utf-8', 'surrogatepass'))}"
+
+
+def _payload_digest(event: str, payload: JSON) -> str:
+    return sha256_hex(canonical_bytes({"event": event, "payload": dict(payload)}))
+
+
 def raw_event(event: str, payload: JSON, *, received_at: datetime, delivery: str | None = None) -> Envelope:
-    """Any webhook kept whole. Its id hashes the payload so a redelivery is the same event."""
+    """Any webhook kept whole: its own fact, ``raw/{event}/{delivery}`` (no delivery: the payload's hash)."""
     stream = stream_of(payload)
     action = payload.get("action")
-    digest = sha256_hex(canonical_bytes(dict(payload)))
+    key = delivery_key(delivery) if delivery else f"sha256:{_payload_digest(event, payload)}"
     return _event(
         gh.GitHubRaw(
             event=event,
             action=str(action) if action is not None else None,
             payload=dict(payload),
             delivery=delivery,
+            fact=f"raw/{event}/{key}",
         ),
         repo=stream,
-        id=f"raw/{event}/{digest}",
+        id=f"raw/{event}/{key}",
         time=received_at,
         subject=event,
         type=GITHUB_RAW,
+        via=WEBHOOK,
     )
 
 
 def webhook_events(
     event: str, payload: JSON, *, received_at: datetime, delivery: str | None = None
 ) -> list[Envelope]:
-    """The envelopes one webhook delivery becomes. Never empty: what cannot be typed is kept raw."""
+    """The envelopes one webhook delivery becomes. Never empty: what cannot be typed is kept raw.
+
+    Their source is ``github-webhook/{stream}`` and their ids ``delivery/{delivery}/{n}``; without a
+    delivery id (a library call, not the receiver) ``payload/{sha256 of event and payload}/{n}``.
+    """
+    envelopes: list[Envelope] | None = None
     if event in TYPED_EVENTS and isinstance(payload.get("repository"), Mapping):
         try:
-            return _typed_webhook(event, payload, received_at=received_at)
-        except (GitHubMappingError, KeyError, TypeError, ValueError):
-            pass  # an unexpected shape is still kept, whole, as github.raw
-    return [raw_event(event, payload, received_at=received_at, delivery=delivery)]
+            envelopes = _typed_webhook(event, payload, received_at=received_at, delivery=delivery)
+        except (GitHubMappingError, KeyError, TypeError, ValueError, AttributeError, OverflowError):
+            envelopes = None  # an unexpected shape is still kept, whole, as github.raw
+    if envelopes is None:
+        envelopes = [raw_event(event, payload, received_at=received_at, delivery=delivery)]
+    prefix = (
+        f"delivery/{delivery_key(delivery)}" if delivery else f"payload/{_payload_digest(event, payload)}"
+    )
+    return [
+        msgspec.structs.replace(envelope, source=source_of(envelope.stream, WEBHOOK), id=f"{prefix}/{n}")
+        for n, envelope in enumerate(envelopes)
+    ]
 
 
-def _typed_webhook(event: str, payload: JSON, *, received_at: datetime) -> list[Envelope]:
+def _typed_webhook(
+    event: str, payload: JSON, *, received_at: datetime, delivery: str | None
+) -> list[Envelope]:
     repo = stream_of(payload)
     action = str(payload.get("action") or "")
     actor = _login(payload.get("sender"))
     if event == "issues":
-        return [issue_event(repo, _need(payload, "issue"), action=action, actor=actor, via="webhook")]
+        issue = _need(payload, "issue")
+        return [
+            issue_event(
+                repo, issue, action=action, actor=actor, via=WEBHOOK, payload=payload, delivery=delivery
+            )
+        ]
     if event == "pull_request":
-        return [pull_event(repo, _need(payload, "pull_request"), action=action, actor=actor, via="webhook")]
+        pr = _need(payload, "pull_request")
+        return [
+            pull_event(repo, pr, action=action, actor=actor, via=WEBHOOK, payload=payload, delivery=delivery)
+        ]
     if event == "pull_request_review":
         pr = _need(payload, "pull_request")
         return [
@@ -432,20 +649,18 @@ def _typed_webhook(event: str, payload: JSON, *, received_at: datetime) -> list[
                 _need(payload, "review"),
                 fallback_time=pr.get("updated_at") or received_at.isoformat(),
                 action=action,
-                via="webhook",
+                via=WEBHOOK,
             )
         ]
     if event == "issue_comment":
         number = int(_need(_need(payload, "issue"), "number"))
         comment = _need(payload, "comment")
-        return [
-            comment_event(repo, comment, kind="issue_comment", number=number, action=action, via="webhook")
-        ]
+        return [comment_event(repo, comment, kind="issue_comment", number=number, action=action, via=WEBHOOK)]
     if event == "pull_request_review_comment":
         number = int(_need(_need(payload, "pull_request"), "number"))
         comment = _need(payload, "comment")
         return [
-            comment_event(repo, comment, kind="review_comment", number=number, action=action, via="webhook")
+            comment_event(repo, comment, kind="review_comment", number=number, action=action, via=WEBHOOK)
         ]
     if event == "push":
         return push_events(repo, payload, received_at=received_at)

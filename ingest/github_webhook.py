@@ -9,8 +9,17 @@ accepted too). Each request is checked in this order, and a refusal stores nothi
   4. signature ≠ ``sha256=`` + hex HMAC-SHA256(secret, raw body)      → 401 (``hmac.compare_digest``)
   5. ``X-GitHub-Event`` / ``X-GitHub-Delivery`` missing or malformed  → 400
   6. delivery id seen before (a redelivery or a replay)               → 200 ``{"status": "duplicate"}``
-  7. body not a JSON object                                           → 400
-  8. accepted                                                         → 202
+  7. body not a JSON object: empty, a byte order mark, invalid UTF-8,
+     NaN/Infinity, a number out of range, not an object              → 400 ``bad_json``
+  8. JSON nested deeper than ``max_depth`` (62) levels                → 400 ``too_deep``
+  9. an event the ledger's door would quarantine (``decode_event``):
+     over its maximum event size (8 MiB)                             → 413 ``too_large``
+     anything else it refuses, or a mapping failure                  → 422 ``unprocessable``
+ 10. accepted                                                         → 202
+
+Every refusal is ``{"status": "refused", "reason": …, "detail": one line}`` with a 4xx status (a 503
+says only that the receiver itself cannot store right now: queue full, sink failing, shutting down).
+Bad input never gets a 5xx, and the connection stays usable (keep-alive) after any refusal.
 
 An accepted delivery is mapped to envelopes (``runledger.ingest.github_events``: typed for issues,
 issue_comment, pull_request, pull_request_review, pull_request_review_comment and push; anything else,
@@ -20,15 +29,17 @@ delivery id, so 202 normally means "durable": the handler waits for that acknowl
 ``ack_timeout_s`` (well inside GitHub's 10 s) and answers 202 ``queued`` if it takes longer.
 
 Delivery ids are remembered in a bounded SQLite file beside the spool, so a redelivery after a
-restart is still answered ``duplicate``; the ledger's (source, content-derived id) dedupe is the
-second line. Refusals are counted by reason (``GET /metrics``, ``GET /healthz``) and logged; the
-secret is never logged.
+restart is still answered ``duplicate``; the ledger's (source, id) dedupe is the second line (an
+event's id is ``delivery/<X-GitHub-Delivery>/<n>``, see ``runledger.ingest.github_events``).
+Refusals are counted by reason (``GET /metrics``, ``GET /healthz``) and logged; the secret is never
+logged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import hmac
 import logging
@@ -54,13 +65,19 @@ from starlette.routing import Route
 
 from runledger.ingest.bus import EventSink, default_spool_dir, open_sink
 from runledger.ingest.github_events import webhook_events
-from runledger.schemas import Envelope
+from runledger.schemas import Envelope, Quarantined, decode_event, encode_event
+from runledger.schemas.codec import MAX_DEPTH
 
 log = logging.getLogger("runledger.github_webhook")
 
 # GitHub caps webhook payloads at 25 MB; anything larger cannot be from GitHub.
 DEFAULT_MAX_BODY_BYTES = 25 * 1024 * 1024
 DEFAULT_MAX_DELIVERIES = 100_000
+# GitHub's payloads nest fewer than 10 levels. The ledger's door quarantines events nested deeper than
+# MAX_DEPTH, and a github.raw event holds the payload two levels down (envelope → data → payload).
+DEFAULT_MAX_DEPTH = MAX_DEPTH - 2
+# Bodies above this are decoded and mapped off the event loop, so one big delivery stalls no other.
+_INLINE_BODY_BYTES = 256 * 1024
 DELIVERY_RE = re.compile(r"^[A-Za-z0-9-]{1,128}$")
 EVENT_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 REFUSAL_REASONS = (
@@ -69,6 +86,8 @@ REFUSAL_REASONS = (
     "signature_mismatch",
     "headers_missing",
     "bad_json",
+    "too_deep",
+    "unprocessable",
     "queue_full",
     "sink_error",
     "shutting_down",
@@ -204,12 +223,14 @@ class WebhookReceiver:
         delivery_log: DeliveryLog | None = None,
         ack_timeout_s: float = 5.0,
         max_queue: int = 10_000,
+        max_depth: int = DEFAULT_MAX_DEPTH,
     ) -> None:
         if not secret:
             raise ValueError("webhook secret must not be empty")
         self._secret = secret
         self.sink = sink
         self.max_body_bytes = max_body_bytes
+        self.max_depth = max_depth
         self.deliveries = delivery_log if delivery_log is not None else DeliveryLog(None)
         self.ack_timeout_s = ack_timeout_s
         self.metrics = Metrics()
@@ -291,11 +312,14 @@ class WebhookReceiver:
         return self._worker.is_alive()
 
     # -- the ASGI side -----------------------------------------------------------------------
-    def _refuse(self, status: int, reason: str, delivery: str | None, request: Request) -> JSONResponse:
+    def _refuse(
+        self, status: int, reason: str, delivery: str | None, request: Request, detail: str | None = None
+    ) -> JSONResponse:
         self.metrics.refuse(reason)
         client = request.client.host if request.client else "-"
-        log.warning("refused delivery %.64r from %s: %s", delivery or "-", client, reason)
-        return JSONResponse({"status": "refused", "reason": reason}, status_code=status)
+        line = _one_line(detail or _REFUSAL_DETAILS.get(reason, reason))
+        log.warning("refused delivery %.64r from %s: %s (%s)", delivery or "-", client, reason, line)
+        return JSONResponse({"status": "refused", "reason": reason, "detail": line}, status_code=status)
 
     async def _read_body(self, request: Request) -> bytes | None:
         """The raw body, or None once it exceeds the limit (the rest is not read)."""
@@ -310,11 +334,26 @@ class WebhookReceiver:
 
     async def handle(self, request: Request) -> Response:
         self.metrics.add("received")
+        try:
+            return await self._handle(request)
+        except ClientDisconnect:
+            return Response(status_code=400)
+        except Exception:  # a bug here must not turn a delivery into a 500 and a dropped connection
+            delivery = request.headers.get("x-github-delivery")
+            log.exception("delivery %.64r could not be handled", delivery)
+            self._forget(delivery or "")
+            return self._refuse(
+                422, "unprocessable", delivery, request, "the delivery could not be processed"
+            )
+
+    async def _handle(self, request: Request) -> Response:
         headers = request.headers
         delivery = headers.get("x-github-delivery")
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
-            return self._refuse(413, "too_large", delivery, request)
+            return self._refuse(
+                413, "too_large", delivery, request, f"body over the {self.max_body_bytes}-byte limit"
+            )
         signature = headers.get("x-hub-signature-256")
         if not signature:
             return self._refuse(401, "signature_missing", delivery, request)
@@ -323,7 +362,9 @@ class WebhookReceiver:
         except ClientDisconnect:
             return Response(status_code=400)
         if body is None:
-            return self._refuse(413, "too_large", delivery, request)
+            return self._refuse(
+                413, "too_large", delivery, request, f"body over the {self.max_body_bytes}-byte limit"
+            )
         if not verify_signature(self._secret, body, signature):
             return self._refuse(401, "signature_mismatch", delivery, request)
         event = headers.get("x-github-event")
@@ -342,11 +383,26 @@ class WebhookReceiver:
         return await self._accept(request, body, event, delivery)
 
     async def _accept(self, request: Request, body: bytes, event: str, delivery: str) -> Response:
-        payload = _decode_payload(body, request.headers.get("content-type", ""))
-        if payload is None:
+        prepare = functools.partial(
+            delivery_events,
+            event,
+            body,
+            request.headers.get("content-type", ""),
+            delivery=delivery,
+            received_at=datetime.now(UTC),
+            max_depth=self.max_depth,
+        )
+        try:
+            envelopes = await asyncio.to_thread(prepare) if len(body) > _INLINE_BODY_BYTES else prepare()
+        except BadBody as bad:
             self._forget(delivery)
-            return self._refuse(400, "bad_json", delivery, request)
-        envelopes = webhook_events(event, payload, received_at=datetime.now(UTC), delivery=delivery)
+            return self._refuse(bad.status, bad.reason, delivery, request, bad.detail)
+        except Exception:
+            log.exception("delivery %s (%s) could not be mapped to events", delivery, event)
+            self._forget(delivery)
+            return self._refuse(
+                422, "unprocessable", delivery, request, "payload could not be turned into events"
+            )
         loop = asyncio.get_running_loop()
         future: asyncio.Future[str | None] = loop.create_future()
         try:
@@ -388,18 +444,96 @@ def _resolve(future: asyncio.Future[str | None], error: str | None) -> None:
         future.set_result(error)
 
 
-def _decode_payload(body: bytes, content_type: str) -> dict[str, Any] | None:
+class BadBody(ValueError):
+    """A signed body runledger cannot keep: ``status`` (4xx) and ``reason`` are the refusal's."""
+
+    def __init__(self, reason: str, detail: str, status: int = 400) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+        self.status = status
+
+
+_REFUSAL_DETAILS = {
+    "signature_missing": "no X-Hub-Signature-256 header",
+    "signature_mismatch": "X-Hub-Signature-256 does not match the body",
+    "headers_missing": "X-GitHub-Event / X-GitHub-Delivery missing or malformed",
+    "queue_full": "too many deliveries waiting; redeliver later",
+    "sink_error": "the delivery could not be stored; redeliver later",
+    "shutting_down": "the receiver is shutting down; redeliver later",
+}
+
+
+def _one_line(text: str, width: int = 200) -> str:
+    return " ".join(str(text).split())[:width]
+
+
+def _nesting_exceeds(value: Any, limit: int) -> bool:
+    """Whether a decoded JSON value nests containers deeper than ``limit`` levels (no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values() if isinstance(v, dict | list))
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item if isinstance(v, dict | list))
+    return False
+
+
+def decode_body(body: bytes, content_type: str, *, max_depth: int = DEFAULT_MAX_DEPTH) -> dict[str, Any]:
+    """A delivery's JSON object (``application/json`` or GitHub's form encoding), or ``BadBody``."""
     if content_type.split(";")[0].strip().lower() == "application/x-www-form-urlencoded":
         try:
             form = urllib.parse.parse_qs(body.decode("utf-8"), strict_parsing=True)
             body = form["payload"][0].encode()
-        except (UnicodeDecodeError, ValueError, KeyError):
-            return None
+        except UnicodeDecodeError:
+            raise BadBody("bad_json", "form body is not UTF-8") from None
+        except (ValueError, KeyError, IndexError):
+            raise BadBody("bad_json", "form body has no payload field") from None
+    if not body.strip():
+        raise BadBody("bad_json", "empty body")
+    if body.startswith(b"\xef\xbb\xbf"):
+        raise BadBody("bad_json", "body starts with a byte order mark (JSON text must not)")
     try:
         payload = msgspec.json.decode(body)
-    except msgspec.DecodeError:
-        return None
-    return payload if isinstance(payload, dict) else None
+    except RecursionError:
+        raise BadBody("too_deep", f"JSON nested deeper than {max_depth} levels") from None
+    except msgspec.DecodeError as exc:
+        raise BadBody("bad_json", f"not JSON: {_one_line(str(exc), 120)}") from None
+    if not isinstance(payload, dict):
+        raise BadBody("bad_json", f"JSON {type(payload).__name__} is not an object")
+    if _nesting_exceeds(payload, max_depth):
+        raise BadBody("too_deep", f"JSON nested deeper than {max_depth} levels")
+    return payload
+
+
+# The ledger door's reason code (runledger.schemas.codec) → this receiver's answer.
+_DOOR_REFUSALS = {"too-large": (413, "too_large"), "too-deep": (400, "too_deep")}
+
+
+def delivery_events(
+    event: str,
+    body: bytes,
+    content_type: str,
+    *,
+    delivery: str,
+    received_at: datetime,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+) -> list[Envelope]:
+    """The events one signed delivery becomes, each checked at the ledger's door (``decode_event``)
+    before anything is acknowledged: what this receiver accepts, the ledger accepts. ``BadBody`` else."""
+    payload = decode_body(body, content_type, max_depth=max_depth)
+    envelopes = webhook_events(event, payload, received_at=received_at, delivery=delivery)
+    for envelope in envelopes:
+        checked = decode_event(encode_event(envelope))
+        if isinstance(checked, Quarantined):
+            status, reason = _DOOR_REFUSALS.get(getattr(checked, "code", ""), (422, "unprocessable"))
+            raise BadBody(
+                reason, f"the ledger would not accept its event: {_one_line(checked.reason, 150)}", status
+            )
+    return envelopes
 
 
 def create_app(
@@ -411,6 +545,7 @@ def create_app(
     ack_timeout_s: float = 5.0,
     max_queue: int = 10_000,
     path: str = "/webhook",
+    max_depth: int = DEFAULT_MAX_DEPTH,
 ) -> Starlette:
     """The receiver as an ASGI app. ``app.state.receiver`` is its ``WebhookReceiver``."""
     receiver = WebhookReceiver(
@@ -420,6 +555,7 @@ def create_app(
         delivery_log=delivery_log,
         ack_timeout_s=ack_timeout_s,
         max_queue=max_queue,
+        max_depth=max_depth,
     )
 
     async def webhook(request: Request) -> Response:

@@ -7,16 +7,24 @@ positions atomically and skips positions already covered; so a crash anywhere, a
 ingesters briefly reading the same partition can neither lose nor duplicate a record. Kafka's own
 committed offsets are written after each ledger commit only as a monitoring hint (consumer lag).
 
-Records the ledger quarantines are also copied to the dead-letter topic: value = the original bytes,
-key = the original key, headers say why (``reason`` code, ``error`` text) and where from
-(``source.topic``, ``source.partition``, ``source.offset``). The ledger's ``quarantine`` table is the
-authoritative record; the dead-letter copy is sent after the ledger commit, so a crash in between can
-miss it (at most once).
+No record can stop the ingester: whatever a record holds (a null value, nothing, megabytes, deep
+nesting, not JSON), the ledger accepts it or quarantines it with a reason (``Ledger.commit``).
+
+Records the ledger quarantines are also announced on the dead-letter topic, as a bounded JSON
+envelope (``deadletter_envelope``): the reason and its code, where the record came from, the raw
+bytes' length and SHA-256 and their first ``DEADLETTER_PREFIX_BYTES`` (base64); headers repeat the
+reason (``reason`` code, ``error`` text) and the origin (``source.topic``, ``source.partition``,
+``source.offset``). The envelope always fits a default-sized Kafka message whatever the record's
+size; the full raw bytes are in the ledger's ``quarantine`` table, which is the authoritative record.
+The dead letter is sent after the ledger commit, so a crash in between can miss it (at most once).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
+import json
 import logging
 import os
 import socket
@@ -28,7 +36,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import msgspec
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.errors import KafkaError, KafkaTimeoutError
@@ -42,7 +49,7 @@ from runledger.ingest.kafka_config import (
     events_topic,
 )
 from runledger.ledger.store import CommitResult, Ledger, SourceRecord
-from runledger.schemas.codec import Quarantined
+from runledger.schemas.codec import MAX_EVENT_BYTES, Quarantined
 
 log = logging.getLogger(__name__)
 
@@ -75,21 +82,72 @@ class IngesterStats:
         self.metric_values += result.metric_values
 
 
+DEADLETTER_FORMAT = "runledger.deadletter/1"
+DEADLETTER_PREFIX_BYTES = 64 * 1024  # of the raw record, in the dead letter (base64: ~87 KiB)
+_MAX_KEY_BYTES = 1024  # a longer original key is replaced by its length and hash
+
+
 def reason_code(q: Quarantined) -> str:
-    """A short, stable code for the dead-letter ``reason`` header (the full text goes in ``error``)."""
+    """A short, stable code for the dead-letter ``reason`` header (the full text goes in ``error``):
+    ``empty``, ``tombstone``, ``too-large``, ``too-deep``, ``decode``, ``envelope``, ``unknown-type``,
+    ``unknown-version``, ``schema``, ``corrupt`` or ``unstorable``."""
+    if q.code:
+        return q.code
     if q.reason.startswith("bus:"):
         return "corrupt"
     if q.reason.startswith("envelope:"):
-        try:
-            msgspec.json.decode(q.raw)
-        except msgspec.DecodeError:
-            return "decode"
         return "envelope"
     if q.reason.startswith("unknown event type"):
         return "unknown-type"
     if q.reason.startswith("unknown schema_version"):
         return "unknown-version"
     return "schema"
+
+
+def deadletter_envelope(
+    q: Quarantined,
+    raw: bytes,
+    *,
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    consumer: str,
+    failed_at: str,
+    prefix_bytes: int = DEADLETTER_PREFIX_BYTES,
+) -> bytes:
+    """The dead letter's value: JSON that says what was rejected and why, bounded whatever the record
+    (under 140 KB with the default prefix, escapes included). The whole record is in the quarantine
+    table (``ingest_source`` = ``kafka:<topic>:<partition>``, ``ingest_position`` = the offset)."""
+    prefix = raw[:prefix_bytes]
+    letter: dict[str, object] = {
+        "format": DEADLETTER_FORMAT,
+        "reason": _bounded(q.reason, 4000),
+        "code": reason_code(q),
+        "source": {"topic": topic, "partition": partition, "offset": offset},
+        "raw": {
+            "length": len(raw),
+            "sha256": hashlib.sha256(raw).hexdigest(),
+            "prefix_base64": base64.b64encode(prefix).decode(),
+            "prefix_length": len(prefix),
+            "truncated": len(prefix) < len(raw),
+        },
+        "event": {
+            name: _bounded(value, 1024)
+            for name, value in (("source", q.source), ("id", q.id), ("type", q.type), ("stream", q.stream))
+            if value is not None
+        },
+        "ledger": {"ingest_source": source_name(topic, partition), "ingest_position": offset},
+        "failed_at": failed_at,
+        "consumer": consumer,
+    }
+    if key is not None:
+        letter["key"] = {"length": len(key), "sha256": hashlib.sha256(key).hexdigest()}
+    return json.dumps(letter, ensure_ascii=True).encode()
+
+
+def _bounded(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class _Seeker(ConsumerRebalanceListener):
@@ -116,8 +174,10 @@ class _Ingester:
         kwargs: dict[str, Any],
         deadletter: str | None,
         name: str,
+        max_event_bytes: int = MAX_EVENT_BYTES,
     ) -> None:
         self.ledger = ledger
+        self.max_event_bytes = max_event_bytes
         self.consumer = consumer
         self.kwargs = kwargs
         self.deadletter = deadletter
@@ -166,13 +226,16 @@ class _Ingester:
                 self.consumer.seek(tp, expected)
                 continue
             for m in msgs:
-                records.append(SourceRecord(source, m.offset, m.value if m.value is not None else b""))
+                if m.value is None:  # a tombstone: its own reason, not "empty"
+                    records.append(SourceRecord(source, m.offset, b"", tombstone=True))
+                else:
+                    records.append(SourceRecord(source, m.offset, m.value))
                 by_position[(source, m.offset)] = m
             commit_offsets[tp] = OffsetAndMetadata(msgs[-1].offset + 1, "", -1)
         if not records:
             return None
         self.stats.records += len(records)
-        result = self.ledger.commit(records, writer=self.name)
+        result = self.ledger.commit(records, writer=self.name, max_event_bytes=self.max_event_bytes)
         self.stats.add(result)
         if result.quarantined and self.deadletter:
             self._dead_letter(result, by_position)
@@ -181,6 +244,8 @@ class _Ingester:
         return result
 
     def _dead_letter(self, result: CommitResult, by_position: dict[tuple[str, int], Any]) -> None:
+        """Announce each quarantined record on the dead-letter topic. Never raises: the ledger's
+        quarantine table already holds them, so a failed copy is logged and the ingester goes on."""
         assert self.deadletter is not None
         try:
             if self._dlq is None:
@@ -190,28 +255,56 @@ class _Ingester:
                     enable_idempotence=False,
                     max_in_flight_requests_per_connection=1,
                     linger_ms=5,
+                    # A burst of garbage is a burst of letters: big gzip batches send ~3x more per
+                    # second than 16 KiB plain ones (kafka-python checksums every byte in Python).
+                    batch_size=256 * 1024,
+                    compression_type="gzip",
                     client_id=f"{self.name}-deadletter",
                 )
-            now = datetime.now(UTC).isoformat().encode()
+            now = datetime.now(UTC).isoformat()
+            sent = []
             for record, q in result.quarantined:
                 msg = by_position.get((record.source, record.position))
+                topic = msg.topic if msg else record.source
+                partition = msg.partition if msg else -1
+                key = msg.key if msg else None
+                value = deadletter_envelope(
+                    q,
+                    record.raw,
+                    topic=topic,
+                    partition=partition,
+                    offset=record.position,
+                    key=key,
+                    consumer=self.name,
+                    failed_at=now,
+                )
                 headers = [
                     ("reason", reason_code(q).encode()),
                     ("error", q.reason.encode("utf-8", "replace")[:4000]),
-                    ("source.topic", (msg.topic if msg else record.source).encode()),
-                    ("source.partition", str(msg.partition if msg else -1).encode()),
+                    ("source.topic", topic.encode()),
+                    ("source.partition", str(partition).encode()),
                     ("source.offset", str(record.position).encode()),
-                    ("failed.at", now),
+                    ("failed.at", now.encode()),
                     ("consumer", self.name.encode()),
+                    ("content-type", b"application/json"),
                 ]
                 if q.stream:
-                    headers.append(("stream", q.stream.encode()))
-                self._dlq.send(
-                    self.deadletter, value=record.raw, key=msg.key if msg else None, headers=headers
-                )
+                    headers.append(("stream", q.stream.encode("utf-8", "replace")[:1024]))
+                if key is not None and len(key) > _MAX_KEY_BYTES:
+                    key = None  # its length and hash are in the envelope
+                sent.append(self._dlq.send(self.deadletter, value=value, key=key, headers=headers))
             self._dlq.flush(timeout=30)
-            self.stats.deadlettered += len(result.quarantined)
-        except KafkaError as exc:
+            delivered = sum(1 for future in sent if future.succeeded())
+            self.stats.deadlettered += delivered
+            if delivered < len(sent):
+                failed = next(f.exception for f in sent if not f.succeeded())
+                log.error(
+                    "%d of %d dead letters not delivered (%s); the ledger's quarantine table holds them",
+                    len(sent) - delivered,
+                    len(sent),
+                    failed,
+                )
+        except Exception as exc:
             log.error("dead-letter send failed (%s); the ledger's quarantine table still holds them", exc)
 
     def close(self) -> None:
@@ -262,6 +355,7 @@ def run_ingester(
     instance_id: str | None = None,
     connect_timeout_s: float = 15.0,
     on_commit: Callable[[CommitResult], None] | None = None,
+    max_event_bytes: int = MAX_EVENT_BYTES,
 ) -> IngesterStats:
     """Consume ``topics`` in consumer group ``group`` into the ledger until ``stop_event`` is set
     (or nothing arrived for ``idle_timeout_s`` while partitions were assigned: joining the group and
@@ -271,6 +365,7 @@ def run_ingester(
     ``instance_id``: static group membership: a restarted ingester with the same id takes its
     partitions back at once instead of after a rebalance (but a stopped one's partitions wait for
     ``session_timeout_ms`` before moving to the others).
+    ``max_event_bytes``: longer records are quarantined (``too-large``) without being parsed.
     """
     topics = list(topics or [events_topic()])
     ledger = Ledger.create(ledger_path) if create else Ledger.open(ledger_path)
@@ -295,6 +390,7 @@ def run_ingester(
         kwargs=kwargs,
         deadletter=deadletter_topic() if deadletter == "" else deadletter,
         name=name,
+        max_event_bytes=max_event_bytes,
     )
     consumer.subscribe(topics, listener=_Seeker(ingester))
     last_data = time.monotonic()

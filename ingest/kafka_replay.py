@@ -22,6 +22,7 @@ from kafka import TopicPartition
 from runledger.ingest.kafka_config import events_topic
 from runledger.ingest.kafka_ingester import open_consumer, source_name
 from runledger.ledger.store import CommitResult, Ledger, LedgerError, SourceRecord
+from runledger.schemas.codec import MAX_EVENT_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +65,13 @@ def replay(
     connect_timeout_s: float = 15.0,
     stall_timeout_s: float = 120.0,
     on_commit: Callable[[CommitResult], None] | None = None,
+    max_event_bytes: int = MAX_EVENT_BYTES,
 ) -> ReplayStats:
-    """Fold every record now on ``topics`` into the ledger at ``to``; returns counts and the time taken."""
+    """Fold every record now on ``topics`` into the ledger at ``to``; returns counts and the time taken.
+
+    Records are judged exactly as the live ingester judges them (the same ``Ledger.commit``, with
+    the same ``max_event_bytes``), so a replayed ledger quarantines the same records for the same
+    reasons; a record's content can never stop a replay."""
     started = time.monotonic()
     topics = list(topics or [events_topic()])
     ledger, resumed = _target(Path(to))
@@ -117,7 +123,7 @@ def replay(
                 end = ends[tp]
                 source = source_name(tp.topic, tp.partition)
                 records.extend(
-                    SourceRecord(source, m.offset, m.value if m.value is not None else b"")
+                    SourceRecord(source, m.offset, m.value or b"", tombstone=m.value is None)
                     for m in msgs
                     if m.offset < end  # only what was there when the replay began
                 )
@@ -127,7 +133,7 @@ def replay(
                     consumer.pause(tp)
             if records:
                 stats.records += len(records)
-                result = ledger.commit(records, writer="kafka-replay")
+                result = ledger.commit(records, writer="kafka-replay", max_event_bytes=max_event_bytes)
                 stats.add(result)
                 if on_commit is not None:
                     on_commit(result)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from runledger.ingest.spool import SpoolReader
 from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas.codec import MAX_EVENT_BYTES
 
 
 @dataclass
@@ -18,8 +19,17 @@ class IngestStats:
     metric_values: int = 0
 
 
-def ingest_spool(ledger: Ledger, spool_dir: str | Path, *, batch_size: int = 5000) -> IngestStats:
-    """Append everything in the spool that the ledger does not hold yet, in commits of ``batch_size``."""
+def ingest_spool(
+    ledger: Ledger,
+    spool_dir: str | Path,
+    *,
+    batch_size: int = 5000,
+    max_event_bytes: int = MAX_EVENT_BYTES,
+) -> IngestStats:
+    """Append everything in the spool that the ledger does not hold yet, in commits of ``batch_size``.
+
+    Every record is accepted, a duplicate, or quarantined with a reason (damaged spool records, and
+    records longer than ``max_event_bytes``, included): nothing a record holds stops the ingest."""
     reader = SpoolReader(spool_dir)
     source = f"spool:{reader.id}"
     stats = IngestStats()
@@ -31,7 +41,7 @@ def ingest_spool(ledger: Ledger, spool_dir: str | Path, *, batch_size: int = 500
         ]
         if not batch:
             return stats
-        result = ledger.commit(batch, writer=f"spool-ingest:{spool_dir}")
+        result = ledger.commit(batch, writer=f"spool-ingest:{spool_dir}", max_event_bytes=max_event_bytes)
         stats.commits += result.commit is not None
         stats.accepted += result.accepted
         stats.duplicates += result.duplicates

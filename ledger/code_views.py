@@ -14,7 +14,9 @@ connection from ``runledger.ledger.views.connect`` with ``install(con)``, or app
   code_between(run, a, b)        the same for any two attempts of a run (a table macro)
 
 Repositories are compared case-insensitively (GitHub names are) and an attempt's ``git_commit`` may
-be an abbreviated SHA. Merge times come from each pull request event's own JSON (``merged_at``), so a
+be an abbreviated SHA. Commits and pushes come from the ``github`` view, which shows each GitHub fact
+once however many producers observed it (a commit seen by a push webhook and by a backfill is one
+row); pull requests are folded from every observation in ``events``. Merge times come from each pull request event's own JSON (``merged_at``), so a
 later edit of a merged PR does not move its merge. A PR's intermediate commits are known only as the
 head SHAs its events carried (webhook ``synchronize`` events carry each pushed head).
 """

@@ -20,9 +20,10 @@ import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from runledger.durable import write_durably
@@ -112,20 +113,46 @@ def recorded_streams(ledger: Ledger, report: Report | None = None) -> dict[str, 
     return dict(streams)
 
 
-def _read_events(root: Path, report: Report) -> dict[str, list[tuple[int, str, str, str, str]]]:
-    """Event rows per stream: (stream_seq, source, id, canonical, file), in physical order."""
-    rows: dict[str, list[tuple[int, str, str, str, str]]] = defaultdict(list)
+# Event-row columns that are copies of the envelope inside the canonical bytes: verify checks each one
+# against the bytes the Merkle leaf commits to, so editing a copy (what SQL filters on) is caught too.
+ENVELOPE_COLUMNS = ("type", "schema_version", "time", "subject", "run_id", "attempt", "step", "seq")
+_EVENT_COLUMNS = ("stream", "stream_seq", "source", "id", "canonical", *ENVELOPE_COLUMNS)
+
+
+class EventRow(NamedTuple):
+    seq: int
+    source: str
+    id: str
+    canonical: str
+    file: str
+    envelope: tuple[Any, ...]  # the ENVELOPE_COLUMNS values as stored
+
+
+def _read_events(root: Path, report: Report) -> dict[str, list[EventRow]]:
+    """Event rows per stream, in physical order."""
+    rows: dict[str, list[EventRow]] = defaultdict(list)
     for path in sorted((root / "events").rglob("*.parquet")):
         rel = str(path.relative_to(root))
         try:
-            table = pq.read_table(path, columns=["stream", "stream_seq", "source", "id", "canonical"])
+            table = pq.read_table(path, columns=list(_EVENT_COLUMNS))
         except Exception as exc:
             report.problems.append(Problem("?", "unreadable", f"{rel}: {' '.join(str(exc).split())[:200]}"))
             continue
-        cols = [table.column(c).to_pylist() for c in ("stream", "stream_seq", "source", "id", "canonical")]
-        for stream, seq, source, ident, canonical in zip(*cols, strict=True):
-            rows[stream].append((seq, source, ident, canonical, rel))
+        cols = [table.column(c).to_pylist() for c in _EVENT_COLUMNS]
+        for stream, seq, source, ident, canonical, *envelope in zip(*cols, strict=True):
+            rows[stream].append(EventRow(seq, source, ident, canonical, rel, tuple(envelope)))
     return rows
+
+
+def _envelope_mismatches(row: EventRow, stream: str, event: Event) -> list[str]:
+    """The stored copies of envelope attributes that differ from the event's own bytes."""
+    env = event.envelope
+    expected = {"stream": env.stream, "source": env.source, "id": env.id}
+    stored = {"stream": stream, "source": row.source, "id": row.id}
+    for name, value in zip(ENVELOPE_COLUMNS, row.envelope, strict=True):
+        expected[name] = getattr(env, name)
+        stored[name] = value
+    return [name for name in expected if expected[name] != stored[name]]
 
 
 def verify_ledger(root: str | Path, public_key: str | None = None) -> Report:
@@ -139,10 +166,10 @@ def verify_ledger(root: str | Path, public_key: str | None = None) -> Report:
         rec = recorded.get(stream, RecordedStream())
         rows = actual.get(stream, [])
         report.events += len(rows)
-        by_seq: dict[int, list[tuple[int, str, str, str, str]]] = defaultdict(list)
+        by_seq: dict[int, list[EventRow]] = defaultdict(list)
         last_in_file: dict[str, int] = {}
         for row in rows:
-            seq, _source, ident, _canonical, rel = row
+            seq, ident, rel = row.seq, row.id, row.file
             by_seq[seq].append(row)
             if rel in last_in_file and seq < last_in_file[rel]:
                 report.problems.append(
@@ -158,26 +185,60 @@ def verify_ledger(root: str | Path, public_key: str | None = None) -> Report:
                     Problem(stream, "removed", "recorded in the log, missing from the data", seq, ident)
                 )
                 continue
-            matching = [r for r in found if leaf_hash(r[3].encode()) == expected_leaf]
+            matching = [r for r in found if leaf_hash(r.canonical.encode()) == expected_leaf]
             for r in found:
                 if r not in matching or matching.index(r) > 0:
                     kind = "modified" if not matching else "inserted"
                     report.problems.append(
-                        Problem(stream, kind, f"bytes differ from the recorded leaf ({r[4]})", seq, r[2])
+                        Problem(stream, kind, f"bytes differ from the recorded leaf ({r.file})", seq, r.id)
                     )
             if matching:
-                decoded = decode_event(matching[0][3].encode())
+                decoded = decode_event(matching[0].canonical.encode())
                 if isinstance(decoded, Event):
                     events.append((seq, decoded))
+                    edited = _envelope_mismatches(matching[0], stream, decoded)
+                    if edited:
+                        report.problems.append(
+                            Problem(
+                                stream,
+                                "modified",
+                                f"column {', '.join(edited)} differs from the event's bytes ({matching[0].file})",
+                                seq,
+                                decoded.envelope.id,
+                            )
+                        )
         for seq, extra in sorted(by_seq.items()):
             for r in extra:
                 report.problems.append(
-                    Problem(stream, "inserted", f"never recorded by a commit ({r[4]})", seq, r[2])
+                    Problem(stream, "inserted", f"never recorded by a commit ({r.file})", seq, r.id)
                 )
         good_events[stream] = events
         _check_checkpoint(ledger, stream, rec, public_key, report)
     _check_tables(ledger.root, good_events, recorded, report)
+    _check_quarantine_count(ledger, report)
     return report
+
+
+def _check_quarantine_count(ledger: Ledger, report: Report) -> None:
+    """Quarantined records are outside the Merkle trees; the commit log still counts them, so a deleted
+    (or planted) quarantine row shows as a count that differs from the log's."""
+    logged = sum(
+        json.loads(path.read_bytes()).get("counts", {}).get("quarantined", 0)
+        for path in ledger.commit_paths()
+    )
+    stored = 0
+    for path in sorted((ledger.root / "quarantine").rglob("*.parquet")):
+        try:
+            stored += pq.read_metadata(path).num_rows
+        except Exception as exc:
+            rel = path.relative_to(ledger.root)
+            report.problems.append(Problem("?", "unreadable", f"{rel}: {' '.join(str(exc).split())[:200]}"))
+    if stored != logged:
+        report.problems.append(
+            Problem(
+                "quarantine", "table-mismatch", f"{stored} quarantined rows, the commit log counts {logged}"
+            )
+        )
 
 
 def _check_checkpoint(
@@ -230,18 +291,25 @@ def _check_tables(
             rows_for_event(event, seq, buf, fold)
     expected: dict[str, list[pa.Table]] = defaultdict(list)
     for table, partition, data in buf.tables():
-        part_col = pa.array([partition] * data.num_rows, pa.string())
+        # Compared with the partition directory the store wrote the rows to, not the bare value.
+        part_col = pa.array([stored_partition(partition)] * data.num_rows, pa.string())
         expected[table].append(data.append_column(TABLES[table].partition, part_col))
     for name, spec in TABLES.items():
         if name in ("events", "quarantine"):
             continue
         actual_parts = []
+        older: dict[str, set[tuple[str, int]]] = defaultdict(set)  # added column → rows written before it
         for path in sorted((root / name).glob(f"{spec.partition}=*/*.parquet")):
             try:
                 data = pq.read_table(path, schema=spec.schema)
+                absent = ADDED_COLUMNS.get(name, frozenset()) - set(pq.read_schema(path).names)
             except Exception as exc:
                 report.problems.append(Problem("?", "unreadable", f"{path.relative_to(root)}: {exc}"[:240]))
                 continue
+            if absent:
+                keys = set(zip(data["stream"].to_pylist(), data["stream_seq"].to_pylist(), strict=True))
+                for column in absent:
+                    older[column] |= keys
             value = path.parent.name.split("=", 1)[1]
             actual_parts.append(
                 data.append_column(spec.partition, pa.array([value] * data.num_rows, pa.string()))
@@ -249,6 +317,8 @@ def _check_tables(
         schema = spec.schema.append(pa.field(spec.partition, pa.string()))
         want = pa.concat_tables(expected[name]) if expected[name] else schema.empty_table()
         have = pa.concat_tables(actual_parts) if actual_parts else schema.empty_table()
+        for column, keys in older.items():
+            want = _blank(want, column, keys)
         keys = [(k, "ascending") for k in _sort_keys(name)]
         want, have = want.sort_by(keys), have.sort_by(keys)
         if want.equals(have):
@@ -268,6 +338,28 @@ def _check_tables(
                     ident,
                 )
             )
+
+
+# Columns a table gained after ledgers were written with it. A file written before lacks them (they
+# read back as nulls), so its rows are compared without them; a file lacking any other column is
+# compared as it is, so dropping a column from a file is reported like any other edit.
+ADDED_COLUMNS: dict[str, frozenset[str]] = {"github": frozenset({"org", "fact", "via"})}
+
+
+def _blank(table: pa.Table, column: str, keys: set[tuple[str, int]]) -> pa.Table:
+    """``table`` with ``column`` nulled in the rows whose (stream, stream_seq) is in ``keys``."""
+    origin = zip(table["stream"].to_pylist(), table["stream_seq"].to_pylist(), strict=True)
+    mask = pa.array([key in keys for key in origin], pa.bool_())
+    index = table.schema.get_field_index(column)
+    values = pc.if_else(mask, pa.nulls(table.num_rows, table.schema.field(index).type), table[column])
+    return table.set_column(index, column, values)
+
+
+def stored_partition(value: str | None) -> str:
+    """The hive directory value a projector's partition is stored under: the store writes an empty
+    one (a GitHub event naming no owner, an annotation without a run) as ``_``
+    (``runledger.ledger.store.Ledger._write_files``)."""
+    return value or "_"
 
 
 def _row_tuples(table: pa.Table) -> list[tuple[Any, ...]]:

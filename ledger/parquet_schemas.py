@@ -214,10 +214,13 @@ TABLES: dict[str, Table] = {
             "github",
             "repo_owner",
             _schema(
-                ("repo", pa.string()),
+                ("repo", pa.string()),  # owner/name; NULL for an org-level event
+                ("org", pa.string()),  # the organisation an untyped (raw) event names, if any
                 ("time", TS),
                 ("kind", pa.string()),
                 ("action", pa.string()),
+                ("fact", pa.string()),  # what it is, whoever observed it (ingest.github_events)
+                ("via", pa.string()),  # the producer that observed it: webhook | backfill
                 ("number", pa.int64()),
                 ("title", pa.string()),
                 ("state", pa.string()),
@@ -231,7 +234,7 @@ TABLES: dict[str, Table] = {
                 ("body", pa.string()),
                 *_ORIGIN,
             ),
-            "GitHub issues, PRs, reviews, comments, pushes and commits, one row per event.",
+            "GitHub issues, PRs, reviews, comments, pushes and commits, one row per event (observation).",
         ),
         Table(
             "quarantine",

@@ -9,6 +9,7 @@ partitioning) are in ``runledger.ledger.parquet_schemas``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -287,11 +288,17 @@ def _run_summary(env: Envelope, stream_seq: int, state: FoldState) -> list[Row |
     return [Row("summaries", _run(env), {**_key(env, stream_seq), "values": _json(env.data.values)})]
 
 
+_OWNER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # a GitHub login, as a directory name
+
+
 def _github(env: Envelope, stream_seq: int, state: FoldState) -> list[Row | Columns]:
-    """Every GitHub event: one row, partitioned by the repository's owner."""
-    row = github_row(env.type, env.data, env.time)
+    """Every GitHub event: one row, partitioned by the repository's owner (org-level events: the org)."""
+    row = github_row(env.type, env.data, env.time, event_id=env.id)
     origin = {"stream": env.stream, "stream_seq": stream_seq}
-    return [Row("github", row["repo"].split("/")[0], {**row, **origin})]
+    owner = row["repo"].split("/")[0] if row["repo"] else (row["org"] or "")
+    # A name the payload gave is a directory level here: anything but a plain login goes to "_".
+    partition = owner if _OWNER_RE.fullmatch(owner) else ""
+    return [Row("github", partition, {**row, **origin})]
 
 
 PROJECTORS: dict[str, Projector] = {
@@ -312,13 +319,32 @@ PROJECTORS: dict[str, Projector] = {
 }
 
 
-def github_row(type_name: str, data: Any, time: datetime) -> dict[str, Any]:
+def _login_of(value: Any) -> str | None:
+    if isinstance(value, dict):
+        login = value.get("login")
+        return login if isinstance(login, str) and login else None
+    return None
+
+
+def _raw_repo(payload: dict[str, Any]) -> str | None:
+    repository = payload.get("repository")
+    if isinstance(repository, dict):
+        name = repository.get("full_name")
+        return name if isinstance(name, str) and name else None
+    return None
+
+
+def github_row(type_name: str, data: Any, time: datetime, event_id: str | None = None) -> dict[str, Any]:
+    """The ``github`` table row of one GitHub event (``event_id`` stands in for the ``fact`` of
+    events logged before payloads carried one)."""
     kind = type_name.removeprefix("github.")
     row: dict[str, Any] = {
-        "repo": getattr(data, "repo", ""),
+        "repo": getattr(data, "repo", None) or None,
         "time": time,
         "kind": kind,
         "action": getattr(data, "action", None),
+        "fact": getattr(data, "fact", None) or event_id,
+        "via": getattr(data, "via", None),
     }
     if isinstance(data, gh.GitHubIssue | gh.GitHubPullRequest):
         row |= {
@@ -369,5 +395,15 @@ def github_row(type_name: str, data: Any, time: datetime) -> dict[str, Any]:
             "shas": data.parents,
         }
     elif isinstance(data, gh.GitHubRaw):
-        row |= {"kind": f"raw:{data.event}", "body": _json(data.payload)}
+        # Untyped events name their repository (and organisation) only inside the payload; an
+        # org-level event (no repository) has repo NULL and its organisation in ``org``.
+        payload = data.payload
+        row |= {
+            "kind": f"raw:{data.event}",
+            "repo": _raw_repo(payload),
+            "org": _login_of(payload.get("organization")),
+            "actor": _login_of(payload.get("sender")),
+            "via": "webhook",
+            "body": _json(payload),
+        }
     return row

@@ -6,6 +6,7 @@ The CLI is a thin shell over these functions; tests and other programs call them
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,7 +19,7 @@ import jsonpointer
 import msgspec
 
 from runledger.ledger.config_patch import ConfigPatchError, apply_config_patch
-from runledger.ledger.fold import STATE_TYPES, RunState, attempts_of, fold_run
+from runledger.ledger.fold import STATE_TYPES, RunState, attempts_of, fold_run, on_lineage
 from runledger.ledger.store import Ledger, LedgerError
 from runledger.ledger.views import connect
 from runledger.schemas import Envelope, decode_event
@@ -153,44 +154,52 @@ class Reader:
         }
 
     def blame(self, run_id: str, key: str, step: int | None = None) -> dict[str, Any]:
-        """Which change set ``key`` (dotted path) to its value live at ``step``, and who is behind it."""
+        """Which event last changed ``key`` (dotted path) to its value live at ``step``, and who is behind it.
+
+        Like ``git blame``: the run's lineage up to ``step`` is walked in order (its launch, the
+        accepted config changes, each resume's config) and the event named is the last one that
+        changed the key's value. A resume that only carried the value over is not named.
+        """
         state = self.state(run_id, step=step)
-        path = "/" + key.replace(".", "/")
+        path = "/" + "/".join(part.replace("~", "~0").replace("/", "~1") for part in key.split("."))
         value: Any = state.config
         for part in key.split("."):
             if not isinstance(value, dict) or part not in value:
                 raise QueryError(f"config key {key!r} is not in run {run_id}'s config at step {state.step}")
             value = value[part]
-        launch = next(a for a in state.attempts if a.attempt == state.attempt)
-        setter: dict[str, Any] = {
-            "kind": launch.kind,
-            "step": launch.start_step,
-            "attempt": launch.attempt,
-            "time": launch.started_at,
-            "cause": None,
-        }
-        for change in state.config_changes:
-            touched = any(
-                op["path"] == path or path.startswith(op["path"] + "/") or op["path"].startswith(path + "/")
-                for op in change["patch"]
-            )
-            if change["accepted"] and change["attempt"] == state.attempt and touched:
-                setter = {
-                    "kind": "config.changed",
-                    "step": change["step"],
-                    "attempt": change["attempt"],
-                    "time": change["time"],
-                    "cause": change["cause"],
-                }
-        commit = (setter["cause"] or {}).get("commit") or state.git_commit
-        info = self.commit_info(commit, launch.repository)
+        events = self.events(run_id)
+        attempts = attempts_of(events)
+        live = attempts[state.attempt]
+        found = _last_change(events, attempts, state.attempt, state.step, path)
+        if found is not None and found.type == c.CONFIG_CHANGED:
+            setter_attempt = attempts.get(found.attempt or 1, live)
+            cause = msgspec.to_builtins(found.data.cause)
+            setter: dict[str, Any] = {
+                "kind": "config.changed",
+                "step": found.step,
+                "attempt": found.attempt,
+                "time": found.time,
+                "cause": cause,
+            }
+        else:  # a launch: the run's start, or a resume that changed the value
+            setter_attempt = attempts.get(found.attempt or 1, live) if found is not None else live
+            cause = None
+            setter = {
+                "kind": setter_attempt.kind,
+                "step": setter_attempt.start_step,
+                "attempt": setter_attempt.attempt,
+                "time": setter_attempt.started_at,
+                "cause": None,
+            }
+        # The code behind the value: the change's own commit, else what the setting attempt ran.
+        commit = (cause or {}).get("commit") or setter_attempt.git_commit
+        repository = setter_attempt.repository or next(
+            (a.repository for a in attempts.values() if a.repository), None
+        )
+        info = self.commit_info(commit, repository)
         prs = self.prs_for_commit(info.get("sha") or commit)
         # The person: who made the change, else who wrote the commit, else who authored its PR.
-        person = (
-            (setter["cause"] or {}).get("actor")
-            or info.get("author")
-            or next((pr["author"] for pr in prs), None)
-        )
+        person = (cause or {}).get("actor") or info.get("author") or next((pr["author"] for pr in prs), None)
         return {
             "run_id": run_id,
             "key": key,
@@ -200,7 +209,7 @@ class Reader:
             "commit": info.get("sha") or commit,
             "commit_title": info.get("title"),
             "commit_author": info.get("author"),
-            "git_dirty": state.git_dirty,
+            "git_dirty": setter_attempt.git_dirty if commit == setter_attempt.git_commit else None,
             "person": person,
             "pull_requests": prs,
         }
@@ -268,6 +277,50 @@ class Reader:
         return {row["attempt"]: row for row in rows}
 
 
+def _last_change(
+    events: Sequence[Envelope], attempts: dict[int, Any], live: int, step: int | None, path: str
+) -> Envelope | None:
+    """The event on the run's lineage (up to ``step`` of attempt ``live``) that last changed ``path``.
+
+    Launches (start, resume) replace the config and accepted changes patch it; an event counts as a
+    change only if the value at ``path`` differs from the one live just before it (the first launch
+    sets it). Earlier attempts count up to where the lineage left them, as in the fold.
+    """
+    config: dict[str, Any] | None = None
+    value: Any = _MISSING
+    setter: Envelope | None = None
+    for e in events:
+        attempt = e.attempt or 1
+        if attempt > live:
+            continue
+        if attempt == live:
+            if e.type == c.CONFIG_CHANGED and step is not None and e.step is not None and e.step > step:
+                continue
+        elif not on_lineage(attempts, attempt, e.step):
+            continue
+        if e.type in (c.RUN_STARTED, c.RUN_RESUMED):
+            new = e.data.config
+        elif e.type == c.CONFIG_CHANGED and config is not None:
+            try:
+                new = apply_config_patch(config, e.data.patch)
+            except ConfigPatchError:
+                continue  # the fold reports a patch that does not apply
+        else:
+            continue
+        new_value = _lookup(new, path)
+        if setter is None or not _same_value(new_value, value):
+            setter = e
+        config, value = new, new_value
+    return setter
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Equal as JSON values (1 and 1.0, or true and 1, are different values)."""
+    if a is _MISSING or b is _MISSING:
+        return a is b
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
 @dataclass
 class HistoryItem:
     time: datetime
@@ -314,7 +367,7 @@ def history_item(
     elif t == c.CHECKPOINT_SAVED:
         text = f"checkpoint saved ({d.reason}): {d.path}"
     elif t == c.RUN_CRASHED:
-        text = f"crash ({d.kind}): {d.exc_type or ''} {d.message}".strip() + f" on rank {d.rank} {d.host}"
+        text = f"{_crash_text(d)} on rank {d.rank}" + (f" {d.host}" if d.host else "")
     elif t == c.STEP_SKIPPED:
         text = f"step skipped: {d.reason} ({d.value})"
     elif t == c.RUN_FINISHED:
@@ -324,6 +377,32 @@ def history_item(
     else:
         text = t
     return HistoryItem(e.time, e.step, e.attempt, t.removeprefix("runledger."), text)
+
+
+def _crash_text(d: Any) -> str:
+    """``crash (exception): RuntimeError boom``; a signal stop reads ``interrupted by SIGINT: …``."""
+    message = (d.message or "").strip()
+    if d.kind != "signal":
+        return f"crash ({d.kind}): " + (
+            " ".join(part for part in (d.exc_type, message) if part) or "no message"
+        )
+    name = _signal_name(d.signal)
+    detail = message.removeprefix(f"{name}:").strip()
+    # A bare exception text (``signal 2`` from a second signal, empty from KeyboardInterrupt) adds nothing.
+    if detail in (name, f"signal {d.signal}"):
+        detail = ""
+    if d.exc_type == "SignalStop":
+        detail = detail or "stopped at once, mid-step (a second signal)"
+    return f"interrupted by {name}" + (f": {detail}" if detail else "")
+
+
+def _signal_name(signum: int | None) -> str:
+    if signum is None:
+        return "a signal"
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def github_item(g: dict[str, Any]) -> HistoryItem:

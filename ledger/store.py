@@ -16,16 +16,29 @@ A writer killed before 2 leaves only tmp files, removed on the next open; killed
 writer finishes the renames (roll forward). Records at positions the ledger already covers are
 skipped, so ingesting the same source again is a no-op. Writers serialise on an flock, so several
 ingesters (say, a Kafka consumer group) can share one ledger.
+
+No record can stop a commit. ``decode_event`` turns any bytes into an event or a quarantined record;
+and an event the ledger still cannot store (its projector raises, or its rows do not fit their
+Parquet columns, or a partition value is no usable directory name) is quarantined too, with the
+exception's class and message (code ``unstorable``), while the rest of the batch commits. Each
+record's rows are built apart and only then appended, so a record that fails half-way leaves
+nothing behind. Rows that fail only when the batch becomes Arrow tables (an int beyond int64...) send
+the commit round once more, converting on their own the rows of each event in the (table,
+partition) groups that failed, to quarantine the culprits; the usual batch pays nothing for this.
+Only the environment (``OSError``: disk, permissions) aborts a commit, to be retried.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import fcntl
 import json
+import logging
 import os
 import uuid
+from collections import ChainMap
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -40,7 +53,19 @@ from runledger.durable import fsync_dir, write_durably
 from runledger.ledger.merkle import CompactRange, leaf_hash
 from runledger.ledger.parquet_schemas import TABLES
 from runledger.ledger.projectors import FoldState, RowBuffer, rows_for_event
-from runledger.schemas.codec import Event, Quarantined, decode_event
+from runledger.schemas.codec import (
+    CORRUPT,
+    DECODE,
+    MAX_EVENT_BYTES,
+    MAX_REASON_CHARS,
+    TOMBSTONE,
+    UNSTORABLE,
+    Event,
+    Quarantined,
+    decode_event,
+)
+
+log = logging.getLogger(__name__)
 
 FORMAT = {"format": "runledger-ledger", "version": 1}
 COMMITS = "_commits"
@@ -48,6 +73,18 @@ COMMITS = "_commits"
 
 class LedgerError(Exception):
     """A user-facing problem with a ledger (missing, not a ledger, locked...)."""
+
+
+class _UnencodableBatch(Exception):
+    """The batch's rows did not all convert to Arrow: redo it, checking on its own each record that
+    has rows in ``suspects`` (the (table, partition) groups that failed; None: every group)."""
+
+    def __init__(self, message: str, suspects: frozenset[tuple[str, str]] | None) -> None:
+        super().__init__(message)
+        self.suspects = suspects
+
+
+_Careful = frozenset[tuple[str, str]] | None  # the groups to check record by record (None: all)
 
 
 @dataclass(frozen=True)
@@ -58,6 +95,7 @@ class SourceRecord:
     position: int  # its index/offset in that source
     raw: bytes
     corrupt: str | None = None  # the bus already knows these bytes are damaged, and why
+    tombstone: bool = False  # a Kafka record whose value is null (``raw`` is then b"")
 
 
 @dataclass
@@ -99,6 +137,7 @@ class Ledger:
         self._seen: set[tuple[str, str]] | None = None
         self._fold = FoldState(load_config=self._load_config)
         self._swept = False
+        self._usable_partitions: set[tuple[str, str]] = set()
         self.ledger_id = "ledger"
 
     # ----------------------------------------------------------------- opening
@@ -239,12 +278,35 @@ class Ledger:
         yield from (self.root / COMMITS).glob("*.tmp")
         yield from self.root.glob(".LEDGER.json.*.tmp")
 
-    def commit(self, records: Sequence[SourceRecord], *, writer: str = "") -> CommitResult:
-        """Validate, deduplicate and append records in one atomic commit. Idempotent per position."""
-        with self._writer_lock():
-            return self._commit_locked(records, writer)
+    def commit(
+        self,
+        records: Sequence[SourceRecord],
+        *,
+        writer: str = "",
+        max_event_bytes: int = MAX_EVENT_BYTES,
+    ) -> CommitResult:
+        """Validate, deduplicate and append records in one atomic commit. Idempotent per position.
 
-    def _commit_locked(self, records: Sequence[SourceRecord], writer: str) -> CommitResult:
+        Never fails because of what a record holds: every record is accepted, a duplicate, or
+        quarantined with a reason (``max_event_bytes``: longer records are quarantined unread)."""
+        with self._writer_lock():
+            check: _Careful = frozenset()  # the usual round: no event's rows converted on their own
+            while True:
+                try:
+                    return self._commit_locked(records, writer, max_event_bytes, check)
+                except _UnencodableBatch as exc:
+                    # Again, converting on their own the rows of the groups that failed; and if
+                    # that is not enough, every event's rows. The last round raises what it meets.
+                    check = exc.suspects if not check and exc.suspects else None
+                    log.warning("commit: %s; checking rows event by event", exc)
+
+    def _commit_locked(
+        self,
+        records: Sequence[SourceRecord],
+        writer: str,
+        max_event_bytes: int,
+        check: _Careful,
+    ) -> CommitResult:
         seen = self._seen_ids()
         number = self._last_commit + 1
         result = CommitResult(commit=None)
@@ -252,47 +314,52 @@ class Ledger:
         streams = {s: StreamHead(h.size, h.tree.copy()) for s, h in self._streams.items()}
         buf = RowBuffer()
         now = datetime.now(UTC)
+        day = now.strftime("%Y-%m-%d")
         new_ids: list[tuple[str, str]] = []
         added: dict[str, dict[str, Any]] = {}  # per stream: first seq, leaf hashes and ids appended
         fold_before = dict(self._fold.configs)
-        for record in records:
-            if record.position < positions.get(record.source, 0):
-                result.skipped += 1
-                continue
-            positions[record.source] = record.position + 1
-            decoded = (
-                Quarantined(raw=record.raw, reason=f"bus: {record.corrupt}")
-                if record.corrupt
-                else decode_event(record.raw)
-            )
-            if isinstance(decoded, Quarantined):
-                result.quarantined.append((record, decoded))
-                buf.add("quarantine", now.strftime("%Y-%m-%d"), _quarantine_row(record, decoded, now, number))
-                continue
-            env = decoded.envelope
-            key = (env.source, env.id)
-            if key in seen:
-                result.duplicates += 1
-                continue
-            seen.add(key)
-            new_ids.append(key)
-            head = streams.get(env.stream)
-            if head is None:
-                head = streams[env.stream] = StreamHead(0, CompactRange())
-            stream_seq = head.size
-            head.size += 1
-            leaf = leaf_hash(decoded.canonical)
-            head.tree.append(leaf)
-            log = added.setdefault(env.stream, {"first": stream_seq, "leaves": [], "ids": []})
-            log["leaves"].append(leaf)
-            log["ids"].append([env.source, env.id])
-            buf.add("events", stream_type(env.stream), _event_row(decoded, stream_seq, number, record))
-            rows_for_event(decoded, stream_seq, buf, self._fold)
-            result.accepted += 1
-        if not buf.columns and positions == self._positions:
-            return result
+        staging = _Staging(self._fold)
         try:
-            files = self._write_files(buf, number)
+            for record in records:
+                if record.position < positions.get(record.source, 0):
+                    result.skipped += 1
+                    continue
+                positions[record.source] = record.position + 1
+                decoded = _decode_record(record, max_event_bytes)
+                if isinstance(decoded, Event):
+                    env = decoded.envelope
+                    key = (env.source, env.id)
+                    if key in seen:
+                        result.duplicates += 1
+                        continue
+                    head = streams.get(env.stream)
+                    stream_seq = head.size if head is not None else 0
+                    refused = self._add_rows(decoded, stream_seq, record, number, buf, staging, check)
+                    if refused is None:
+                        seen.add(key)
+                        new_ids.append(key)
+                        if head is None:
+                            head = streams[env.stream] = StreamHead(0, CompactRange())
+                        head.size += 1
+                        leaf = leaf_hash(decoded.canonical)
+                        head.tree.append(leaf)
+                        log_ = added.setdefault(env.stream, {"first": stream_seq, "leaves": [], "ids": []})
+                        log_["leaves"].append(leaf)
+                        log_["ids"].append([env.source, env.id])
+                        result.accepted += 1
+                        continue
+                    decoded = refused
+                result.quarantined.append((record, decoded))
+                buf.add("quarantine", day, _quarantine_row(record, decoded, now, number))
+            if not buf.columns and positions == self._positions:
+                return result
+            try:
+                tables = buf.tables()
+            except Exception as exc:
+                if check is None:
+                    raise
+                raise _UnencodableBatch(f"{type(exc).__name__}: {exc}", _failing_groups(buf)) from exc
+            files = self._write_files(tables, number)
             record_json = {
                 "commit": number,
                 "time": now.isoformat(),
@@ -335,9 +402,60 @@ class Ledger:
         )
         return result
 
-    def _write_files(self, buf: RowBuffer, number: int) -> list[str]:
+    def _add_rows(
+        self,
+        event: Event,
+        stream_seq: int,
+        record: SourceRecord,
+        commit: int,
+        buf: RowBuffer,
+        staging: _Staging,
+        check: _Careful,
+    ) -> Quarantined | None:
+        """Add every row one event contributes to ``buf``, or none of them and say why not.
+
+        The rows are built apart and appended only once all of them exist; the projector sees the
+        fold state through an overlay, kept only if it succeeds. ``check``: the (table, partition)
+        groups whose rows are converted to Arrow right here, to find the events a whole batch
+        failed on (None: every group; empty: none, the usual case)."""
+        env = event.envelope
+        rows = staging.start()
+        try:
+            rows_for_event(event, stream_seq, rows, staging.fold)
+            rows.add("events", stream_type(env.stream), _event_row(event, stream_seq, commit, record))
+            touched = rows.touched()
+            for key in touched:
+                if key not in self._usable_partitions:
+                    _check_partition(*key)
+                    self._usable_partitions.add(key)
+            if check is None or not check.isdisjoint(touched):
+                alone = RowBuffer()
+                rows.replay(alone)
+                alone.tables()
+        except OSError:
+            raise  # the environment, not the record: abort the commit (it is retried as a whole)
+        except Exception as exc:
+            return Quarantined(
+                raw=record.raw,
+                reason=f"ledger: cannot store this event: {type(exc).__name__}: {exc}",
+                code=UNSTORABLE,
+                source=env.source,
+                id=env.id,
+                type=env.type,
+                stream=env.stream,
+            )
+        try:
+            rows.replay(buf)
+        except Exception as exc:  # half-appended: only a round that checks every event first is sure
+            if check is None:
+                raise
+            raise _UnencodableBatch(f"{type(exc).__name__}: {exc}", None) from exc
+        staging.keep(self._fold)
+        return None
+
+    def _write_files(self, tables: list[tuple[str, str, pa.Table]], number: int) -> list[str]:
         files: list[str] = []
-        for i, (table, partition, data) in enumerate(sorted(buf.tables(), key=lambda x: (x[0], x[1]))):
+        for i, (table, partition, data) in enumerate(sorted(tables, key=lambda x: (x[0], x[1]))):
             rel = f"{table}/{TABLES[table].partition}={partition or '_'}/part-{number:010d}-{i:03d}.parquet"
             final = self.root / rel
             final.parent.mkdir(parents=True, exist_ok=True)
@@ -431,17 +549,114 @@ def _event_row(event: Event, stream_seq: int, commit: int, record: SourceRecord)
     }
 
 
+def _decode_record(record: SourceRecord, max_event_bytes: int) -> Event | Quarantined:
+    if record.tombstone:
+        return Quarantined(raw=record.raw, reason="tombstone (null value)", code=TOMBSTONE)
+    if record.corrupt:
+        return Quarantined(raw=record.raw, reason=f"bus: {record.corrupt}", code=CORRUPT)
+    try:
+        return decode_event(record.raw, max_bytes=max_event_bytes)
+    except Exception as exc:  # decode_event never raises; a belt all the same
+        return Quarantined(raw=record.raw, reason=f"undecodable: {type(exc).__name__}: {exc}", code=DECODE)
+
+
+class _StagedRows(RowBuffer):
+    """One event's rows, held back: ``add``/``add_many`` calls are recorded, and ``replay`` makes
+    them on a real buffer. (Rows a projector writes to ``columns`` directly are merged in too.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[bool, str, str, Any]] = []
+
+    def add(self, table: str, partition: str, row: dict[str, Any]) -> None:
+        self.calls.append((False, table, partition, row))
+
+    def add_many(self, table: str, partition: str, rows: dict[str, list[Any]]) -> None:
+        self.calls.append((True, table, partition, rows))
+
+    def touched(self) -> list[tuple[str, str]]:
+        return [(table, partition) for _, table, partition, _ in self.calls] + list(self.columns)
+
+    def replay(self, buf: RowBuffer) -> None:
+        for many, table, partition, values in self.calls:
+            if many:
+                buf.add_many(table, partition, values)
+            else:
+                buf.add(table, partition, values)
+        for key, cols in self.columns.items():
+            into = buf.columns.setdefault(key, {name: [] for name in cols})
+            for name, values in cols.items():
+                into[name].extend(values)
+
+
+class _Staging:
+    """Where one event at a time waits (for one commit): its rows, and the fold-state changes its
+    projector makes (``fold`` reads through to the ledger's configs; writes stay in ``overlay``)."""
+
+    def __init__(self, live: FoldState) -> None:
+        self.rows = _StagedRows()
+        self.overlay: dict[tuple[str, int], dict[str, Any]] = {}
+        self.fold = copy.copy(live)
+        self.fold.configs = ChainMap(self.overlay, live.configs)  # type: ignore[assignment]
+
+    def start(self) -> _StagedRows:
+        self.rows.calls.clear()
+        self.rows.columns.clear()
+        self.overlay.clear()
+        return self.rows
+
+    def keep(self, live: FoldState) -> None:
+        if self.overlay:
+            live.configs.update(self.overlay)
+
+
+def _failing_groups(buf: RowBuffer) -> frozenset[tuple[str, str]]:
+    """The (table, partition) groups of ``buf`` whose rows don't convert to Arrow."""
+    failing = set()
+    for (table, partition), cols in buf.columns.items():
+        try:
+            pa.table(cols, schema=TABLES[table].schema)
+        except Exception:
+            failing.add((table, partition))
+    return frozenset(failing)
+
+
+_MAX_PARTITION_BYTES = 200  # a directory name is at most 255 bytes, ``<column>=`` included
+
+
+def _check_partition(table: str, value: str) -> None:
+    """A hive partition value must make one directory name: raise ValueError if it cannot."""
+    encoded = value.encode("utf-8")  # UnicodeEncodeError (a ValueError) for lone surrogates
+    if len(encoded) > _MAX_PARTITION_BYTES or "/" in value or "\0" in value:
+        raise ValueError(f"{table} partition value {value[:80]!r} is not a usable directory name")
+
+
+def _text(value: object, limit: int = MAX_REASON_CHARS) -> str | None:
+    """A string that always fits a Parquet string column: bounded, and valid UTF-8."""
+    if value is None:
+        return None
+    text = str(value)
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 def _quarantine_row(record: SourceRecord, q: Quarantined, now: datetime, commit: int) -> dict[str, Any]:
+    """Every value sanitised: a quarantine row must always be storable, whatever the record held."""
     return {
         "time": now,
-        "ingest_source": record.source,
+        "ingest_source": _text(record.source),
         "ingest_position": record.position,
-        "reason": q.reason,
-        "event_source": q.source,
-        "event_id": q.id,
-        "event_type": q.type,
-        "stream": q.stream,
-        "raw": record.raw,
+        "reason": _text(q.reason) or "rejected",
+        "event_source": _text(q.source),
+        "event_id": _text(q.id),
+        "event_type": _text(q.type),
+        "stream": _text(q.stream),
+        "raw": bytes(record.raw),
         "commit": commit,
     }
 

@@ -15,8 +15,12 @@ exits 0 or 1. ``--public-key`` is a file holding the log's note verifier key
 (``<name>+<8 hex>+<base64>``) or that key itself.
 
 * inclusion: verifies the checkpoint signature, checks that the proof is for the checkpoint's tree
-  size and root, then verifies the RFC 9162 inclusion proof of ``leaf_hash`` at ``leaf_index``.
-  With ``--leaf`` the file's bytes are hashed as SHA-256(0x00 ‖ bytes) and must equal ``leaf_hash``.
+  size and root, then verifies the RFC 9162 inclusion proof of the leaf at ``leaf_index``. The leaf
+  is hashed here, SHA-256(0x00 ‖ leaf bytes), from the proof's ``leaf`` (the bytes as UTF-8 text) or
+  ``--leaf FILE`` (both given: they must be the same bytes); ``leaf_hash``, if present, must equal it.
+  The event id, source and stream printed are read from the leaf bytes themselves (a runledger
+  event's canonical JSON), and the proof's ``event_id``/``source``/``stream`` must agree with them.
+  Without leaf bytes only the leaf hash is verified: the OK line says which fields were NOT checked.
 * consistency: verifies the new checkpoint, then the RFC 9162 consistency proof from the old tree to
   it. The old tree should come from a checkpoint you kept earlier (``--old-checkpoint``, verified with
   the same key) or from values you recorded (``--old-size``/``--old-root``); otherwise the proof's own
@@ -25,7 +29,7 @@ exits 0 or 1. ``--public-key`` is a file holding the log's note verifier key
 Proof JSON (hashes are standard base64)::
 
     inclusion:   {"leaf_index": int, "tree_size": int, "audit_path": [b64, ...], "leaf_hash": b64,
-                  "root_hash": b64, "stream": str, "event_id": str}
+                  "root_hash": b64, "stream": str, "event_id": str, "source": str, "leaf": str}
     consistency: {"first": int, "second": int, "consistency": [b64, ...], "first_root": b64,
                   "second_root": b64, "stream": str}
 
@@ -268,9 +272,14 @@ def inclusion_proof_document(
     leaf_hash: bytes,
     audit_path: Sequence[bytes],
     root_hash: bytes,
+    leaf: bytes | None = None,
 ) -> dict[str, Any]:
-    """The JSON-ready inclusion proof dict this verifier reads (for the ledger to emit)."""
-    return {
+    """The JSON-ready inclusion proof dict this verifier reads (for the ledger to emit).
+
+    ``leaf``: the leaf's bytes (an event's canonical JSON, UTF-8), carried as text so the verifier
+    hashes the leaf itself and reads the event's id, source and stream from it.
+    """
+    doc: dict[str, Any] = {
         "leaf_index": leaf_index,
         "tree_size": tree_size,
         "audit_path": [_b64e(h) for h in audit_path],
@@ -279,6 +288,9 @@ def inclusion_proof_document(
         "stream": stream,
         "event_id": event_id,
     }
+    if leaf is not None:
+        doc["leaf"] = leaf.decode("utf-8")
+    return doc
 
 
 def consistency_proof_document(
@@ -322,27 +334,100 @@ def _str_field(doc: dict[str, Any], key: str) -> str:
     return value
 
 
+# Proof fields that name the event, and the member of the leaf's own JSON that must agree with each.
+_BOUND_FIELDS = (("event_id", "id"), ("source", "source"), ("stream", "stream"))
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise VerificationError("the leaf's JSON repeats a key: not canonical event bytes")
+    return dict(pairs)
+
+
+def _leaf_fields(leaf: bytes) -> dict[str, str]:
+    """The event's id, source and stream as the leaf's bytes state them ({} if the leaf is not an event)."""
+    try:
+        value = json.loads(leaf.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return {}
+    if not isinstance(value, dict):
+        return {}
+    return {key: value[key] for _, key in _BOUND_FIELDS if isinstance(value.get(key), str)}
+
+
+def _proof_leaf(doc: dict[str, Any], leaf_file: bytes | None) -> bytes | None:
+    """The leaf bytes to hash: the proof's ``leaf`` text and/or the ``--leaf`` file (the same bytes)."""
+    inline: bytes | None = None
+    if "leaf" in doc:
+        text = doc["leaf"]
+        if not isinstance(text, str):
+            raise VerificationError("proof field 'leaf' must be a string (the leaf's bytes as UTF-8 text)")
+        try:
+            inline = text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise VerificationError("proof field 'leaf' is not valid UTF-8 text") from exc
+    if inline is not None and leaf_file is not None and not hmac.compare_digest(inline, leaf_file):
+        raise VerificationError("the --leaf file differs from the proof's leaf")
+    return leaf_file if leaf_file is not None else inline
+
+
 def verify_inclusion_document(
     doc: dict[str, Any], checkpoint: Checkpoint, leaf_data: bytes | None = None
 ) -> str:
-    """Check an inclusion proof document against a verified checkpoint; returns an OK summary."""
+    """Check an inclusion proof document against a verified checkpoint; returns an OK summary.
+
+    The leaf is hashed here from its bytes (the proof's ``leaf``, or ``leaf_data`` from ``--leaf``);
+    what the summary says about the event is read from those bytes, never from the proof's other
+    fields, which must agree. Without leaf bytes, only the proof's ``leaf_hash`` is verified.
+    """
     index, size = _int_field(doc, "leaf_index"), _int_field(doc, "tree_size")
     path = _hash_list(doc, "audit_path")
-    leaf = _b64_hash(doc.get("leaf_hash"), "leaf_hash")
+    claimed = _b64_hash(doc["leaf_hash"], "leaf_hash") if "leaf_hash" in doc else None
+    leaf_bytes = _proof_leaf(doc, leaf_data)
+    if leaf_bytes is not None:
+        leaf = _leaf_hash(leaf_bytes)
+        if claimed is not None and not hmac.compare_digest(leaf, claimed):
+            raise VerificationError("SHA-256(0x00 ‖ leaf) differs from the proof's leaf_hash")
+    elif claimed is not None:
+        leaf = claimed
+    else:
+        raise VerificationError("proof has neither 'leaf' nor 'leaf_hash'")
     if size != checkpoint.size:
         raise VerificationError(f"proof is for tree size {size}, the checkpoint is for {checkpoint.size}")
     if "root_hash" in doc and not hmac.compare_digest(
         _b64_hash(doc["root_hash"], "root_hash"), checkpoint.root
     ):
         raise VerificationError("proof root_hash differs from the signed checkpoint root")
-    if leaf_data is not None and not hmac.compare_digest(_leaf_hash(leaf_data), leaf):
-        raise VerificationError("SHA-256(0x00 ‖ leaf file) differs from the proof's leaf_hash")
+    fields = _leaf_fields(leaf_bytes) if leaf_bytes is not None else {}
+    unchecked = []
+    for proof_key, leaf_key in _BOUND_FIELDS:
+        if proof_key not in doc:
+            continue
+        stated = _str_field(doc, proof_key)
+        if leaf_bytes is None:
+            unchecked.append(proof_key)
+        elif leaf_key not in fields:
+            raise VerificationError(f"proof names a {proof_key} but the leaf has no {leaf_key!r} to check it")
+        elif fields[leaf_key] != stated:
+            raise VerificationError(
+                f"proof's {proof_key} {stated!r} is not the leaf's {leaf_key} {fields[leaf_key]!r}"
+            )
     verify_inclusion(leaf, index, size, path, checkpoint.root)
-    stream, event_id = _str_field(doc, "stream"), _str_field(doc, "event_id")
-    return (
-        f"event {event_id!r} of stream {stream!r} is leaf {index} of {checkpoint.origin!r} "
-        f"at size {size} (root {_b64e(checkpoint.root)})"
-    )
+    where = f"is leaf {index} of {checkpoint.origin!r} at size {size} (root {_b64e(checkpoint.root)})"
+    if "id" in fields:
+        what = f"event {fields['id']!r}"
+        if "source" in fields:
+            what += f" from {fields['source']!r}"
+        if "stream" in fields:
+            what += f" of stream {fields['stream']!r}"
+        return f"{what} {where}"
+    summary = f"leaf with hash {_b64e(leaf)} {where}"
+    if unchecked:
+        summary += (
+            f"; NOT checked: {', '.join(unchecked)} (the proof carries no leaf bytes: pass --leaf FILE)"
+        )
+    return summary
 
 
 def verify_consistency_document(
@@ -428,7 +513,9 @@ def _build_parser() -> argparse.ArgumentParser:
         p.add_argument("--checkpoint", required=True, help="signed checkpoint file (the newer one)")
         p.add_argument("--public-key", required=True, help="note verifier key file, or the key itself")
         p.add_argument("--origin", help="expected checkpoint origin (recommended)")
-    inc.add_argument("--leaf", help="file with the leaf's canonical bytes, checked against leaf_hash")
+    inc.add_argument(
+        "--leaf", help="file with the leaf's bytes (the event's canonical JSON): hashed and read here"
+    )
     con.add_argument("--old-checkpoint", help="earlier signed checkpoint you kept")
     con.add_argument("--old-size", type=int, help="trusted old tree size (with --old-root)")
     con.add_argument("--old-root", help="trusted old root hash, base64 (with --old-size)")

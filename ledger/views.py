@@ -14,7 +14,7 @@ from runledger.durable import write_durably
 from runledger.ledger.parquet_schemas import TABLES
 
 # Physical tables whose public name is a derived view (the physical one gets a leading underscore).
-_DERIVED = {"metrics", "moe_layer_stats"}
+_DERIVED = {"metrics", "moe_layer_stats", "github"}
 
 DERIVED_VIEWS = """
 CREATE OR REPLACE VIEW attempts AS
@@ -41,6 +41,28 @@ FROM _moe_layer_stats m LEFT JOIN attempts a ON a.run_id = m.run_id AND a.attemp
 
 CREATE OR REPLACE VIEW moe_layer_stats AS
 SELECT * EXCLUDE (superseded) FROM moe_layer_stats_all WHERE NOT superseded;
+
+-- Every GitHub observation: each webhook delivery's events and each backfill's snapshots.
+CREATE OR REPLACE VIEW github_all AS SELECT * FROM _github;
+
+-- One row per GitHub fact (repository or organisation, fact key): the webhook's observation when
+-- there is one, else the earliest; `observations` counts them and `observed_via` names their producers.
+-- Rows written before events carried a fact are each their own fact.
+CREATE OR REPLACE VIEW github AS
+WITH o AS (
+  SELECT g.*,
+         lower(coalesce(g.repo, g.org, g.stream)) AS _scope,
+         coalesce(g.fact, 'row/' || g.stream || '/' || g.stream_seq) AS _fact
+  FROM _github g
+)
+SELECT o.* EXCLUDE (_scope, _fact),
+       count(*) OVER f AS observations,
+       array_sort(list_distinct(list(o.via) OVER f)) AS observed_via
+FROM o
+WINDOW f AS (PARTITION BY _scope, _fact)
+QUALIFY row_number() OVER (
+  PARTITION BY _scope, _fact ORDER BY o.via = 'webhook' DESC NULLS LAST, o.time, o.stream, o.stream_seq
+) = 1;
 
 CREATE OR REPLACE VIEW crashes AS SELECT * FROM incidents WHERE kind <> 'skipped';
 

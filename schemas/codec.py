@@ -1,20 +1,62 @@
 """Encoding events for the bus and decoding (validating) them at the ledger's door.
 
-``decode_event`` never raises on bad input: it returns a ``Quarantined`` with the raw bytes and the
-reason, so an ingester can keep going and lose nothing.
+``decode_event`` never raises on bad input: it returns a ``Quarantined`` with the raw bytes, the
+reason and a short reason code, so an ingester can keep going and lose nothing.
+
+Limits on what the door accepts, checked before anything is parsed:
+
+* ``MAX_EVENT_BYTES`` (8 MiB): a longer record is quarantined as ``too-large`` without being parsed.
+  Ingesters take ``max_event_bytes`` to change it (``Ledger.commit``, ``ingest_spool``,
+  ``run_ingester``, ``replay``).
+* ``MAX_DEPTH`` (64): arrays and objects nested deeper than 64 levels (the envelope object is level
+  1, ``data`` level 2) are quarantined as ``too-deep``. JSON decoders and encoders recurse once per
+  level, so without a bound a few kilobytes of ``[`` exhaust the interpreter's stack. The check
+  costs two ``bytes.count`` calls for an ordinary event; only a record holding more than 64 ``[``
+  and ``{`` in all is scanned (strings removed, then a running sum over the brackets left).
+* integers in the envelope fit what the ledger stores (``runledger.schemas.envelope``).
+
+JSON the door accepts as it is (the canonical bytes are computed from the decoded value): duplicate
+object keys (the last one wins, as in the canonical bytes), ``-0.0``, numbers that underflow to 0.
+Rejected: ``NaN``/``Infinity`` literals, numbers beyond float64 (``1e309``), a UTF-8 BOM, invalid
+UTF-8, lone surrogate escapes, raw control characters in strings; each with msgspec's message.
 """
 
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import msgspec
+import numpy as np
 
-from runledger.schemas.canonical import canonical_bytes
+from runledger.schemas.canonical import canonicalize_json
 from runledger.schemas.catalogue import CATALOGUE, TYPE_OF_STRUCT, EventType
-from runledger.schemas.envelope import SPECVERSION, Envelope, WireEnvelope, new_event_id, utc_now
+from runledger.schemas.envelope import (
+    MAX_ATTRIBUTE_CHARS,
+    SPECVERSION,
+    Envelope,
+    WireEnvelope,
+    new_event_id,
+    utc_now,
+)
+
+MAX_EVENT_BYTES = 8 * 1024 * 1024
+MAX_DEPTH = 64
+MAX_REASON_CHARS = 2000
+
+# Reason codes (``Quarantined.code``): what kind of rejection, for dead letters and dashboards.
+EMPTY = "empty"  # no bytes, or only whitespace
+TOMBSTONE = "tombstone"  # a Kafka record with a null value
+TOO_LARGE = "too-large"  # longer than the maximum event size
+TOO_DEEP = "too-deep"  # nested deeper than MAX_DEPTH
+DECODE = "decode"  # not JSON
+ENVELOPE = "envelope"  # JSON, but not a valid envelope
+UNKNOWN_TYPE = "unknown-type"
+UNKNOWN_VERSION = "unknown-version"
+SCHEMA = "schema"  # the payload (or a rule across envelope and payload) fails validation
+CORRUPT = "corrupt"  # the bus itself says the bytes are damaged
+UNSTORABLE = "unstorable"  # valid, but the ledger could not turn it into rows (see Ledger.commit)
 
 _wire_decoder = msgspec.json.Decoder(WireEnvelope)
 _generic_decoder = msgspec.json.Decoder()
@@ -36,12 +78,16 @@ class Event(msgspec.Struct, frozen=True):
 
 
 class Quarantined(msgspec.Struct, frozen=True):
+    """Bytes the ledger keeps aside: the reason (a sentence) and ``code`` (one of the codes above).
+    ``source``/``id``/``type``/``stream`` are the record's own attributes where they were readable."""
+
     raw: bytes
     reason: str
     source: str | None = None
     id: str | None = None
     type: str | None = None
     stream: str | None = None
+    code: str = ""
 
 
 def make_event(
@@ -83,44 +129,158 @@ def encode_event(envelope: Envelope) -> bytes:
     return _encoder.encode(envelope)
 
 
-def decode_event(raw: bytes) -> Event | Quarantined:
-    """Validate raw bytes into an ``Event``, or say exactly why not."""
+def decode_event(raw: bytes, *, max_bytes: int = MAX_EVENT_BYTES) -> Event | Quarantined:
+    """Validate raw bytes into an ``Event``, or say exactly why not. Never raises on any input."""
+    if type(raw) is not bytes:  # bytearray, memoryview: one form for every check below
+        raw = bytes(raw)
+    size = len(raw)
+    if size == 0:
+        return _quarantine(raw, "empty record", EMPTY)
+    if size > max_bytes:
+        return _quarantine(
+            raw, f"record of {size} bytes exceeds the maximum event size of {max_bytes} bytes", TOO_LARGE
+        )
+    if too_deep(raw):
+        return _quarantine(raw, f"nested deeper than {MAX_DEPTH} levels", TOO_DEEP)
+    try:
+        return _decode(raw)
+    except RecursionError:  # belt: the depth check above should make this unreachable
+        return _quarantine(raw, "nested too deeply to decode (RecursionError)", TOO_DEEP)
+    except Exception as exc:  # belt: OverflowError, ValueError, ... from any layer
+        return _quarantine(raw, f"undecodable: {type(exc).__name__}: {exc}", DECODE)
+
+
+def _decode(raw: bytes) -> Event | Quarantined:
     try:
         wire = _wire_decoder.decode(raw)
-    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError subclass
-        return _quarantine(raw, f"envelope: {exc}")
+    except msgspec.ValidationError as exc:  # may still be JSON: say so, and keep what is readable
+        return _envelope_rejected(raw, exc)
+    except msgspec.DecodeError as exc:
+        if not raw.strip(b" \t\r\n"):
+            return _quarantine(raw, "empty record (whitespace only)", EMPTY)
+        return _quarantine(raw, f"envelope: {exc}", DECODE)
     if wire.specversion != SPECVERSION:
-        return _quarantine(raw, f"envelope: unsupported specversion {wire.specversion!r}", wire)
+        return _quarantine(raw, f"envelope: unsupported specversion {wire.specversion!r}", ENVELOPE, wire)
     if wire.time.tzinfo is None:
-        return _quarantine(raw, "envelope: time has no UTC offset", wire)
+        return _quarantine(raw, "envelope: time has no UTC offset", ENVELOPE, wire)
+    if wire.time.year in (1, 9999) and not _fits_utc(wire.time):
+        return _quarantine(raw, "envelope: time is out of range once in UTC", ENVELOPE, wire)
     event_type: EventType | None = CATALOGUE.get(wire.type)
     if event_type is None:
-        return _quarantine(raw, f"unknown event type {wire.type!r}", wire)
+        return _quarantine(raw, f"unknown event type {wire.type!r}", UNKNOWN_TYPE, wire)
     decoder = _payload_decoders.get((wire.type, wire.schema_version))
     if decoder is None:
         known = sorted(event_type.versions)
         return _quarantine(
-            raw, f"unknown schema_version {wire.schema_version} of {wire.type} (known: {known})", wire
+            raw,
+            f"unknown schema_version {wire.schema_version} of {wire.type} (known: {known})",
+            UNKNOWN_VERSION,
+            wire,
         )
     try:
         payload = decoder.decode(wire.data)
     except msgspec.DecodeError as exc:
-        return _quarantine(raw, f"data: {exc}".replace("`$", "`$.data", 1), wire)
+        return _quarantine(raw, f"data: {exc}".replace("`$", "`$.data", 1), SCHEMA, wire)
     payload = event_type.upcast(wire.schema_version, payload)
     if wire.run_id is None and wire.type.startswith("runledger.") and wire.type != "runledger.annotation":
-        return _quarantine(raw, f"{wire.type} needs run_id", wire)
+        return _quarantine(raw, f"{wire.type} needs run_id", SCHEMA, wire)
     envelope = Envelope(**(msgspec.structs.asdict(wire) | {"data": payload}))
-    # Canonical bytes come from the generic JSON value as produced, not from the typed structs.
-    canonical = canonical_bytes(_generic_decoder.decode(raw))
+    # Canonical bytes come from the generic JSON value as produced, not from the typed structs
+    # (canonicalize_json(raw) == canonical_bytes(the decoded value), without a to_builtins pass).
+    try:
+        canonical = canonicalize_json(raw)
+    except msgspec.DecodeError as exc:  # e.g. a number out of range in a member no struct reads
+        return _quarantine(raw, f"json: {exc}", DECODE, wire)
     return Event(envelope=envelope, canonical=canonical)
 
 
-def _quarantine(raw: bytes, reason: str, wire: WireEnvelope | None = None) -> Quarantined:
-    if wire is None:
-        return Quarantined(raw=raw, reason=reason)
-    return Quarantined(
-        raw=raw, reason=reason, source=wire.source, id=wire.id, type=wire.type, stream=wire.stream
-    )
+def nesting_depth(raw: bytes) -> int:
+    """How deeply arrays and objects nest in JSON text (``{}`` is 1); brackets inside strings don't
+    count. For malformed text, an upper bound of how deep a decoder gets before it gives up."""
+    return _running_max(_structure(bytes(raw)))
+
+
+def too_deep(raw: bytes, limit: int = MAX_DEPTH) -> bool:
+    """``nesting_depth(raw) > limit``, cheaply: a record with at most ``limit`` openers is never
+    scanned, and a shallow one with many openers is settled by stripping innermost pairs."""
+    if len(raw) <= _COUNT_BELOW:  # two counts beat a translate on small records
+        openers = raw.count(b"{")
+        if b"[" in raw:
+            openers += raw.count(b"[")
+        if openers <= limit:
+            return False
+    marks = _structure(bytes(raw))
+    if marks.count(b"{") <= limit:
+        return False
+    inner = marks
+    for _ in range(limit):  # each pass strips every innermost "{}": balanced text empties in depth passes
+        shorter = inner.replace(b"{}", b"")
+        if not shorter:
+            return False
+        if len(shorter) == len(inner) or (len(inner) > 1024 and 4 * len(shorter) > 3 * len(inner)):
+            break  # unbalanced, or a long narrow chain: the running sum is exact and quicker
+        inner = shorter
+    return _running_max(marks) > limit
+
+
+_COUNT_BELOW = 4096
+_OPEN_CLOSE = bytes.maketrans(b"[]", b"{}")
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
+
+
+def _structure(text: bytes) -> bytes:
+    """The text's brackets outside strings, as "{" and "}" (arrays and objects alike)."""
+    if b"\\" in text:  # drop escapes, so that the quotes left are the strings' own
+        text = text.replace(b"\\\\", b"").replace(b'\\"', b"")
+    # Only '"' and brackets stay. Dropping two adjacent quotes never changes which brackets lie
+    # inside a string (the quotes before each bracket keep their parity), so most strings go here;
+    # those with brackets inside go by taking every other piece between quotes.
+    marks = text.translate(_OPEN_CLOSE, _NOT_STRUCTURE).replace(b'""', b"")
+    if b'"' in marks:
+        marks = b"".join(marks.split(b'"')[::2])
+    return marks
+
+
+def _running_max(marks: bytes) -> int:
+    """The deepest point of a sequence of "{" and "}": the maximum of its running sum."""
+    if not marks:
+        return 0
+    steps = 124 - np.frombuffer(marks, dtype=np.int8)  # "{" (123) -> +1, "}" (125) -> -1
+    return max(0, int(np.cumsum(steps, dtype=np.int64).max()))
+
+
+def _fits_utc(time: datetime) -> bool:
+    try:
+        time.astimezone(UTC)
+    except OverflowError:
+        return False
+    return True
+
+
+def _envelope_rejected(raw: bytes, exc: msgspec.ValidationError) -> Quarantined:
+    """Valid JSON, or at least valid up to the field that failed: tell which, and keep the record's
+    ``id``/``source``/``type``/``stream`` when they are readable strings (for finding who sent it)."""
+    try:
+        value = _generic_decoder.decode(raw)
+    except msgspec.DecodeError:
+        return _quarantine(raw, f"envelope: {exc}", DECODE)
+    attrs: dict[str, str] = {}
+    if isinstance(value, dict):
+        for name in ("source", "id", "type", "stream"):
+            attr = value.get(name)
+            if isinstance(attr, str) and 0 < len(attr) <= MAX_ATTRIBUTE_CHARS:
+                attrs[name] = attr
+    return _quarantine(raw, f"envelope: {exc}", ENVELOPE, **attrs)
+
+
+def _quarantine(
+    raw: bytes, reason: str, code: str, wire: WireEnvelope | None = None, **attrs: str
+) -> Quarantined:
+    if len(reason) > MAX_REASON_CHARS:
+        reason = reason[: MAX_REASON_CHARS - 1] + "…"
+    if wire is not None:
+        attrs = {"source": wire.source, "id": wire.id, "type": wire.type, "stream": wire.stream}
+    return Quarantined(raw=raw, reason=reason, code=code, **attrs)
 
 
 def export_json_schemas(directory: Path) -> list[Path]:

@@ -13,6 +13,11 @@ JSON, so the structured JSON form carries them as plain members:
   schema_version  the version of the payload type named by ``type``
 
 (``source``, ``id``) is unique: a second event with the same pair is a duplicate and is dropped.
+
+Every integer attribute is bounded to what the ledger stores (Parquet int64; ``schema_version`` int32),
+so a decoded envelope always fits its row: an out-of-range number is a validation error at the door,
+never an overflow inside a commit. The limits on the raw bytes themselves (size, nesting depth) are in
+``runledger.schemas.codec``.
 """
 
 from __future__ import annotations
@@ -27,9 +32,14 @@ import msgspec
 SPECVERSION = "1.0"
 
 RunId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
-NonEmpty = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
-NonNegative = Annotated[int, msgspec.Meta(ge=0)]
-Positive = Annotated[int, msgspec.Meta(ge=1)]
+INT64_MAX = 2**63 - 1
+INT32_MAX = 2**31 - 1
+MAX_ATTRIBUTE_CHARS = 1024  # id, source, type, stream
+
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ATTRIBUTE_CHARS)]
+NonNegative = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+Positive = Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
+SchemaVersion = Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)]
 
 
 class Envelope(msgspec.Struct, kw_only=True, frozen=True):
@@ -47,7 +57,7 @@ class Envelope(msgspec.Struct, kw_only=True, frozen=True):
     attempt: Positive | None = None
     step: NonNegative | None = None
     seq: NonNegative
-    schema_version: Positive
+    schema_version: SchemaVersion
     data: Any = None
 
 

@@ -1,10 +1,14 @@
 """Payload types of GitHub events (from webhooks or a PyGithub backfill).
 
-Their stream is the repository (``owner/name``), their ``source`` is ``github:owner/name``, and
-their ``id`` is derived from the content (kind, number, the object's own update time), so the same
-update arriving by webhook and by backfill is one event. Their ``seq`` is always 0: two producers
-(webhook receiver, backfill) write the same source, so a per-source counter cannot be gap-free;
-order GitHub events by ``time`` then ``id``. The id scheme lives in ``runledger.ingest.github_events``.
+Their stream is the repository (``owner/name``; an organisation's login for org-level webhooks). Each
+producer has its own ``source`` and ids: the webhook receiver ``github-webhook/owner/name`` with ids
+``delivery/<X-GitHub-Delivery>/<n>`` (one delivery, one or more events), a backfill
+``github-backfill/owner/name`` with ids naming the observed object state (``issue/N/<updated_at>``…).
+What an event is *about* is its payload's ``fact``: a key naming the GitHub fact independently of the
+producer, so the same fact seen by both is two observations of one fact (the ``github`` view shows it
+once). ``seq`` is always 0: deliveries arrive unordered and are redelivered, so no producer keeps a
+gap-free counter; order GitHub events by ``time`` then ``id``. The identity rules live in
+``runledger.ingest.github_events`` (and, as a table, in docs/github_wandb.md).
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ class GitHubIssue(Payload, kw_only=True):
     created_at: str | None = None
     updated_at: str | None = None
     closed_at: str | None = None
-    via: str | None = None  # "webhook" or "backfill": which producer saw it (same id either way)
+    via: str | None = None  # "webhook" or "backfill": which producer saw it
+    fact: str | None = None  # what it is, whoever saw it (runledger.ingest.github_events)
 
 
 class GitHubPullRequest(Payload, kw_only=True):
@@ -57,7 +62,8 @@ class GitHubPullRequest(Payload, kw_only=True):
     closed_at: str | None = None
     draft: bool | None = None
     changed_files_count: int | None = None  # webhooks carry only the count, not the names
-    via: str | None = None  # "webhook" or "backfill": which producer saw it (same id either way)
+    via: str | None = None  # "webhook" or "backfill": which producer saw it
+    fact: str | None = None  # what it is, whoever saw it (runledger.ingest.github_events)
 
 
 class GitHubReview(Payload, kw_only=True):
@@ -71,7 +77,8 @@ class GitHubReview(Payload, kw_only=True):
     commit_id: str | None = None
     submitted_at: str | None = None
     url: str | None = None
-    via: str | None = None  # "webhook" or "backfill": which producer saw it (same id either way)
+    via: str | None = None  # "webhook" or "backfill": which producer saw it
+    fact: str | None = None  # what it is, whoever saw it (runledger.ingest.github_events)
 
 
 class GitHubComment(Payload, kw_only=True):
@@ -88,7 +95,8 @@ class GitHubComment(Payload, kw_only=True):
     created_at: str | None = None
     updated_at: str | None = None
     in_reply_to: int | None = None  # the review comment this one answers
-    via: str | None = None  # "webhook" or "backfill": which producer saw it (same id either way)
+    via: str | None = None  # "webhook" or "backfill": which producer saw it
+    fact: str | None = None  # what it is, whoever saw it (runledger.ingest.github_events)
 
 
 class PushedCommit(msgspec.Struct, kw_only=True):
@@ -109,7 +117,8 @@ class GitHubPush(Payload, kw_only=True):
     deleted: bool = False
     forced: bool = False
     pushed_at: str | None = None
-    via: str | None = None  # "webhook" or "backfill": which producer saw it (same id either way)
+    via: str | None = None  # "webhook" or "backfill": which producer saw it
+    fact: str | None = None  # what it is, whoever saw it (runledger.ingest.github_events)
 
 
 class GitHubCommit(Payload, kw_only=True):
@@ -120,7 +129,8 @@ class GitHubCommit(Payload, kw_only=True):
     committed_at: str | None = None
     parents: list[str] = []
     url: str | None = None
-    via: str | None = None  # "webhook" or "backfill": which producer saw it (same id either way)
+    via: str | None = None  # "webhook" or "backfill": which producer saw it
+    fact: str | None = None  # what it is, whoever saw it (runledger.ingest.github_events)
 
 
 class GitHubRaw(Payload, kw_only=True):
@@ -130,3 +140,4 @@ class GitHubRaw(Payload, kw_only=True):
     action: str | None = None
     payload: dict[str, Any]
     delivery: str | None = None  # X-GitHub-Delivery of the webhook that brought it
+    fact: str | None = None  # raw/<event>/<delivery>: each delivery of an untyped event is its own fact

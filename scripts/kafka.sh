@@ -57,6 +57,7 @@ CONF="$DIR/server.properties"
 libs_ok() {
   compgen -G "$LIBS/kafka_2.13-*.jar" >/dev/null &&
     compgen -G "$LIBS/kafka-clients-*.jar" >/dev/null &&
+    compgen -G "$LIBS/kafka-tools-[0-9]*.jar" >/dev/null &&
     compgen -G "$LIBS/log4j-core-*.jar" >/dev/null
 }
 

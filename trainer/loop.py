@@ -141,9 +141,11 @@ class _StopFlag:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.forced: int | None = None  # the second signal, once it has been raised as SignalStop
 
     def __call__(self, signum: int, frame: object) -> None:
         if self.signum is not None:
+            self.forced = signum
             raise SignalStop(signum)
         self.signum = signum
 
@@ -365,7 +367,12 @@ def _run(ctx: RunContext) -> None:
     except (torch.OutOfMemoryError, MemoryError) as exc:
         _crash(ctx, "oom", exc)
     except Exception as exc:
-        _crash(ctx, "exception", exc)
+        # C++ code (torch.save's writer) turns a SignalStop raised inside it into a RuntimeError: the
+        # stop is still the second signal's, not an exception of the run.
+        if ctx.flag.forced is not None:
+            _crash(ctx, "signal", exc, signum=ctx.flag.forced, message=f"signal {ctx.flag.forced}")
+        else:
+            _crash(ctx, "exception", exc)
     finally:
         if ctx.stats is not None:
             ctx.stats.close()  # take the router hooks off the model
@@ -786,6 +793,9 @@ def _log_telemetry(ctx: RunContext, update: _Update) -> None:
 
 
 def _checkpoint_on_interval(ctx: RunContext) -> None:
+    """Every ``checkpoint.interval`` steps, reason "interval", also when a stop signal has already
+    arrived: the stop is only agreed at the next step boundary (``_stop_on_signal``), which then
+    finds this state on disk and records the signal in its crash event, without a second save."""
     if ctx.cfg.checkpoint.interval > 0 and ctx.step % ctx.cfg.checkpoint.interval == 0:
         _save(ctx, "interval")
 
@@ -847,12 +857,23 @@ def _finish(ctx: RunContext) -> None:
 
 
 def _stop_on_signal(ctx: RunContext) -> None:
-    """A first SIGTERM/SIGINT, honoured at the step boundary: checkpoint, then a "signal" crash."""
+    """A first SIGTERM/SIGINT, honoured at the step boundary: checkpoint, then a "signal" crash.
+
+    One ``checkpoint.saved`` per checkpoint written, its reason the one it was written for. If the
+    state of the last step is on disk already (the step was an interval step, so its interval
+    checkpoint was written before this boundary, or no step ran since the checkpoint this attempt
+    resumed from), nothing is rewritten and no second ``checkpoint.saved`` is made up: the stop by
+    signal is recorded by the ``run.crashed`` event (kind "signal", ``last_step``), whose message
+    names the checkpoint that holds that state. Otherwise a checkpoint with reason "signal" comes
+    first (when ``checkpoint.on_signal``)."""
     signum = ctx.flag.signum if ctx.flag.signum is not None else signal.SIGTERM  # another rank's
-    if ctx.cfg.checkpoint.on_signal:
+    message = f"{signal.Signals(signum).name}: stopped at a step boundary after step {ctx.step}"
+    if ctx.last_saved == ctx.step:
+        kept = "resumed from" if ctx.step == ctx.result.start_step else "interval"
+        message += f"; its state was already saved ({kept} checkpoint {ctx.result.last_checkpoint})"
+    elif ctx.cfg.checkpoint.on_signal:
         _save(ctx, "signal")
-    name = signal.Signals(signum).name
-    _crash(ctx, "signal", None, signum=signum, message=f"{name}: stopped at a step boundary")
+    _crash(ctx, "signal", None, signum=signum, message=message)
 
 
 def _crash(

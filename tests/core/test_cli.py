@@ -67,6 +67,7 @@ def test_query_formats(ledger: Path) -> None:
         (["state", "run-a", "--step", "99999"], "out of range"),
         (["diff", "nope", "--from-step", "1", "--to-step", "2"], "unknown run"),
         (["blame", "run-a", "no.such.key"], "not in run"),
+        (["state", "run-a", "--at", "2000-01-01T00:00:00"], "before run run-a began"),
     ],
 )
 def test_user_mistakes_get_one_line(ledger: Path, args: list[str], message: str) -> None:
@@ -146,3 +147,17 @@ def test_readme_cli_table_matches_help() -> None:
     _code, out = invoke("--help")
     listed = set(re.findall(r"│ ([a-z]+)\s", out))
     assert documented <= listed, documented - listed
+
+
+def test_new_options_are_documented_in_help_and_readme() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for args, option in (
+        (["demo", "--help"], "--force"),
+        (["prove", "inclusion", "--help"], "--leaf-out"),
+        (["verify", "--help"], "--public-key"),
+    ):
+        code, out = invoke(*args)
+        assert code == 0 and option in out, (args, out)
+        assert option in readme, option
+    code, out = invoke("--version")
+    assert code == 0 and out.startswith("runledger ")

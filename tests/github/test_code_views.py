@@ -133,9 +133,36 @@ def test_code_views_join_github_to_attempts(github_api_no_limits: FixtureGitHub,
     con = connect(tmp_path / "ledger")
     install(con)
 
-    # The issue edit and the merged PR came by webhook AND by backfill: the ledger holds each once.
-    for event_id in ("issue/3/2024-03-03T09:30:00Z", "pull/2/2024-03-02T11:00:00Z", f"commit/{C3}"):
-        assert rows(con, "SELECT count(*) AS n FROM events WHERE id = ?", event_id) == [{"n": 1}]
+    # The merged PR and commit C3 came by webhook AND by backfill: two observations (each producer's
+    # own event, both kept in the log and in github_all), one fact in the github view. (Before the
+    # identity rule the ledger kept only the first observation, as one event.)
+    for fact in ("pull_request/2/merged/2024-03-02T11:00:00Z", f"commit/{C3}"):
+        kept = rows(con, "SELECT via, stream_seq FROM github_all WHERE fact = ? ORDER BY via", fact)
+        assert [r["via"] for r in kept] == ["backfill", "webhook"], fact
+        sources = rows(
+            con,
+            "SELECT e.source FROM events e JOIN github_all g USING (stream, stream_seq) WHERE g.fact = ? "
+            "ORDER BY e.source",
+            fact,
+        )
+        assert [r["source"] for r in sources] == [
+            "github-backfill/octo-org/hello-world",
+            "github-webhook/octo-org/hello-world",
+        ]
+        shown = rows(con, "SELECT via, observations, observed_via FROM github WHERE fact = ?", fact)
+        assert shown == [{"via": "webhook", "observations": 2, "observed_via": ["backfill", "webhook"]}]
+    # The issue edit (webhook) and the issue as the backfill read it later are two facts: a REST
+    # object does not say which action left it so.
+    issue_facts = rows(con, "SELECT fact, via FROM github WHERE kind = 'issues' AND number = 3 ORDER BY fact")
+    assert [(r["fact"].split("/")[2], r["via"]) for r in issue_facts] == [
+        ("edited", "webhook"),
+        ("snapshot", "backfill"),
+    ]
+    # Every observation is an event (12 backfilled + 5 from the 3 deliveries + 3 trainer events); the
+    # github view has one row per fact: the PR's merge and commits C2 and C3 were seen by both.
+    assert rows(con, "SELECT count(*) AS n FROM github") == [{"n": 12 + 5 - 3}]
+    assert rows(con, "SELECT count(*) AS n FROM github_all") == [{"n": 17}]
+    assert rows(con, "SELECT count(*) AS n FROM events") == [{"n": 20}]
 
     commits = rows(
         con,

@@ -20,7 +20,7 @@ from runledger.ingest.github_backfill import (
     cursor_from_events,
     cursor_from_spool,
 )
-from runledger.ingest.github_events import webhook_events
+from runledger.ingest.github_events import content_hash, webhook_events
 from tests.support.github import FixtureGitHub, fixture_json, read_events, spool_bytes
 from tests.support.sinks import ListSink
 
@@ -60,8 +60,25 @@ def test_backfill_reads_everything_through_pygithub_with_paging(
         "github.commit": 3,
     }
     assert (stats.issues, stats.pulls, stats.reviews, stats.commits, stats.events) == (2, 2, 2, 3, 12)
-    assert all(e.source == f"github:{REPO}" and e.stream == REPO and e.seq == 0 for e in events)
+    assert all(e.source == f"github-backfill/{REPO}" and e.stream == REPO and e.seq == 0 for e in events)
     assert all(e.data.via == "backfill" for e in events)
+    # What each snapshot attests (the identity rule): its facts, named as a webhook would name them.
+    assert sorted(e.data.fact for e in events) == [
+        "commit/553c2077f0edc3d5dc5d17262f6aa498e69d6f8e",
+        "commit/6dcb09b5b57875f334f61aebed695e2e4193db5e",
+        "commit/e5bd3914e2e596debea16f433f57875b5b90bcd6",
+        "issue_comment/1001/edited/2024-02-28T08:05:00Z/body:"
+        + content_hash(fixture_json("issue_comments.json")[0]["body"]),
+        "issue_comment/1002/created/2024-03-02T12:00:00Z",
+        "issues/1/closed/2024-03-01T10:00:00Z",  # closed, untouched since: the close's fact
+        "issues/3/snapshot/2024-03-03T09:30:00Z",  # open and edited: a state only a backfill names
+        "pull_request/2/merged/2024-03-02T11:00:00Z",
+        "pull_request/4/snapshot/2024-03-04T08:00:00Z",
+        "review/80/commented",
+        "review/81/approved",
+        "review_comment/2001/edited/2024-03-01T16:02:00Z/body:"
+        + content_hash(fixture_json("review_comments.json")[0]["body"]),
+    ]
 
     # Link-header paging: page 2 of the issue listing was followed.
     pages = [
@@ -227,41 +244,70 @@ def test_user_errors(github_api_no_limits: FixtureGitHub) -> None:
     assert missing.value.code == 2
 
 
-def test_webhook_and_backfill_give_the_same_source_and_id(github_api_no_limits: FixtureGitHub) -> None:
+def test_webhook_and_backfill_observe_the_same_facts(github_api_no_limits: FixtureGitHub) -> None:
+    """The identity rule: each producer has its own source and ids; a fact seen by both has one key.
+
+    (Before it, both producers shared ``github:owner/repo`` and content ids, so the ledger kept only
+    the first observation and dropped same-second webhook actions as duplicates.)
+    """
     sink = ListSink()
     run(github_api_no_limits, sink)
-    backfilled = {(e.source, e.id): e for e in sink.events}
+    backfilled = {e.data.fact: e for e in sink.events}
+    issue = fixture_json("webhook_issues_edited.json")
+    # Issue 1 as the close left it (the backfill read it closed and untouched since), and review
+    # comment 2001's edit at 16:02 (the backfill read it edited): deliveries of what the REST objects say.
+    closed = dict(issue, action="closed")
+    closed["issue"] = dict(
+        issue["issue"],
+        number=1,
+        state="closed",
+        closed_at="2024-03-01T10:00:00Z",
+        updated_at="2024-03-01T10:00:00Z",
+    )
+    review_comment = fixture_json("webhook_pull_request_review_comment_created.json")
+    edited = dict(review_comment, action="edited", comment=fixture_json("review_comments.json")[0])
     deliveries = [
-        ("issues", "webhook_issues_edited.json"),
-        ("pull_request", "webhook_pull_request_closed.json"),
-        ("pull_request_review", "webhook_pull_request_review_submitted.json"),
-        ("issue_comment", "webhook_issue_comment_created.json"),
-        ("pull_request_review_comment", "webhook_pull_request_review_comment_created.json"),
-        ("push", "webhook_push.json"),
+        ("issues", closed),
+        ("issues", issue),  # an edit: the backfill saw the issue after it, as an unattributed state
+        ("pull_request", fixture_json("webhook_pull_request_closed.json")),
+        ("pull_request_review", fixture_json("webhook_pull_request_review_submitted.json")),
+        ("issue_comment", fixture_json("webhook_issue_comment_created.json")),
+        ("pull_request_review_comment", review_comment),  # its creation: the REST object shows a later edit
+        ("pull_request_review_comment", edited),
+        ("push", fixture_json("webhook_push.json")),
     ]
     now = datetime.now(UTC)
-    compared: dict[str, int] = {}  # per delivery: webhook events matched against their backfilled twin
-    pushes = 0
-    for event, fixture in deliveries:
-        for envelope in webhook_events(event, fixture_json(fixture), received_at=now):
-            if envelope.type == "github.push":
-                pushes += 1
-                continue  # pushes exist only as webhooks
-            twin = backfilled.get((envelope.source, envelope.id))
-            assert twin is not None, (event, envelope.id)
-            assert (twin.type, twin.time, twin.subject) == (envelope.type, envelope.time, envelope.subject)
-            compared[event] = compared.get(event, 0) + 1
-    # Every delivery was compared (the push through its two commits), so the loop cannot pass by
-    # skipping everything.
-    assert pushes == 1
-    assert compared == {
-        "issues": 1,
-        "pull_request": 1,
-        "pull_request_review": 1,
-        "issue_comment": 1,
-        "pull_request_review_comment": 1,
-        "push": 2,
-    }
+    agreed: list[str] = []
+    webhook_only: list[str] = []
+    for n, (event, payload) in enumerate(deliveries):
+        for envelope in webhook_events(event, payload, received_at=now, delivery=f"d-{n}"):
+            assert envelope.source == f"github-webhook/{REPO}" and envelope.id.startswith(f"delivery/d-{n}/")
+            twin = backfilled.get(envelope.data.fact)
+            if twin is None:
+                webhook_only.append(envelope.data.fact)
+                continue
+            assert twin.source == f"github-backfill/{REPO}" and twin.id != envelope.id
+            assert (twin.type, twin.subject) == (envelope.type, envelope.subject)
+            agreed.append(envelope.data.fact)
+    assert agreed == [
+        "issues/1/closed/2024-03-01T10:00:00Z",
+        "pull_request/2/merged/2024-03-02T11:00:00Z",
+        "review/81/approved",
+        "issue_comment/1002/created/2024-03-02T12:00:00Z",
+        backfilled_fact(backfilled, "review_comment/2001/edited/"),
+        "commit/553c2077f0edc3d5dc5d17262f6aa498e69d6f8e",
+        "commit/e5bd3914e2e596debea16f433f57875b5b90bcd6",
+    ]
+    assert [fact.rsplit("/", 1)[0] if "content:" in fact else fact for fact in webhook_only] == [
+        "issues/3/edited/2024-03-03T09:30:00Z",
+        "review_comment/2001/created/2024-03-01T16:00:00Z",
+        "push/refs/heads/main/6dcb09b5b57875f334f61aebed695e2e4193db5e/e5bd3914e2e596debea16f433f57875b5b90bcd6",
+    ]
+
+
+def backfilled_fact(facts: dict[str, Any], prefix: str) -> str:
+    [fact] = [f for f in facts if f.startswith(prefix)]
+    return fact
 
 
 def test_cursor_from_events_ignores_other_repositories_and_webhook_events() -> None:

@@ -149,55 +149,67 @@ def test_non_json_and_missing_event_headers_are_400(receiver: Receiver) -> None:
     assert receiver.events() == []
 
 
+# (event, fixture, type, fact, subject): a webhook event's id names its delivery, its fact what it is.
 TYPED = [
-    ("issues", "webhook_issues_edited.json", "github.issues", "issue/3/2024-03-03T09:30:00Z", "issue/3"),
+    (
+        "issues",
+        "webhook_issues_edited.json",
+        "github.issues",
+        "issues/3/edited/2024-03-03T09:30:00Z/content:",
+        "issue/3",
+    ),
     (
         "pull_request",
         "webhook_pull_request_closed.json",
         "github.pull_request",
-        "pull/2/2024-03-02T11:00:00Z",
+        "pull_request/2/merged/2024-03-02T11:00:00Z",
         "pull/2",
     ),
     (
         "pull_request_review",
         "webhook_pull_request_review_submitted.json",
         "github.pull_request_review",
-        "review/81/2024-03-02T10:30:00Z/approved",
+        "review/81/approved",
         "pull/2",
     ),
     (
         "issue_comment",
         "webhook_issue_comment_created.json",
         "github.issue_comment",
-        "comment/1002/2024-03-02T12:00:00Z",
+        "issue_comment/1002/created/2024-03-02T12:00:00Z",
         "issue/2",
     ),
     (
         "pull_request_review_comment",
         "webhook_pull_request_review_comment_created.json",
         "github.pull_request_review_comment",
-        "comment/2001/2024-03-01T16:02:00Z",
+        "review_comment/2001/created/2024-03-01T16:00:00Z",
         "pull/2",
     ),
 ]
 
 
-@pytest.mark.parametrize(("event", "fixture", "type_", "event_id", "subject"), TYPED)
+@pytest.mark.parametrize(("event", "fixture", "type_", "fact", "subject"), TYPED)
 def test_typed_events(
-    receiver: Receiver, event: str, fixture: str, type_: str, event_id: str, subject: str
+    receiver: Receiver, event: str, fixture: str, type_: str, fact: str, subject: str
 ) -> None:
     body = fixture_body(fixture)
-    response = post(receiver.url, body, headers_for(body, event))
+    delivery = str(uuid.uuid4())
+    response = post(receiver.url, body, headers_for(body, event, delivery))
     assert response.status_code == 202, response.text
     assert response.json()["status"] == "accepted"
     [stored] = receiver.events()
     envelope = stored.envelope
-    assert (envelope.type, envelope.id, envelope.subject) == (type_, event_id, subject)
+    assert (envelope.type, envelope.id, envelope.subject) == (type_, f"delivery/{delivery}/0", subject)
     assert (envelope.source, envelope.stream, envelope.seq) == (
-        "github:octo-org/hello-world",
+        "github-webhook/octo-org/hello-world",
         "octo-org/hello-world",
         0,
     )
+    if fact.endswith("content:"):  # an edit's fact ends with a hash of what the edit left
+        assert envelope.data.fact.startswith(fact) and len(envelope.data.fact) == len(fact) + 16
+    else:
+        assert envelope.data.fact == fact
     assert envelope.data.via == "webhook"
     assert envelope.data.action == json.loads(body)["action"]
 
@@ -218,7 +230,12 @@ def test_push_becomes_a_push_and_its_commits(receiver: Receiver) -> None:
     events = [e.envelope for e in receiver.events()]
     assert [e.type for e in events] == ["github.push", "github.commit", "github.commit"]
     push = events[0]
-    assert push.id == "push/refs/heads/main/e5bd3914e2e596debea16f433f57875b5b90bcd6"
+    delivery = push.id.split("/")[1]
+    assert [e.id for e in events] == [f"delivery/{delivery}/{n}" for n in range(3)]  # one delivery, 3 events
+    assert push.data.fact == (
+        "push/refs/heads/main/6dcb09b5b57875f334f61aebed695e2e4193db5e/e5bd3914e2e596debea16f433f57875b5b90bcd6"
+    )
+    assert [e.data.fact for e in events[1:]] == [f"commit/{e.data.sha}" for e in events[1:]]
     assert push.subject == "ref/refs/heads/main"
     assert [c.sha for c in push.data.commits] == [e.data.sha for e in events[1:]]
     # The +01:00 timestamp of the first commit is the same instant as the REST committer date.
@@ -235,7 +252,8 @@ def test_other_events_are_kept_raw(receiver: Receiver, event: str, fixture: str)
     assert post(receiver.url, body, headers_for(body, event, delivery)).status_code == 202
     [stored] = receiver.events()
     assert stored.envelope.type == "github.raw"
-    assert stored.envelope.id.startswith(f"raw/{event}/")
+    assert stored.envelope.id == f"delivery/{delivery}/0"
+    assert stored.envelope.data.fact == f"raw/{event}/{delivery}"  # each delivery of it is its own fact
     assert stored.envelope.data.payload == json.loads(body)
     assert stored.envelope.data.event == event and stored.envelope.data.delivery == delivery
 
@@ -264,11 +282,12 @@ def test_replayed_delivery_is_stored_once(receiver: Receiver) -> None:
     assert first.status_code == 202
     assert again.status_code == 200 and again.json()["status"] == "duplicate"
     assert len(receiver.events()) == 1
-    # A second delivery id for the same update passes the receiver, but carries the same (source, id):
-    # the ledger keeps one.
+    # A second delivery id for the same update (say a repository and an organisation hook both
+    # deliver it) is a second observation: its own (source, id), the same fact.
     assert post(receiver.url, body, headers_for(body, "issues")).status_code == 202
     keys = {(e.envelope.source, e.envelope.id) for e in receiver.events()}
-    assert len(receiver.events()) == 2 and len(keys) == 1
+    facts = {e.envelope.data.fact for e in receiver.events()}
+    assert len(receiver.events()) == 2 and len(keys) == 2 and len(facts) == 1
     assert receiver.status()["counts"]["duplicate"] == 1
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import json
 import random
@@ -261,8 +262,10 @@ def test_malformed_records_are_quarantined_and_dead_lettered(
     for rec in letters:
         headers = {k: v.decode() for k, v in rec.headers}
         offset = int(headers["source.offset"])
-        assert rec.value == bad[offset][0]
-        assert headers["reason"] == bad[offset][1]
+        letter = json.loads(rec.value)  # a bounded envelope: the raw bytes (a prefix of them) inside
+        assert base64.b64decode(letter["raw"]["prefix_base64"]) == bad[offset][0]
+        assert letter["raw"]["length"] == len(bad[offset][0]) and not letter["raw"]["truncated"]
+        assert headers["reason"] == letter["code"] == bad[offset][1]
         assert headers["source.topic"] == topic and headers["source.partition"] == "0"
         assert headers["error"] and headers["failed.at"] and rec.key == b"r1"
         assert headers["consumer"].startswith("kafka-ingest:bad:")

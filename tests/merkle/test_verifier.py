@@ -23,6 +23,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 VERIFIER_FILE = REPO_ROOT / "ledger" / "verifier.py"
 ORIGIN = "runledger.example/run-7"
 OLD_SIZE, NEW_SIZE, INDEX = 13, 21, 9
+SOURCE = "trainer/run-7/rank0"
 
 
 @dataclass
@@ -46,8 +47,9 @@ class Fixture:
     def checkpoint(self, size: int, name: str) -> Path:
         return self.write(name, sign_checkpoint(ORIGIN, size, self.tree.root(size), self.private_key))
 
-    def inclusion_doc(self, index: int = INDEX, size: int = NEW_SIZE) -> dict[str, Any]:
-        return verifier.inclusion_proof_document(
+    def inclusion_doc(self, index: int = INDEX, size: int = NEW_SIZE, *, leaf: bool = True) -> dict[str, Any]:
+        """The proof as ``ledger prove inclusion`` writes it: with the leaf's bytes (``leaf=False``: without)."""
+        doc = verifier.inclusion_proof_document(
             stream="metrics",
             event_id=f"evt-{index}",
             leaf_index=index,
@@ -55,7 +57,10 @@ class Fixture:
             leaf_hash=self.tree.leaf_hash(index),
             audit_path=self.tree.inclusion_proof(index, size),
             root_hash=self.tree.root(size),
+            leaf=self.events[index] if leaf else None,
         )
+        doc["source"] = SOURCE
+        return doc
 
     def consistency_doc(self, old: int = OLD_SIZE, new: int = NEW_SIZE) -> dict[str, Any]:
         return verifier.consistency_proof_document(
@@ -72,8 +77,20 @@ class Fixture:
 def fx(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
     d = tmp_path_factory.mktemp("verifier")
     private_path, public_path = write_keypair(d / "keys", ORIGIN)
+    # Leaves shaped like a runledger event's canonical bytes: sorted keys, no whitespace, UTF-8.
     events = [
-        json.dumps({"step": i, "loss": 1.0 / (i + 1)}, sort_keys=True).encode() for i in range(NEW_SIZE)
+        json.dumps(
+            {
+                "id": f"evt-{i}",
+                "source": SOURCE,
+                "stream": "metrics",
+                "data": {"loss": 1.0 / (i + 1), "note": "é"},
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+        ).encode()
+        for i in range(NEW_SIZE)
     ]
     tree = MerkleTree.from_leaf_hashes([leaf_hash(e) for e in events])
     fixture = Fixture(d, private_path.read_text().strip(), public_path, events, tree)
@@ -138,7 +155,87 @@ def test_inclusion_ok(fx: Fixture) -> None:
     proof = fx.write("incl.json", fx.inclusion_doc())
     rc, out = inclusion(fx, proof, "new.checkpoint", "--origin", ORIGIN, "--leaf", fx.dir / "leaf.bin")
     assert rc == 0, out
-    assert out.startswith("OK: ") and "'evt-9'" in out and "leaf 9" in out
+    assert out.startswith("OK: event 'evt-9' from 'trainer/run-7/rank0' of stream 'metrics' is leaf 9 "), out
+    # The leaf in the proof alone is enough: the verifier hashes it and reads the id from it.
+    rc, out = inclusion(fx, proof)
+    assert rc == 0 and out.startswith("OK: event 'evt-9' "), out
+
+
+def test_inclusion_without_leaf_bytes_does_not_claim_the_event(fx: Fixture) -> None:
+    # An older proof (no leaf): only the leaf hash is verified; the labels are not printed as verified.
+    doc = fx.inclusion_doc(leaf=False)
+    doc["event_id"] = "evt-3"  # a lie the hash cannot catch: so it must not be repeated as verified
+    rc, out = inclusion(fx, fx.write("noleaf.json", doc))
+    assert rc == 0, out
+    assert "evt-3" not in out and "evt-9" not in out
+    assert "leaf 9" in out and "NOT checked: event_id, source, stream" in out and "--leaf" in out
+    # With --leaf the event is read from the bytes, and the lying label fails.
+    rc, out = inclusion(fx, fx.write("noleaf.json", doc), "new.checkpoint", "--leaf", fx.dir / "leaf.bin")
+    assert rc == 1 and "'evt-3'" in out and "'evt-9'" in out, out
+    doc["event_id"] = "evt-9"
+    rc, out = inclusion(fx, fx.write("noleaf.json", doc), "new.checkpoint", "--leaf", fx.dir / "leaf.bin")
+    assert rc == 0 and out.startswith("OK: event 'evt-9' "), out
+
+
+def _mutate_binding(name: str, doc: dict[str, Any], fx: Fixture) -> None:
+    other = fx.events[INDEX + 1]
+    match name:
+        case "event_id edited":
+            doc["event_id"] = f"evt-{INDEX + 1}"
+        case "source edited":
+            doc["source"] = "trainer/run-8/rank0"
+        case "stream edited":
+            doc["stream"] = "other"
+        case "leaf edited":
+            doc["leaf"] = doc["leaf"].replace("evt-9", "evt-8")
+        case "leaf of another event":
+            doc["leaf"] = other.decode()
+        case "leaf and leaf_hash of another event":
+            doc["leaf"], doc["leaf_hash"] = other.decode(), base64.b64encode(leaf_hash(other)).decode()
+        case "leaf and leaf_hash forged":
+            forged = fx.events[INDEX].replace(b'"loss":0.1', b'"loss":0.0')
+            assert forged != fx.events[INDEX]
+            doc["leaf"], doc["leaf_hash"] = forged.decode(), base64.b64encode(leaf_hash(forged)).decode()
+        case "leaf not a string":
+            doc["leaf"] = json.loads(doc["leaf"])
+        case "leaf with a repeated id":
+            doc["leaf"] = doc["leaf"].replace("{", '{"id":"evt-9",', 1)
+            doc.pop("leaf_hash")
+        case "leaf_hash removed, leaf edited":
+            doc.pop("leaf_hash")
+            doc["leaf"] = doc["leaf"].replace("evt-9", "evt-8")
+        case "leaf and leaf_hash removed":
+            doc.pop("leaf")
+            doc.pop("leaf_hash")
+
+
+BINDING_MUTATIONS = [
+    "event_id edited",
+    "source edited",
+    "stream edited",
+    "leaf edited",
+    "leaf of another event",
+    "leaf and leaf_hash of another event",
+    "leaf and leaf_hash forged",
+    "leaf not a string",
+    "leaf with a repeated id",
+    "leaf_hash removed, leaf edited",
+    "leaf and leaf_hash removed",
+]
+
+
+@pytest.mark.parametrize("mutation", BINDING_MUTATIONS)
+def test_inclusion_every_field_is_bound_to_the_leaf(fx: Fixture, mutation: str) -> None:
+    doc = fx.inclusion_doc()
+    _mutate_binding(mutation, doc, fx)
+    rc, out = inclusion(fx, fx.write(f"bound-{mutation}.json", doc))
+    assert rc == 1 and out.startswith("FAIL: "), out
+
+
+def test_inclusion_leaf_file_must_match_the_proofs_leaf(fx: Fixture) -> None:
+    other = fx.write("other-leaf.bin", fx.events[INDEX + 1])
+    rc, out = inclusion(fx, fx.write("incl.json", fx.inclusion_doc()), "new.checkpoint", "--leaf", other)
+    assert rc == 1 and "differs from the proof's leaf" in out
 
 
 def test_inclusion_ok_with_inline_key_and_every_leaf(fx: Fixture) -> None:
@@ -207,9 +304,10 @@ def test_inclusion_path_length(fx: Fixture) -> None:
     assert len(fx.inclusion_doc()["audit_path"]) == 5
 
 
+@pytest.mark.parametrize("with_leaf", [True, False], ids=["with leaf", "hash only"])
 @pytest.mark.parametrize("mutation", INCLUSION_MUTATIONS)
-def test_inclusion_tampered_proof_fails(fx: Fixture, mutation: str) -> None:
-    doc = fx.inclusion_doc()
+def test_inclusion_tampered_proof_fails(fx: Fixture, mutation: str, with_leaf: bool) -> None:
+    doc = fx.inclusion_doc(leaf=with_leaf)
     _mutate_inclusion(mutation)(doc)
     rc, out = inclusion(fx, fx.write(f"bad-{mutation}.json", doc))
     assert rc == 1, out
@@ -224,7 +322,8 @@ def test_inclusion_proof_for_other_tree_size_fails(fx: Fixture) -> None:
 
 def test_inclusion_wrong_leaf_file_fails(fx: Fixture) -> None:
     other = fx.write("other-leaf.bin", fx.events[INDEX + 1])
-    rc, out = inclusion(fx, fx.write("incl.json", fx.inclusion_doc()), "new.checkpoint", "--leaf", other)
+    doc = fx.inclusion_doc(leaf=False)
+    rc, out = inclusion(fx, fx.write("incl.json", doc), "new.checkpoint", "--leaf", other)
     assert rc == 1 and "leaf" in out
 
 

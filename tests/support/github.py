@@ -5,8 +5,13 @@ Everything binds to 127.0.0.1 on an ephemeral port.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import json
+import os
+import re
+import tarfile
 import threading
 import time
 import urllib.parse
@@ -20,6 +25,8 @@ import uvicorn
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "github"
 REAL_API = "https://api.github.com"
+ROOT = Path(__file__).resolve().parents[2]
+FETCH_SCRIPT = ROOT / "scripts" / "fixtures.sh"
 
 
 @dataclass
@@ -206,3 +213,41 @@ def read_events(spool_dir: Path) -> list[Any]:
 
 def spool_bytes(spool_dir: Path) -> bytes:
     return b"".join(p.read_bytes() for p in sorted(spool_dir.iterdir()) if p.is_file())
+
+
+class FixturesMissing(RuntimeError):
+    """The downloaded fixtures are not on this machine (``scripts/fixtures.sh fetch`` gets them)."""
+
+
+def _pinned(name: str) -> str:
+    # scripts/fixtures.sh is the one place the package, its version and its integrity are pinned.
+    match = re.search(rf'^{name}="([^"]+)"', FETCH_SCRIPT.read_text(), re.MULTILINE)
+    if match is None:
+        raise RuntimeError(f"{FETCH_SCRIPT} pins no {name}")
+    return match.group(1)
+
+
+def octokit_examples_tarball() -> Path:
+    directory = Path(os.environ.get("RUNLEDGER_FIXTURES_DIR") or ROOT / ".fixtures")
+    return directory / f"octokit-webhooks-examples-{_pinned('VERSION')}.tgz"
+
+
+def load_octokit_examples() -> list[dict[str, Any]]:
+    """octokit's recorded webhook deliveries (``@octokit/webhooks-examples``, api.github.com), read from
+    the tarball ``scripts/fixtures.sh fetch`` downloaded, after checking it against the pinned sha512.
+
+    One entry per event type: ``{"name": "issues", "examples": [payload, …], …}``. Raises
+    ``FixturesMissing`` if the tarball is absent, ``RuntimeError`` if it is not the pinned one.
+    """
+    tarball = octokit_examples_tarball()
+    if not tarball.is_file():
+        raise FixturesMissing(f"{tarball} is absent: run `scripts/fixtures.sh fetch` (or `make test`)")
+    data = tarball.read_bytes()
+    integrity = "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
+    if integrity != _pinned("INTEGRITY"):
+        raise RuntimeError(f"{tarball} has integrity {integrity}, not the pinned {_pinned('INTEGRITY')}")
+    with tarfile.open(tarball, "r:gz") as archive:
+        member = archive.extractfile("package/api.github.com/index.json")
+        if member is None:
+            raise RuntimeError(f"{tarball} has no package/api.github.com/index.json")
+        return json.loads(member.read())

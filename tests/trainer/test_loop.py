@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from runledger.schemas.canonical import config_hash as schemas_hash
 from runledger.trainer.config import load_config
 from runledger.trainer.loop import RunExistsError, chain, schedule_config_change, train
+from runledger.trainer.telemetry import StepReport
 from tests.support.sinks import ListSink
 from tests.support.trainer import assert_gap_free, data, tiny_config, tiny_config_file
 
@@ -126,6 +129,51 @@ def test_crashes_become_durable_crash_events(
     assert d["host"] and "Traceback" in d["traceback"]
     assert sink.syncs >= 1  # synced after the crash event was handed over
     assert not sink.of("run.finished")
+
+
+@pytest.mark.parametrize(
+    ("at_step", "saved"),
+    [
+        # SIGTERM during interval step 10: its interval checkpoint is written before the boundary
+        # where the stop is honoured, and is the stop's checkpoint; nothing is saved twice.
+        (10, [(5, "interval"), (10, "interval")]),
+        # SIGTERM during step 12 (not an interval step): a checkpoint is written for the signal.
+        (12, [(5, "interval"), (10, "interval"), (12, "signal")]),
+    ],
+    ids=["on-interval-step", "between-interval-steps"],
+)
+def test_sigterm_records_the_stop_and_checkpoints_once(
+    tmp_path: Path, sink: ListSink, at_step: int, saved: list[tuple[int, str]]
+) -> None:
+    """SIGTERM delivered in-process, from the progress callback of step ``at_step`` (after that
+    step's update, before its interval checkpoint): deterministic, unlike the kill test's timing."""
+    assert threading.current_thread() is threading.main_thread()  # train installs its handler here
+    cfg = tiny_config(tmp_path, "run.steps=20", "checkpoint.interval=5", "checkpoint.final=false")
+
+    def sigterm(report: StepReport) -> None:
+        if report.step == at_step:
+            signal.raise_signal(signal.SIGTERM)
+
+    result = train(cfg, sink, progress=sigterm)
+    assert (result.status, result.exit_code, result.final_step) == ("signal", 143, at_step)
+    assert [(e.step, data(e)["reason"]) for e in sink.of("checkpoint.saved")] == saved
+    assert result.last_checkpoint is not None and result.last_checkpoint.name == f"step_{at_step:08d}"
+    ckpt_event, crash = sink.events[-2:]
+    assert ckpt_event.type == "runledger.checkpoint.saved" and ckpt_event.step == at_step
+    assert crash.type == "runledger.run.crashed" and crash.step == at_step
+    d = data(crash)
+    assert (d["kind"], d["signal"], d["exit_code"], d["last_step"]) == ("signal", 15, 143, at_step)
+    assert d["message"].startswith(f"SIGTERM: stopped at a step boundary after step {at_step}")
+    assert ("its state was already saved (interval checkpoint" in d["message"]) == (at_step % 5 == 0)
+    assert sink.syncs >= 1 and not sink.of("run.finished")
+    assert_gap_free(sink.events)
+
+    # The resume continues from the stop's checkpoint, whichever reason it was written for.
+    again = ListSink()
+    second = train(cfg, again, resume_from="latest", stop_at_step=at_step + 1)
+    assert (second.status, second.start_step, second.final_step) == ("stopped", at_step, at_step + 1)
+    [resumed] = again.of("run.resumed")
+    assert data(resumed)["from_checkpoint_step"] == at_step
 
 
 def test_resume_continues_the_same_trajectory_and_records_lineage(tmp_path: Path) -> None:
