@@ -226,8 +226,11 @@ class Ledger:
         files = sorted(str(p) for p in directory.glob("*.parquet")) if directory.exists() else []
         if not files:
             return None
+        wanted = ds.field("attempt") == attempt
+        if attempt == 1:  # the fold files events without an attempt under attempt 1 (see FoldState)
+            wanted = wanted | ds.field("attempt").is_null()
         table = ds.dataset(files, format="parquet").to_table(
-            columns=["attempt", "stream_seq", "config"], filter=ds.field("attempt") == attempt
+            columns=["attempt", "stream_seq", "config"], filter=wanted
         )
         if table.num_rows == 0:
             return None

@@ -882,12 +882,6 @@ def _change(attempt: int | None, stream: str = "r") -> bytes:
     return _encoded(payload, stream=stream, run_id="r", attempt=attempt, id=f"change-{stream}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="run events without attempt: the fold keys them (run, attempt or 1), but after an ingester "
-    "restart store._load_config looks the config up with attempt == 1 and the stored rows have attempt "
-    "null: the change gets no configs row and hash_matches None at ingest, verify's fold finds it",
-)
 def test_changes_without_attempt_survive_an_ingester_restart() -> None:
     assert _commit_and_verify([[_start(None)], [_change(None)]]) == []
 
