@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: setup demo test kafka-jars fixtures lint bench clean
+.PHONY: setup demo test kafka-jars fixtures browser lint bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,11 +24,15 @@ kafka-jars:
 fixtures:
 	scripts/fixtures.sh fetch
 
+# Chromium + chromedriver (Debian packages) for tests/web; says why and goes on when it cannot install.
+browser:
+	scripts/browser.sh install
+
 demo: setup
 	$(BIN)/ledger demo
 
 # RUNLEDGER_REQUIRE_FIXTURES: a test needing the downloaded fixtures fails instead of skipping.
-test: setup kafka-jars fixtures
+test: setup kafka-jars fixtures browser
 	$(BIN)/ruff check .
 	RUNLEDGER_REQUIRE_FIXTURES=1 $(BIN)/pytest -q -p no:cacheprovider
 

@@ -31,11 +31,20 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from runledger.cli.output import Format, console, fail, plural, print_rows
+from runledger.cli.output import (
+    Format,
+    VerboseOption,
+    console,
+    fail,
+    plural,
+    print_rows,
+    third_party_warnings,
+)
 
 DEMO_DIR = Path(".runledger/demo")
 MARKER = ".runledger-demo"  # written into every work folder the demo made or took over
-DEMO_OUTPUTS = ("checkpoints", "spool", "ledger", "keys", "config.toml")  # all the demo writes there
+# All the demo writes there.
+DEMO_OUTPUTS = ("checkpoints", "spool", "ledger", "keys", "config.toml", "report.html")
 INTERRUPTED_EXIT = 128 + signal.SIGINT
 
 
@@ -56,7 +65,10 @@ def demo(
         ),
     ] = DEMO_DIR,
     steps: Annotated[int, typer.Option(help="Training steps.")] = 200,
-    crash_at: Annotated[int, typer.Option(help="Step at which attempt 1 crashes.")] = 130,
+    crash_at: Annotated[
+        int,
+        typer.Option(help="Step in which attempt 1 crashes (before its update: steps up to N-1 are done)."),
+    ] = 130,
     change_at: Annotated[int, typer.Option(help="Step after which the config file is edited.")] = 60,
     force: Annotated[
         bool,
@@ -66,11 +78,16 @@ def demo(
             "writes there (" + ", ".join(DEMO_OUTPUTS) + "), never other files.",
         ),
     ] = False,
+    verbose: VerboseOption = False,
 ) -> None:
-    """Train a tiny MoE on CPU with a live config change, a crash and a resume; fold it into a ledger."""
+    """Train a tiny MoE on CPU with a live config change, a crash and a resume; fold it into a ledger.
+
+    Example: ledger demo --workdir /tmp/demo --steps 60 --crash-at 40 --change-at 20
+    """
     try:
         prepare_workdir(workdir, force=force)
-        run_demo(workdir, steps=steps, crash_at=crash_at, change_at=change_at)
+        with third_party_warnings(verbose):
+            run_demo(workdir, steps=steps, crash_at=crash_at, change_at=change_at)
     except Interrupted as exc:
         raise fail(str(exc), exc.exit_code) from None
     except KeyboardInterrupt:
@@ -176,10 +193,13 @@ def run_demo(workdir: Path, *, steps: int, crash_at: int, change_at: int) -> Pat
     """The demo in ``workdir`` (made ready by ``prepare_workdir``); raises Interrupted on a signal stop."""
     from runledger.ingest.bus import SpoolSink
     from runledger.ingest.spool_ingester import ingest_spool
+    from runledger.ledger.admission import register_producer
     from runledger.ledger.integrity import sign_checkpoints, verify_ledger
     from runledger.ledger.log_checkpoint import write_keypair
     from runledger.ledger.query import Reader
     from runledger.ledger.store import Ledger
+    from runledger.schemas.payloads import ProducerScope
+    from runledger.schemas.signing import Sealer
     from runledger.trainer.config import load_config, write_config
     from runledger.trainer.loop import SignalStop, train
 
@@ -202,7 +222,9 @@ def run_demo(workdir: Path, *, steps: int, crash_at: int, change_at: int) -> Pat
         ],
     )
     write_config(config_path, cfg)
-    sink = SpoolSink(workdir / "spool")
+    # The trainer signs (and chains) its events with its own producer key; the ledger registers it.
+    producer_key, producer_pub = write_keypair(workdir / "keys", "demo-trainer")
+    sink = SpoolSink(workdir / "spool", sealer=Sealer(producer_key.read_text()))
     console.print(f"[bold]runledger demo[/]: run {run_id}, {steps} steps of a tiny Megatron-Core MoE on CPU")
 
     stop: tuple[int | None, str] | None = None  # (signal, where) when a signal stopped the run
@@ -233,7 +255,8 @@ def run_demo(workdir: Path, *, steps: int, crash_at: int, change_at: int) -> Pat
 
             first = train(config_path, sink, progress=on_step)
             console.print(
-                f"attempt 1 ended: {first.status} at step {first.final_step}{_crash_note(first)}",
+                # "after step N": the injected crash (--crash-at N + 1) stops step N + 1 before its update.
+                f"attempt 1 ended: {first.status} after step {first.final_step}{_crash_note(first)}",
                 markup=False,
             )
             if first.status == "signal":
@@ -259,7 +282,11 @@ def run_demo(workdir: Path, *, steps: int, crash_at: int, change_at: int) -> Pat
         sink.close()
 
     with _deferred_signals(pending):  # the fold is short and leaves whole commits: let it finish
-        stats = ingest_spool(Ledger.create(ledger_dir), workdir / "spool")
+        ledger = Ledger.create(ledger_dir)
+        register_producer(
+            ledger, "demo-trainer", producer_pub.read_text(), ProducerScope(sources=["trainer/"])
+        )
+        stats = ingest_spool(ledger, workdir / "spool")
     if stop is None and pending.signum is not None:
         stop = (pending.signum, "the end of training")
     console.print(
@@ -286,12 +313,14 @@ def run_demo(workdir: Path, *, steps: int, crash_at: int, change_at: int) -> Pat
 
     reader = Reader(ledger_dir)
     items = reader.history(run_id)
+    # Without the time column, so the story itself ("moe.capacity_factor 1.0 → 1.25") fits 100 columns.
     print_rows(
-        ["time", "step", "attempt", "kind", "what"],
-        [(i.time, i.step, i.attempt, i.kind, i.text) for i in items],
+        ["step", "attempt", "kind", "what"],
+        [(i.step, i.attempt, i.kind, i.text) for i in items],
         Format.table,
         None,
         title=f"history of {run_id}",
+        limit=0,
     )
     answers = [
         (
@@ -314,7 +343,12 @@ def run_demo(workdir: Path, *, steps: int, crash_at: int, change_at: int) -> Pat
     for title, sql in answers:
         result = reader.sql(sql)
         print_rows(result.columns, result.rows, Format.table, None, title=title)
-    explore = f'ledger query "SELECT * FROM runs" --ledger {_q(ledger_dir)}'
+    from runledger.ledger.report import write_report
+
+    report_path, _ = write_report(ledger_dir, [run_id], workdir / "report.html", public_key_path=public)
+    console.print(f"report (open it in a browser, no network needed): [bold]{escape(str(report_path))}[/]")
+    # The export makes every later `ledger …` command find this ledger without --ledger.
+    explore = f"export RUNLEDGER_LEDGER={_q(ledger_dir)}; ledger runs; ledger history latest"
     console.print(
         f"done in {time.perf_counter() - started:.0f} s. Explore: [bold]{escape(explore)}[/]",
         highlight=False,

@@ -46,7 +46,10 @@ def ingest_spool(
     ledger: LedgerOption = DEFAULT_LEDGER,
     batch_size: Annotated[int, typer.Option(help="Events per commit.")] = 5000,
 ) -> None:
-    """Fold the embedded spool into the ledger (exactly once; safe to repeat)."""
+    """Fold the embedded spool into the ledger (exactly once; safe to repeat).
+
+    Example: ledger ingest spool --spool .runledger/spool --ledger .runledger/ledger
+    """
     from runledger.ingest import spool_ingester
     from runledger.ledger.store import Ledger
 
@@ -104,7 +107,10 @@ def ingest_kafka(
     ] = True,
     connect_timeout: ConnectTimeoutOption = 15.0,
 ) -> None:
-    """Consume Kafka into the ledger in a consumer group, exactly once, until SIGTERM/SIGINT."""
+    """Consume Kafka into the ledger in a consumer group, exactly once, until SIGTERM/SIGINT.
+
+    Example: ledger ingest kafka --bootstrap localhost:9092 --group runledger-ingest
+    """
     from runledger.ingest.kafka_ingester import run_ingester
 
     stop = threading.Event()
@@ -160,7 +166,10 @@ def ingest_github(
         float, typer.Option("--max-rate-limit-wait", help="Longest rate-limit wait, seconds.")
     ] = 900.0,
 ) -> None:
-    """Backfill a repository's issues, PRs, reviews, comments and commits onto the bus."""
+    """Backfill a repository's issues, PRs, reviews, comments and commits onto the bus.
+
+    Example: ledger ingest github NVIDIA/Megatron-LM --since 2025-01-01   (token from $GITHUB_TOKEN)
+    """
     from runledger.ingest.github_backfill import (
         BackfillError,
         JsonCursorStore,
@@ -217,7 +226,10 @@ def ingest_wandb(
     ] = None,
     spool: SpoolOption = None,
 ) -> None:
-    """Import a W&B offline run (wandb/offline-run-*) as ledger events."""
+    """Import a W&B offline run (wandb/offline-run-*) as ledger events.
+
+    Example: ledger ingest wandb wandb/offline-run-20250101_120000-abc123
+    """
     from runledger.ingest.wandb_import import WandbImportError, find_offline_runs, import_offline_run
 
     try:

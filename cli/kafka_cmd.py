@@ -4,6 +4,7 @@ handling they share with `ledger ingest kafka` (in ingest_cmd)."""
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import signal
 import threading
 from collections.abc import Iterator
@@ -50,7 +51,9 @@ def kafka_errors() -> Iterator[None]:
 
 @contextlib.contextmanager
 def stop_on_signals(event: threading.Event) -> Iterator[None]:
-    """SIGTERM/SIGINT ask for a graceful stop: the batch in hand is committed first."""
+    """SIGTERM/SIGINT ask for a graceful stop: the batch in hand is committed first. SIGUSR1 dumps
+    every thread's stack to stderr (`kill -USR1 PID`: where is a silent ingester?)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     previous = {}
     for sig in (signal.SIGTERM, signal.SIGINT):
         previous[sig] = signal.signal(sig, lambda *_: event.set())
@@ -67,20 +70,38 @@ def replay(
     topic: TopicOption = None,
     batch_max: Annotated[int, typer.Option("--batch-max", help="Most records per ledger commit.")] = 20000,
     connect_timeout: ConnectTimeoutOption = 15.0,
+    ledger_id: Annotated[
+        str | None,
+        typer.Option(
+            "--ledger-id",
+            help="Keep the id of the ledger this one replaces (LEDGER.json's id, or ID in a signed "
+            "checkpoint's origin runledger/ID/STREAM), so checkpoints signed before still verify. "
+            "Default: a new log with a new id.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Rebuild a ledger from the Kafka topics' beginning up to their current end."""
+    """Rebuild a ledger from the Kafka topics' beginning up to their current end.
+
+    Example: ledger replay --bootstrap localhost:9092 --to /tmp/rebuilt
+    """
     from runledger.ingest import kafka_replay
 
     with kafka_errors():
         stats = kafka_replay.replay(
-            bootstrap, to, topic or None, batch_max=batch_max, connect_timeout_s=connect_timeout
+            bootstrap,
+            to,
+            topic or None,
+            batch_max=batch_max,
+            connect_timeout_s=connect_timeout,
+            ledger_id=ledger_id,
         )
     rate = stats.metric_values / stats.seconds if stats.seconds else 0.0
     console.print(
         f"{'resumed' if stats.resumed else 'replayed'} {plural(stats.records, 'record')} from "
         f"{plural(stats.partitions, 'partition')} into {to}: {plural(stats.accepted, 'event')}, "
         f"{plural(stats.metric_values, 'metric value')} ({rate:,.0f}/s), {plural(stats.duplicates, 'duplicate')}, "
-        f"{stats.quarantined} quarantined, in {stats.seconds:.1f} s"
+        f"{stats.quarantined} quarantined, in {stats.seconds:.1f} s; ledger id {stats.ledger_id}"
     )
 
 
@@ -92,7 +113,10 @@ def drain_spool(
     topic: Annotated[str | None, typer.Option("--topic", help="Default: <prefix>events.")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to keep trying.")] = 60.0,
 ) -> None:
-    """Send what a dead producer left in its outage spool to Kafka (in order), then exit."""
+    """Send what a dead producer left in its outage spool to Kafka (in order), then exit.
+
+    Example: ledger kafka drain-spool --spool .runledger/spool --bootstrap localhost:9092
+    """
     from runledger.ingest.kafka_sink import KafkaSink
     from runledger.ingest.spool import SpoolLockedError
 

@@ -2,24 +2,38 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from runledger.cli.output import (
     DEFAULT_LEDGER,
     Format,
     FormatOption,
+    FullOption,
     LedgerOption,
+    LimitOption,
     OutputOption,
     console,
     fail,
+    plural,
     print_json,
     print_rows,
+    resolve_format,
+    short_hash,
     user_errors,
 )
+
+RunArgument = Annotated[
+    str,
+    typer.Argument(
+        metavar="RUN", help="Run id, or `latest` (the most recently started run).", show_default=False
+    ),
+]
 
 
 def _reader(ledger: Path):
@@ -28,59 +42,129 @@ def _reader(ledger: Path):
     return Reader(ledger)
 
 
+def _run_id(reader, run: str) -> str:
+    """The run a RUN argument names: `latest` is the run started most recently."""
+    if run != "latest":
+        return run
+    rows = reader.sql("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 1").rows
+    if not rows:
+        raise fail("the ledger has no runs yet, so no `latest` run")
+    return rows[0][0]
+
+
 def query(
-    sql: Annotated[str, typer.Argument(help="SQL over the ledger's views (read-only).")],
+    sql: Annotated[
+        str, typer.Argument(metavar="SQL", help="One read-only SQL statement over the ledger's views.")
+    ],
     ledger: LedgerOption = DEFAULT_LEDGER,
-    fmt: FormatOption = Format.table,
+    fmt: FormatOption = None,
     output: OutputOption = None,
+    limit: LimitOption = None,
+    full: FullOption = False,
 ) -> None:
-    """Run SQL over the ledger's views. Statements that would write are refused."""
-    with user_errors():
+    """Run SQL over the ledger's views. Statements that would write are refused.
+
+    Example: ledger query "SELECT step, value FROM metrics WHERE name = 'loss' ORDER BY step" -o loss.csv
+    """
+    fmt = resolve_format(fmt, output)
+    with user_errors(ledger):
         result = _reader(ledger).sql(sql)
-    print_rows(result.columns, result.rows, fmt, output)
+    print_rows(result.columns, result.rows, fmt, output, limit=limit, full=full)
 
 
 def runs(
-    ledger: LedgerOption = DEFAULT_LEDGER, fmt: FormatOption = Format.table, output: OutputOption = None
+    ledger: LedgerOption = DEFAULT_LEDGER,
+    fmt: FormatOption = None,
+    output: OutputOption = None,
+    limit: LimitOption = None,
+    full: FullOption = False,
 ) -> None:
-    """List the runs in the ledger."""
-    with user_errors():
+    """List the runs in the ledger.
+
+    Example: ledger runs --format json
+    """
+    fmt = resolve_format(fmt, output)
+    with user_errors(ledger):
         result = _reader(ledger).runs()
-    print_rows(result.columns, result.rows, fmt, output, title="runs")
+    print_rows(result.columns, result.rows, fmt, output, title="runs", limit=limit, full=full)
 
 
 def history(
-    run: Annotated[str, typer.Argument(help="Run id.")],
+    run: RunArgument,
     ledger: LedgerOption = DEFAULT_LEDGER,
-    fmt: FormatOption = Format.table,
+    fmt: FormatOption = None,
     output: OutputOption = None,
+    limit: LimitOption = None,
+    full: FullOption = False,
+    from_step: Annotated[
+        int | None,
+        typer.Option("--from-step", help="Every event from this step on (with --to-step: a range)."),
+    ] = None,
+    to_step: Annotated[int | None, typer.Option("--to-step", help="Every event up to this step.")] = None,
+    every: Annotated[bool, typer.Option("--all", help="Every event of the run, not a summary.")] = False,
 ) -> None:
-    """The run's story in order: launches, config changes, checkpoints, crashes, GitHub events."""
-    with user_errors():
-        items = _reader(ledger).history(run)
+    """The run's story in order: launches, config changes, checkpoints, crashes, GitHub events.
+
+    A long history is summarised to about a screen: launches, config changes, crashes, merges and
+    notes, with routine checkpoints and GitHub events counted between them; --from-step/--to-step
+    show every event of a range, --all every event of the run.
+    Example: ledger history latest --from-step 81000 --to-step 82000
+    """
+    from runledger.ledger.query import history_counts, history_range, summarise_history
+
+    fmt = resolve_format(fmt, output)
+    with user_errors(ledger):
+        reader = _reader(ledger)
+        run = _run_id(reader, run)
+        items = reader.history(run)
+    title = f"history of {run}"
+    if from_step is not None or to_step is not None:
+        items = history_range(items, from_step, to_step)
+        title += f", steps {from_step if from_step is not None else 0}..{'' if to_step is None else to_step}"
+    elif not every:
+        shown = summarise_history(items)
+        if len(shown) < len(items):
+            title += f": {history_counts(items)} (summarised; --all or --from-step/--to-step for every event)"
+        items = shown
     rows = [(i.time, i.step, i.attempt, i.kind, i.text) for i in items]
-    print_rows(["time", "step", "attempt", "kind", "what"], rows, fmt, output, title=f"history of {run}")
+    print_rows(
+        ["time", "step", "attempt", "kind", "what"],
+        rows,
+        fmt,
+        output,
+        title=title,
+        limit=limit,
+        full=full,
+    )
 
 
 def state(
-    run: Annotated[str, typer.Argument(help="Run id.")],
-    step: Annotated[int | None, typer.Option("--step", help="Training step.")] = None,
+    run: RunArgument,
+    step: Annotated[int | None, typer.Option("--step", help="Training step (default: the last).")] = None,
     at: Annotated[
         datetime | None, typer.Option("--at", help="Wall-clock time (ISO 8601, UTC if no offset).")
     ] = None,
     ledger: LedgerOption = DEFAULT_LEDGER,
-    fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json.")] = Format.table,
+    fmt: FormatOption = None,
     output: OutputOption = None,
+    limit: LimitOption = None,
+    full: FullOption = False,
 ) -> None:
-    """The run's state at a step or a time: config, commit, attempt, last checkpoint, crashes so far."""
+    """The run's state at a step or a time: config, commit, attempt, last checkpoint, crashes so far.
+
+    json prints the whole state; table a summary and the config; csv, jsonl and parquet the config's
+    keys and values (as JSON). Example: ledger state latest --step 120
+    """
+    fmt = resolve_format(fmt, output)
     if step is not None and at is not None:
         raise fail("give --step or --at, not both", 2)
     if at is not None and at.tzinfo is None:
         from datetime import UTC
 
         at = at.replace(tzinfo=UTC)
-    with user_errors():
+    with user_errors(ledger):
         reader = _reader(ledger)
+        run = _run_id(reader, run)
         result = reader.state(run, step=step, at=at)
         if at is not None and result.attempt is None:
             # Like --step out of range: no state exists before the run's first event.
@@ -90,93 +174,163 @@ def state(
     if fmt == Format.json:
         print_json(result.to_dict(), output)
         return
-    if fmt != Format.table:
-        raise fail("state prints as table or json", 2)
-    console.print(f"[bold]{run}[/] at step {result.step} (attempt {result.attempt})")
-    console.print(f"  commit: {result.git_commit}{' (dirty)' if result.git_dirty else ''}")
-    console.print(f"  config hash: {result.config_hash}")
+    rows = sorted(_flatten(result.config).items())
+    if fmt != Format.table or output is not None:
+        print_rows(["key", "value"], [(k, _json(v)) for k, v in rows], fmt, output, limit=limit)
+        return
+    console.print(f"[bold]{escape(run)}[/] at step {result.step} (attempt {result.attempt})", highlight=False)
+    commit = short_hash(result.git_commit, full)
+    console.print(f"  commit: {commit}{' (dirty)' if result.git_dirty else ''}", highlight=False)
+    console.print(f"  config hash: {short_hash(result.config_hash, full)}", highlight=False)
     ckpt = result.last_checkpoint
     where = f"step {ckpt['step']} ({ckpt['path']})" if ckpt else "none"
-    console.print(f"  last checkpoint: {where}")
+    console.print(f"  last checkpoint: {where}", highlight=False, markup=False)
     console.print(
-        f"  crashes so far: {len(result.crashes)}; config changes so far: {len(result.config_changes)}"
+        f"  crashes so far: {len(result.crashes)}; config changes so far: {len(result.config_changes)}",
+        highlight=False,
     )
-    console.print(f"  GitHub events so far: {len(result.github)}")
-    rows = sorted(_flatten(result.config).items())
-    print_rows(["key", "value"], rows, Format.table, None, title="config")
+    console.print(f"  GitHub events so far: {len(result.github)}", highlight=False)
+    print_rows(["key", "value"], rows, Format.table, None, title="config", limit=limit, full=full)
 
 
 def diff(
-    run: Annotated[str, typer.Argument(help="Run id.")],
+    run: RunArgument,
     from_step: Annotated[int, typer.Option("--from-step", help="Earlier step.")],
     to_step: Annotated[int, typer.Option("--to-step", help="Later step.")],
     ledger: LedgerOption = DEFAULT_LEDGER,
-    fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json.")] = Format.table,
+    fmt: FormatOption = None,
     output: OutputOption = None,
+    limit: LimitOption = None,
+    full: FullOption = False,
 ) -> None:
-    """Config diff between two steps, and everything that happened between them."""
-    with user_errors():
-        result = _reader(ledger).diff(run, from_step, to_step)
+    """Config diff between two steps, and everything that happened between them.
+
+    json prints the whole diff; table the changes and events; csv, jsonl and parquet one row per
+    config change. Example: ledger diff latest --from-step 50 --to-step 150
+    """
+    fmt = resolve_format(fmt, output)
+    with user_errors(ledger):
+        reader = _reader(ledger)
+        run = _run_id(reader, run)
+        result = reader.diff(run, from_step, to_step)
     if fmt == Format.json:
         print_json(result, output)
         return
+    ops = result["config_patch"]
+    if fmt != Format.table or output is not None:
+        rows = [
+            (op["op"], _dotted(op["path"]), text) for op, text in zip(ops, result["changes"], strict=True)
+        ]
+        print_rows(["op", "key", "change"], rows, fmt, output, limit=limit)
+        return
     console.print(
-        f"[bold]{run}[/] step {from_step} (attempt {result['from']['attempt']}) → "
-        f"step {to_step} (attempt {result['to']['attempt']})"
+        f"[bold]{escape(run)}[/] step {from_step} (attempt {result['from']['attempt']}) → "
+        f"step {to_step} (attempt {result['to']['attempt']})",
+        highlight=False,
     )
-    rows = [(op["op"], op["path"], op.get("value")) for op in result["config_patch"]]
-    print_rows(["op", "path", "value"], rows, Format.table, None, title="config diff")
+    for text in result["changes"] or ["config unchanged"]:
+        console.print(f"  {text}", highlight=False, markup=False)
     rows = [(i.time, i.step, i.attempt, i.kind, i.text) for i in result["events"]]
-    print_rows(["time", "step", "attempt", "kind", "what"], rows, Format.table, None, title="in between")
+    print_rows(
+        ["time", "step", "attempt", "kind", "what"],
+        rows,
+        Format.table,
+        None,
+        title="in between",
+        limit=limit,
+        full=full,
+    )
 
 
 def blame(
-    run: Annotated[str, typer.Argument(help="Run id.")],
-    key: Annotated[str, typer.Argument(help="Dotted config key, e.g. moe.capacity_factor.")],
+    run: RunArgument,
+    key: Annotated[
+        str, typer.Argument(metavar="KEY", help="Dotted config key or section, e.g. moe.capacity_factor.")
+    ],
     step: Annotated[int | None, typer.Option("--step", help="Step (default: the last).")] = None,
     ledger: LedgerOption = DEFAULT_LEDGER,
-    fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json.")] = Format.table,
+    fmt: FormatOption = None,
     output: OutputOption = None,
+    full: FullOption = False,
 ) -> None:
-    """Which change set a config key's value live at a step, and the commit/PR/person behind it."""
-    with user_errors():
-        result = _reader(ledger).blame(run, key, step)
+    """Which change set a config key's value live at a step, and the commit/PR/person behind it.
+
+    json prints the whole answer; table a few lines; csv, jsonl and parquet one row.
+    Example: ledger blame latest moe.capacity_factor --step 150
+    """
+    fmt = resolve_format(fmt, output)
+    with user_errors(ledger):
+        reader = _reader(ledger)
+        run = _run_id(reader, run)
+        result = reader.blame(run, key, step)
     if fmt == Format.json:
         print_json(result, output)
         return
     s = result["set_by"]
     cause = s["cause"] or {}
+    if fmt != Format.table or output is not None:
+        columns = ["key", "value", "step", "set_by", "set_at_step", "attempt", "time", "actor", "commit"]
+        row = (
+            key,
+            _json(result["value"]),
+            result["step"],
+            s["kind"],
+            s["step"],
+            s["attempt"],
+            s["time"],
+            cause.get("actor"),
+            result["commit"],
+        )
+        print_rows(columns, [row], fmt, output)
+        return
     who = f" by {cause['actor']}" if cause.get("actor") else ""
     how = f" ({cause.get('kind')}{': ' + cause['detail'] if cause.get('detail') else ''})" if cause else ""
-    console.print(f"{key} = {result['value']!r} at step {result['step']} of {run}")
-    console.print(f"  set by {s['kind']} at step {s['step']} (attempt {s['attempt']}, {s['time']}){who}{how}")
-    title = f" “{result['commit_title']}”" if result.get("commit_title") else ""
-    console.print(
-        f"  code: {result['commit'] or 'unknown'}{' (dirty)' if result['git_dirty'] else ''}{title}"
+    say = console.print
+    say(f"{key} = {_json(result['value'])} at step {result['step']} of {run}", highlight=False, markup=False)
+    say(
+        f"  set by {s['kind']} at step {s['step']} (attempt {s['attempt']}, {s['time']}){who}{how}",
+        highlight=False,
+        markup=False,
     )
+    title = f" “{result['commit_title']}”" if result.get("commit_title") else ""
+    commit = short_hash(result["commit"], full) if result["commit"] else "unknown"
+    say(f"  code: {commit}{' (dirty)' if result['git_dirty'] else ''}{title}", highlight=False, markup=False)
     if result.get("person"):
-        console.print(f"  person: {result['person']}")
+        say(f"  person: {result['person']}", highlight=False, markup=False)
     for pr in result["pull_requests"]:
         state = f"merged {pr['merged_at']}" if pr["merged"] else pr["state"]
         how = "merge commit" if pr["relation"] == "merge_commit" else "head commit"
-        console.print(f"  PR {pr['repo']}#{pr['number']} {pr['title']!r} by {pr['author']} ({state}; {how})")
+        say(
+            f"  PR {pr['repo']}#{pr['number']} {pr['title']!r} by {pr['author']} ({state}; {how})",
+            highlight=False,
+            markup=False,
+        )
 
 
 def compact(ledger: LedgerOption = DEFAULT_LEDGER) -> None:
-    """Merge each partition's small Parquet files into one (answers do not change)."""
+    """Merge each partition's small Parquet files into one (answers do not change).
+
+    Example: ledger compact --ledger .runledger/ledger
+    """
     from runledger.ledger.store import Ledger
 
-    with user_errors():
+    with user_errors(ledger):
         result = Ledger.open(ledger).compact()
-    console.print(f"merged {result['merged_partitions']} partitions, removed {result['removed_files']} files")
+    console.print(
+        f"merged {plural(result['merged_partitions'], 'partition')}, "
+        f"removed {plural(result['removed_files'], 'file')}"
+    )
 
 
 def views(ledger: LedgerOption = DEFAULT_LEDGER) -> None:
-    """Write <ledger>/views.sql: the views, for `duckdb -init <ledger>/views.sql` without runledger."""
+    """Write <ledger>/views.sql: the views, for `duckdb -init <ledger>/views.sql` without runledger.
+
+    Example: ledger views && duckdb -init .runledger/ledger/views.sql   (or just: ledger shell)
+    """
     from runledger.ledger.store import Ledger
     from runledger.ledger.views import write_views_file
 
-    with user_errors():
+    with user_errors(ledger):
         path = write_views_file(Ledger.open(ledger).root)
     console.print(f"wrote {path}")
 
@@ -188,3 +342,13 @@ def _flatten(value: object, prefix: str = "") -> dict[str, object]:
             out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
         return out
     return {prefix: value}
+
+
+def _dotted(path: str) -> str:
+    """``/moe/capacity_factor`` → ``moe.capacity_factor``: a JSON Pointer as history and blame write keys."""
+    return ".".join(p.replace("~1", "/").replace("~0", "~") for p in path.lstrip("/").split("/"))
+
+
+def _json(value: object) -> str:
+    """A config value as JSON (``1.25``, ``"adam"``, ``{"top_k": 2}``), never Python's repr."""
+    return json.dumps(value, separators=(", ", ": "), default=str)

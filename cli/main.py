@@ -11,7 +11,10 @@ import logging
 import os
 from typing import Annotated
 
+import click
 import typer
+import typer.rich_utils
+from typer.core import TyperArgument
 
 from runledger.cli import (
     demo_cmd,
@@ -19,17 +22,49 @@ from runledger.cli import (
     kafka_cmd,
     ledger_cmd,
     merkle_cmd,
+    producers_cmd,
+    report_cmd,
     schemas_cmd,
     serve_cmd,
+    shell_cmd,
+    simulate_cmd,
     train_cmd,
 )
+from runledger.cli.output import fail
+
+
+def _usage_name(self: TyperArgument) -> str:
+    """``RUN`` and ``[STEP]`` in usage lines, as click and git write them (typer 0.2x writes ``{RUN}``)."""
+    name = self.metavar or (self.name or "").upper()
+    name = name if self.required else f"[{name}]"
+    return name + ("..." if self.nargs != 1 else "")
+
+
+if hasattr(TyperArgument, "_usage_display_name"):  # typer versions that brace required arguments
+    TyperArgument._usage_display_name = _usage_name  # type: ignore[method-assign]
+
+
+def _usage_error(exc: click.ClickException) -> None:
+    """A mistyped option or a missing argument: one line on stderr like every other error (typer
+    draws a boxed panel under a usage line); the exit status stays click's (2)."""
+    if exc.__class__.__name__ == "NoArgsIsHelpError":  # `ledger` alone: the help was printed
+        return
+    ctx = getattr(exc, "ctx", None)
+    hint = f" (see `{ctx.command_path} -h`)" if ctx is not None else ""
+    fail(exc.format_message() + hint, exc.exit_code)
+
+
+typer.rich_utils.rich_format_error = _usage_error  # typer's _main looks it up at each error
 
 app = typer.Typer(
     name="ledger",
     help="runledger: an append-only, verifiable, SQL-queryable record of a training run.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    # typer's own: `ledger --install-completion` (bash, zsh, fish, PowerShell), `--show-completion`.
+    add_completion=True,
+    # -h as well as --help, inherited by every subcommand's context.
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 ingest_app = typer.Typer(
     help="Fold events from a bus or an outside system into the ledger.", no_args_is_help=True
@@ -38,6 +73,9 @@ schemas_app = typer.Typer(help="The event catalogue.", no_args_is_help=True)
 serve_app = typer.Typer(help="Long-running receivers.", no_args_is_help=True)
 kafka_app = typer.Typer(help="Kafka bus utilities.", no_args_is_help=True)
 keys_app = typer.Typer(help="The Ed25519 key pair that signs log checkpoints.", no_args_is_help=True)
+producers_app = typer.Typer(
+    help="Producer keys and what each may write (kept as events in the log).", no_args_is_help=True
+)
 prove_app = typer.Typer(
     help="Proofs anyone can check with `python -m runledger.ledger.verifier`.", no_args_is_help=True
 )
@@ -79,8 +117,12 @@ app.command("diff")(ledger_cmd.diff)
 app.command("blame")(ledger_cmd.blame)
 app.command("compact")(ledger_cmd.compact)
 app.command("views")(ledger_cmd.views)
+app.command("shell")(shell_cmd.shell)
+app.command("report")(report_cmd.report)
+app.command("plot")(report_cmd.plot)
 # Producing and rebuilding.
 app.command("train")(train_cmd.train)
+app.command("simulate")(simulate_cmd.simulate)
 app.command("replay")(kafka_cmd.replay)
 # Tamper evidence (a "checkpoint" here is a signed log checkpoint, not a model checkpoint).
 app.command("checkpoint")(merkle_cmd.checkpoint)
@@ -105,6 +147,13 @@ kafka_app.command("drain-spool")(kafka_cmd.drain_spool)
 
 app.add_typer(keys_app, name="keys")
 keys_app.command("init")(merkle_cmd.keys_init)
+
+app.add_typer(producers_app, name="producers")
+producers_app.command("add")(producers_cmd.add)
+producers_app.command("rotate")(producers_cmd.rotate)
+producers_app.command("revoke")(producers_cmd.revoke)
+producers_app.command("list")(producers_cmd.list_producers)
+producers_app.command("policy")(producers_cmd.policy)
 
 app.add_typer(prove_app, name="prove")
 prove_app.command("inclusion")(merkle_cmd.prove_inclusion)

@@ -39,7 +39,10 @@ def keys_init(
     name: Annotated[str, typer.Option(help="Key name (appears in signature lines).")] = "runledger",
     keys: KeyDir = DEFAULT_KEYS,
 ) -> None:
-    """Create a key pair: NAME.key (owner-only, never printed) and NAME.pub (publish it)."""
+    """Create a key pair: NAME.key (owner-only, never printed) and NAME.pub (publish it).
+
+    Example: ledger keys init --name ci --keys .runledger/keys
+    """
     from runledger.ledger.log_checkpoint import write_keypair
 
     with user_errors():
@@ -52,10 +55,13 @@ def keys_init(
 
 
 def checkpoint(ledger: LedgerOption = DEFAULT_LEDGER, keys: KeyDir = DEFAULT_KEYS) -> None:
-    """Sign a log checkpoint of each stream's current size and root (publish the files under <ledger>/_checkpoints)."""
+    """Sign a log checkpoint of each stream's current size and root (publish the files under <ledger>/_checkpoints).
+
+    Example: ledger checkpoint --keys .runledger/keys
+    """
     from runledger.ledger.integrity import sign_checkpoints
 
-    with user_errors():
+    with user_errors(ledger):
         written = sign_checkpoints(ledger, _read_key(keys, ".key"))
     console.print(f"signed {plural(len(written), 'stream checkpoint')} in {ledger / '_checkpoints'}")
 
@@ -75,25 +81,28 @@ def verify(
 
     Exit status: 0 all checked and OK; 1 a problem found; 3 nothing wrong found, but signed log
     checkpoints are on disk that were not checked (no public key: pass --public-key or --keys).
+
+    Example: ledger verify --public-key .runledger/demo/keys/demo.pub
     """
     from runledger.ledger.integrity import CHECKPOINTS, verify_ledger
 
-    with user_errors():
+    with user_errors(ledger):
         key = public_key.read_text().strip() if public_key else None
         if key is None and keys.is_dir() and list(keys.glob("*.pub")):
             key = _read_key(keys, ".pub")
         report = verify_ledger(ledger, key)
     for problem in report.problems:
         console.print(problem.line(), highlight=False, markup=False)
-    # The OK/FAILED line keeps its long-standing form ("1 streams"): tests/core/test_integrity.py pins it.
-    checked = f"{report.streams} streams, {report.events} events"
+    for warning in report.warnings:
+        console.print(f"WARNING: {warning}", style="yellow", highlight=False, markup=False)
+    counted = f"{plural(report.streams, 'stream')}, {plural(report.events, 'event')}"
+    signed = plural(report.checkpoints, "signed checkpoint")
     if not report.ok:
         console.print(
-            f"FAILED ({len(report.problems)} problems): {checked}, {report.checkpoints} signed checkpoints checked",
+            f"FAILED ({plural(len(report.problems), 'problem')}): {counted}, {signed} checked",
             highlight=False,
         )
         raise typer.Exit(1)
-    counted = f"{plural(report.streams, 'stream')}, {plural(report.events, 'event')}"
     # Count the signed checkpoints on disk ourselves: the report only counts those it checked.
     on_disk = len(list((ledger / CHECKPOINTS).glob("*.txt")))
     unchecked = on_disk - report.checkpoints
@@ -121,7 +130,7 @@ def verify(
             highlight=False,
         )
         return
-    console.print(f"OK: {checked}, {report.checkpoints} signed checkpoints checked", highlight=False)
+    console.print(f"OK: {counted}, {signed} checked", highlight=False)
 
 
 def _leaf_bytes(ledger: Path, doc: dict) -> bytes:
@@ -164,10 +173,12 @@ def prove_inclusion(
 
     The proof carries the leaf's bytes (the event's canonical JSON, in "leaf"), so the verifier
     hashes the leaf itself and reads the event's id, source and stream from it.
+
+    Example: ledger prove inclusion run-a-42 -o proof.json --leaf-out leaf.json
     """
     from runledger.ledger.integrity import prove_inclusion as prove
 
-    with user_errors():
+    with user_errors(ledger):
         doc = prove(ledger, event_id, source)
         leaf = _leaf_bytes(ledger, doc)
     doc["leaf"] = leaf.decode("utf-8")
@@ -189,9 +200,12 @@ def prove_consistency(
     ledger: LedgerOption = DEFAULT_LEDGER,
     output: OutputOption = None,
 ) -> None:
-    """Consistency proof between two sizes of a stream's tree (RFC 6962 shape)."""
+    """Consistency proof between two sizes of a stream's tree (RFC 6962 shape).
+
+    Example: ledger prove consistency run-a --from 100 -o proof.json
+    """
     from runledger.ledger.integrity import prove_consistency as prove
 
-    with user_errors():
+    with user_errors(ledger):
         doc = prove(ledger, stream, from_size, to_size)
     print_json(doc, output)

@@ -1,5 +1,14 @@
-"""What every command shares: its options (--ledger, --spool, --format, --output), its output (rows as
-table, csv, json or parquet; documents as JSON) and its one error path (``fail``, ``user_errors``)."""
+"""What every command shares: its options (--ledger, --spool, --format, --output, --limit, --full), its
+output (rows as table, csv, json, jsonl or parquet; documents as JSON) and its one error path (``fail``,
+``user_errors``).
+
+The output contract, the same for every row-printing command: ``--format`` is one of ``Format``;
+without it the format follows ``--output``'s extension (``.csv``, ``.json``, ``.jsonl``/``.ndjson``,
+``.parquet``), else it is a table. A table on the terminal fits its width (cells cut with ``…``, the
+columns that do not fit are counted), shows at most 40 rows (``--limit``; the total is shown),
+prints NULL as ``NULL`` and an empty string as nothing, and git's 7-character short hashes
+(``--full`` for whole hashes and cells). Other formats write every row unless ``--limit`` is given.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +17,10 @@ import enum
 import io
 import json
 import os
+import re
+import shutil
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import date, datetime
@@ -18,26 +30,62 @@ from typing import Annotated, Any
 import msgspec
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
+
+from runledger.durable import write_durably
 
 DEFAULT_LEDGER = Path(".runledger/ledger")
+DEMO_LEDGER = Path(".runledger/demo/ledger")  # where `make demo` (`ledger demo`) leaves its ledger
 
 
 class Format(enum.StrEnum):
     table = "table"
     csv = "csv"
     json = "json"
+    jsonl = "jsonl"
     parquet = "parquet"
 
+
+FORMAT_BY_SUFFIX = {
+    ".csv": Format.csv,
+    ".json": Format.json,
+    ".jsonl": Format.jsonl,
+    ".ndjson": Format.jsonl,
+    ".parquet": Format.parquet,
+    ".txt": Format.table,
+}
+TABLE_ROWS_DEFAULT = 40  # rows a terminal table shows unless --limit says otherwise (as duckdb's CLI)
 
 # The one way every command finds its ledger.
 LedgerOption = Annotated[
     Path,
     typer.Option("--ledger", envvar="RUNLEDGER_LEDGER", help="Ledger directory.", show_default=True),
 ]
-FormatOption = Annotated[Format, typer.Option("--format", "-f", help="Output format.")]
+FormatOption = Annotated[
+    Format | None,
+    typer.Option(
+        "--format",
+        "-f",
+        help="table, csv, json, jsonl or parquet (default: from --output's extension, else table).",
+        show_default=False,
+    ),
+]
 OutputOption = Annotated[
-    Path | None, typer.Option("--output", "-o", help="Write to this file (required for parquet).")
+    Path | None,
+    typer.Option("--output", "-o", help="Write to this file instead of stdout (needed for parquet)."),
+]
+LimitOption = Annotated[
+    int | None,
+    typer.Option(
+        "--limit",
+        "-n",
+        min=0,
+        help=f"At most N rows (0: all). Default: {TABLE_ROWS_DEFAULT} in a terminal table, else all.",
+        show_default=False,
+    ),
+]
+FullOption = Annotated[
+    bool, typer.Option("--full", help="Whole hashes and cells in tables (no shortening, no fitting).")
 ]
 # Where a producer command (ingest github/wandb, serve webhooks) puts its events: see ingest.bus.open_sink.
 SpoolOption = Annotated[
@@ -58,28 +106,88 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     The one way a command reports a mistake: ``raise fail("...")`` (exit 1), ``raise fail("...", 2)``
     for a usage mistake; ``user_errors()`` routes the library's own user errors here.
     """
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True)
     return typer.Exit(code)
 
 
 @contextmanager
-def user_errors() -> Iterator[None]:
-    """Turn the mistakes a user can make into one line and a non-zero exit, never a traceback."""
+def user_errors(ledger: Path | None = None) -> Iterator[None]:
+    """Turn the mistakes a user can make into one line and a non-zero exit, never a traceback.
+
+    Given the command's ``ledger``, a missing ledger's line points at the ledger that does exist.
+    """
     from runledger.ledger.store import LedgerError  # here, not at the top: pyarrow is slow to import
 
     try:
         yield
     except LedgerError as exc:
-        raise fail(str(exc)) from None
+        message = str(exc)
+        hint = ledger_hint(ledger) if ledger is not None and message.startswith("no ledger at") else ""
+        if hint:  # in place of "create one with …", which would make a second, empty ledger
+            message = f"no ledger at {ledger}{hint}"
+        raise fail(message) from None
     except (FileNotFoundError, NotADirectoryError, PermissionError) as exc:
         raise fail(f"{exc.strerror}: {exc.filename}") from None
     except ValueError as exc:
         raise fail(str(exc)) from None
 
 
+def ledger_hint(path: Path) -> str:
+    """``; did you mean --ledger …/ledger?``: the ledger the user most likely meant, when one exists:
+    one level below the path given (a demo's work folder), or the demo's (after `make demo`)."""
+    for candidate in (path / "ledger", path / ".runledger" / "ledger", DEMO_LEDGER):
+        if (candidate / "LEDGER.json").is_file() and candidate.resolve() != path.resolve():
+            return f"; did you mean --ledger {candidate}? (or export RUNLEDGER_LEDGER={candidate})"
+    return ""
+
+
+VerboseOption = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Also show third-party warnings (Megatron's, PyTorch's).")
+]
+
+
+@contextmanager
+def third_party_warnings(verbose: bool) -> Iterator[None]:
+    """Keep library warnings (Megatron-Core's "Apex is not installed", PyTorch's deprecations) off
+    the terminal unless ``--verbose``: they are about the libraries, not about what the user asked."""
+    with warnings.catch_warnings():
+        if not verbose:
+            for category in (UserWarning, FutureWarning, DeprecationWarning):
+                warnings.filterwarnings("ignore", category=category)
+        yield
+
+
 def plural(count: int, word: str, many: str | None = None) -> str:
     """``1 stream``, ``2 streams``, ``0 streams``: a count and its noun in the right number."""
     return f"{count} {word if count == 1 else many or word + 's'}"
+
+
+def short_hash(value: str | None, full: bool = False) -> str:
+    """git's short form (7 hex digits) of a commit or SHA-256, unless ``full``."""
+    if value is None:
+        return "unknown"
+    return value if full or not _HASH.fullmatch(value) else value[:7]
+
+
+_HASH = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+
+
+def resolve_format(fmt: Format | None, output: Path | None) -> Format:
+    """--format if given, else what --output's extension says, else table; checks --output's folder."""
+    if output is not None and not output.parent.is_dir():
+        raise fail(f"cannot write {output}: no folder {output.parent}", 2)
+    if fmt == Format.parquet and output is None:
+        raise fail("--format parquet needs --output FILE", 2)
+    if fmt is not None:
+        return fmt
+    if output is None:
+        return Format.table
+    found = FORMAT_BY_SUFFIX.get(output.suffix.lower())
+    if found is None:
+        raise fail(
+            f"cannot tell the format from {output.name!r}: pass --format table|csv|json|jsonl|parquet", 2
+        )
+    return found
 
 
 def _plain(value: Any) -> Any:
@@ -90,53 +198,186 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _cell(value: Any) -> str:
-    if isinstance(value, datetime):
-        return value.strftime("%Y-%m-%d %H:%M:%S")
-    return str(_plain(value))
-
-
 def print_rows(
     columns: Sequence[str],
     rows: Sequence[Sequence[Any]],
-    fmt: Format,
+    fmt: Format | None,
     output: Path | None,
     *,
     title: str = "",
+    limit: int | None = None,
+    full: bool = False,
 ) -> None:
+    """Rows in the output contract's format (see the module docstring), to stdout or ``output``."""
+    fmt = resolve_format(fmt, output)
+    total = len(rows)
+    if limit is None and fmt == Format.table and output is None:
+        limit = TABLE_ROWS_DEFAULT
+    if limit:  # 0 and None: every row
+        rows = rows[:limit]
     if fmt == Format.parquet:
-        if output is None:
-            raise fail("--format parquet needs --output FILE", 2)
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        table = pa.table({c: [r[i] for r in rows] for i, c in enumerate(columns)})
-        pq.write_table(table, output)
-        err_console.print(f"wrote {len(rows)} rows to {output}")
+        assert output is not None  # resolve_format refused parquet without --output
+        _write_parquet(columns, rows, output)
         return
     if fmt == Format.table:
-        if output is not None:
-            raise fail("--format table prints to the terminal; use csv or json with --output", 2)
-        table = Table(title=title or None, show_lines=False)
-        for c in columns:
-            table.add_column(c, overflow="fold")
-        for r in rows:
-            table.add_row(*("" if v is None else _cell(v) for v in r))
-        console.print(table)
-        return
-    buffer = io.StringIO()
-    if fmt == Format.csv:
-        writer = csv.writer(buffer)
+        width = None if full or output is not None else terminal_width()
+        text = render_table(columns, rows, total=total, width=width, full=full, title=title)
+    elif fmt == Format.csv:
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow(columns)
         writer.writerows([[_plain(v) for v in r] for r in rows])
+        text = buffer.getvalue()
+    elif fmt == Format.jsonl:
+        text = "".join(_json_line(dict(zip(columns, r, strict=True))) + "\n" for r in rows)
     else:
-        records = [dict(zip(columns, (_plain(v) for v in r), strict=True)) for r in rows]
-        buffer.write(json.dumps(records, default=str, indent=None) + "\n")
-    _write_text(buffer.getvalue(), output)
+        text = _json_line([dict(zip(columns, r, strict=True)) for r in rows]) + "\n"
+    _write_text(text, output)
+
+
+def _json_line(value: Any) -> str:
+    return json.dumps(
+        value, default=lambda v: _plain(v) if isinstance(v, datetime | date | bytes) else str(v)
+    )
+
+
+def _write_parquet(columns: Sequence[str], rows: Sequence[Sequence[Any]], output: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pa.table({c: [r[i] for r in rows] for i, c in enumerate(columns)})
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise fail(f"these rows do not fit a Parquet column ({exc}); use --format json or csv", 2) from None
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    write_durably(output, sink.getvalue().to_pybytes())
+    err_console.print(f"wrote {plural(len(rows), 'row')} to {output}", highlight=False)
+
+
+def terminal_width() -> int | None:
+    """The width a table must fit: $COLUMNS, else the terminal's; None (no fitting) when piped."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    return None
+
+
+# -- tables ----------------------------------------------------------------------------------------
+
+NULL = "NULL"  # as duckdb prints it; an empty string prints as nothing
+MIN_CELL_WIDTH = 6  # a column is cut down to this before columns are hidden
+_CONTROL = str.maketrans({"\n": "\\n", "\r": "\\r", "\t": "\\t"})
+
+
+def _cell(value: Any, full: bool) -> str:
+    kind = type(value)  # exact types first: this runs once per cell shown
+    if kind is str:
+        if not full and len(value) in (40, 64) and _HASH.fullmatch(value):
+            return value[:7]
+        return value.translate(_CONTROL) if _HAS_CONTROL(value) else value
+    if kind is int or kind is float:
+        return str(value)
+    if value is None:
+        return NULL
+    if kind is bool:
+        return "true" if value else "false"
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"), default=str).translate(_CONTROL)
+    return str(_plain(value)).translate(_CONTROL)
+
+
+_HAS_CONTROL = re.compile(r"[\n\r\t]").search
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _numeric(rows: Sequence[Sequence[Any]], i: int) -> bool:
+    """Whether column ``i`` holds numbers (right-aligned), judged by its first non-NULL value."""
+    first = next((r[i] for r in rows if r[i] is not None), None)
+    return isinstance(first, int | float) and not isinstance(first, bool)
+
+
+def render_table(
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    total: int | None = None,
+    width: int | None = None,
+    full: bool = False,
+    title: str = "",
+) -> str:
+    """A box table like duckdb's CLI, as plain text: numbers right-aligned, cells cut with ``…`` so
+    the table fits ``width`` (None: no limit), columns that still do not fit hidden and counted.
+
+    Plain string work over the rows shown only: as cheap per row as CSV, whatever the total.
+    """
+    total = len(rows) if total is None else total
+    cells = [[_cell(v, full) for v in r] for r in rows]
+    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+    shown = list(range(len(columns)))
+    if width is not None:
+        shown, widths = _fit(widths, width)
+    # (index, width, pad) per shown column: str.rjust for numbers, str.ljust for the rest.
+    layout = [(i, widths[i], str.rjust if _numeric(rows, i) else str.ljust) for i in shown]
+    lines = [title] if title else []
+    bar = "─"
+    lines.append("┌" + "┬".join(bar * (w + 2) for _i, w, _pad in layout) + "┐")
+    lines.append("│ " + " │ ".join(_cut(columns[i], w).ljust(w) for i, w, _pad in layout) + " │")
+    lines.append("├" + "┼".join(bar * (w + 2) for _i, w, _pad in layout) + "┤")
+    for r in cells:
+        lines.append("│ " + " │ ".join(pad(_cut(r[i], w), w) for i, w, pad in layout) + " │")
+    lines.append("└" + "┴".join(bar * (w + 2) for _i, w, _pad in layout) + "┘")
+    notes = []
+    if len(rows) < total:
+        notes.append(f"{len(rows)} of {total:,} rows (--limit 0 for all)")
+    elif not rows:
+        notes.append("0 rows")
+    if len(shown) < len(columns):
+        hidden = len(columns) - len(shown)
+        notes.append(f"{hidden} of {plural(len(columns), 'column')} hidden (--format csv or json for all)")
+    if notes:
+        lines.append(", ".join(notes))
+    return "\n".join(lines) + "\n"
+
+
+def _fit(natural: list[int], width: int) -> tuple[list[int], list[int]]:
+    """Column widths that fit ``width``: the widest are cut first, to no less than MIN_CELL_WIDTH;
+    then columns are hidden from the right. Returns the shown column indexes and every width."""
+
+    def room(n: int) -> int:  # characters left for n columns' text after borders and padding
+        return width - (3 * n + 1)
+
+    floor = [min(w, MIN_CELL_WIDTH) for w in natural]
+    n = len(natural)
+    while n > 1 and sum(floor[:n]) > room(n):
+        n -= 1
+    shown = list(range(n))
+    budget = room(n)
+    if sum(natural[:n]) <= budget:
+        return shown, natural
+    # The largest cap with sum(min(w, max(cap, floor))) within budget: cut only the widest columns.
+    lo, hi = 0, max(natural[:n])
+    while lo < hi:
+        cap = (lo + hi + 1) // 2
+        if sum(max(min(w, cap), f) for w, f in zip(natural[:n], floor, strict=False)) <= budget:
+            lo = cap
+        else:
+            hi = cap - 1
+    widths = [max(min(w, lo), f) for w, f in zip(natural, floor, strict=False)]
+    return shown, widths
 
 
 def print_json(value: Any, output: Path | None = None) -> None:
     """The one way a command prints a JSON document (stats, a state, a proof): indented, to stdout or --output."""
+    if output is not None:
+        resolve_format(Format.json, output)
     _write_text(
         msgspec.json.format(msgspec.json.encode(value, enc_hook=str), indent=2).decode() + "\n", output
     )
@@ -147,6 +388,4 @@ def _write_text(text: str, output: Path | None) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        tmp = output.with_name(output.name + f".{os.getpid()}.part")
-        tmp.write_text(text)
-        tmp.replace(output)
+        write_durably(output, text)

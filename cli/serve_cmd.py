@@ -29,7 +29,10 @@ def serve_webhooks(
     ] = None,
     max_body_mb: Annotated[int, typer.Option("--max-body-mb", help="Largest accepted payload.")] = 25,
 ) -> None:
-    """Receive GitHub webhooks at POST /webhook (metrics at GET /metrics)."""
+    """Receive GitHub webhooks at POST /webhook (metrics at GET /metrics).
+
+    Example: ledger serve webhooks --secret-file webhook.secret --port 8787
+    """
     from runledger.ingest.github_webhook import default_delivery_db, read_secret, serve
 
     try:

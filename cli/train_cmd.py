@@ -24,17 +24,20 @@ from typing import Annotated, Any
 import typer
 
 # Progress and the summary go to stderr; errors through `fail`, as in every command.
-from runledger.cli.output import err_console, fail
+from runledger.cli.output import VerboseOption, err_console, fail, third_party_warnings
 
 
 def train(
     config: Annotated[
-        Path, typer.Argument(help="TOML config; watched for live changes.", exists=True, dir_okay=False)
+        Path,
+        typer.Argument(
+            metavar="CONFIG", help="TOML config; watched for live changes.", exists=True, dir_okay=False
+        ),
     ],
     step: Annotated[
         str | None,
         typer.Argument(
-            metavar="[STEP]", help="With --resume: the checkpoint step or directory (default: the latest)."
+            metavar="STEP", help="With --resume: the checkpoint step or directory (default: the latest)."
         ),
     ] = None,
     resume: Annotated[
@@ -44,10 +47,17 @@ def train(
         Path | None,
         typer.Option("--spool", envvar="RUNLEDGER_SPOOL", help="Spool directory (the embedded bus)."),
     ] = None,
-    kafka: Annotated[
+    bootstrap: Annotated[
         str | None,
-        typer.Option("--kafka", envvar="RUNLEDGER_KAFKA_BOOTSTRAP", help="Kafka bootstrap server."),
+        typer.Option(
+            "--bootstrap",
+            envvar="RUNLEDGER_KAFKA_BOOTSTRAP",
+            help="Kafka bootstrap servers, host:port[,host:port] (default: the spool).",
+            show_default=False,
+        ),
     ] = None,
+    # The name this option had before it agreed with `ingest kafka` and `replay`; kept for old scripts.
+    kafka: Annotated[str | None, typer.Option("--kafka", hidden=True)] = None,
     steps: Annotated[int | None, typer.Option("--steps", help="Override run.steps.")] = None,
     stop_at: Annotated[int | None, typer.Option("--stop-at", help="End this attempt after step N.")] = None,
     run_id: Annotated[str | None, typer.Option("--run-id", help="Override run.run_id.")] = None,
@@ -71,8 +81,12 @@ def train(
         str | None,
         typer.Option("--wandb-entity", envvar="WANDB_ENTITY", help="W&B entity (with --wandb)."),
     ] = None,
+    verbose: VerboseOption = False,
 ) -> None:
-    """Train a Megatron-Core MoE GPT; record its launch, metrics, changes, checkpoints and crashes."""
+    """Train a Megatron-Core MoE GPT; record its launch, metrics, changes, checkpoints and crashes.
+
+    Example: ledger train config.toml --steps 200 --set moe.capacity_factor=1.25
+    """
     from runledger.trainer import loop
     from runledger.trainer.config import ConfigError
     from runledger.trainer.telemetry import StepReport, open_rank_sink
@@ -90,7 +104,7 @@ def train(
         from runledger.ingest.wandb_mirror import WandbMirror  # imports wandb itself only when the run starts
 
         mirror = WandbMirror(project=wandb_project, entity=wandb_entity or None)
-    sink = open_rank_sink(spool, rank, kafka)
+    sink = open_rank_sink(spool, rank, kafka or bootstrap)  # an explicit --kafka beats the env var
 
     def show(report: StepReport) -> None:
         if log_every and report.step % log_every == 0:
@@ -104,15 +118,16 @@ def train(
             )
 
     try:
-        result = loop.train(
-            config,
-            sink,
-            overrides=extra,
-            resume_from=_resume_value(step or "latest") if resume else None,
-            stop_at_step=stop_at,
-            progress=show,
-            mirror=mirror,
-        )
+        with third_party_warnings(verbose):
+            result = loop.train(
+                config,
+                sink,
+                overrides=extra,
+                resume_from=_resume_value(step or "latest") if resume else None,
+                stop_at_step=stop_at,
+                progress=show,
+                mirror=mirror,
+            )
     except ConfigError as exc:
         raise fail(str(exc), 2) from None
     finally:

@@ -33,6 +33,12 @@ restart is still answered ``duplicate``; the ledger's (source, id) dedupe is the
 event's id is ``delivery/<X-GitHub-Delivery>/<n>``, see ``runledger.ingest.github_events``).
 Refusals are counted by reason (``GET /metrics``, ``GET /healthz``) and logged; the secret is never
 logged.
+
+Given the receiver's producer key (``producer_key``; ``serve`` reads the file named by
+``RUNLEDGER_PRODUCER_KEY``), every event is signed with it and carries ``attested:
+"github-hmac-sha256"``: the receiver checked GitHub's HMAC before signing, so the check travels on
+with the event instead of ending at the edge (``runledger.schemas.signing``; no hash chain: GitHub
+events have no per-source sequence).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import functools
 import hashlib
 import hmac
 import logging
+import os
 import queue
 import re
 import sqlite3
@@ -65,8 +72,10 @@ from starlette.routing import Route
 
 from runledger.ingest.bus import EventSink, default_spool_dir, open_sink
 from runledger.ingest.github_events import webhook_events
+from runledger.ledger.log_checkpoint import NoteSigner
 from runledger.schemas import Envelope, Quarantined, decode_event, encode_event
 from runledger.schemas.codec import MAX_DEPTH
+from runledger.schemas.signing import HMAC_CHECKED, PRODUCER_KEY_ENV, Sealer
 
 log = logging.getLogger("runledger.github_webhook")
 
@@ -224,11 +233,16 @@ class WebhookReceiver:
         ack_timeout_s: float = 5.0,
         max_queue: int = 10_000,
         max_depth: int = DEFAULT_MAX_DEPTH,
+        producer_key: NoteSigner | str | None = None,
     ) -> None:
         if not secret:
             raise ValueError("webhook secret must not be empty")
         self._secret = secret
         self.sink = sink
+        # Only deliveries whose HMAC verified reach the worker, so every sealed event may say so.
+        self.sealer = (
+            Sealer(producer_key, chain=False, attested=HMAC_CHECKED) if producer_key is not None else None
+        )
         self.max_body_bytes = max_body_bytes
         self.max_depth = max_depth
         self.deliveries = delivery_log if delivery_log is not None else DeliveryLog(None)
@@ -270,7 +284,7 @@ class WebhookReceiver:
         for item in batch:
             try:
                 for envelope in item.envelopes:
-                    self.sink.emit(envelope)
+                    self.sink.emit(envelope if self.sealer is None else self.sealer.seal(envelope))
             except Exception:
                 log.exception("sink refused delivery %s", item.delivery)
                 self._finish(item, "sink_error")
@@ -546,6 +560,7 @@ def create_app(
     max_queue: int = 10_000,
     path: str = "/webhook",
     max_depth: int = DEFAULT_MAX_DEPTH,
+    producer_key: NoteSigner | str | None = None,
 ) -> Starlette:
     """The receiver as an ASGI app. ``app.state.receiver`` is its ``WebhookReceiver``."""
     receiver = WebhookReceiver(
@@ -556,6 +571,7 @@ def create_app(
         ack_timeout_s=ack_timeout_s,
         max_queue=max_queue,
         max_depth=max_depth,
+        producer_key=producer_key,
     )
 
     async def webhook(request: Request) -> Response:
@@ -615,7 +631,11 @@ def serve(
     spool = Path(spool_dir) if spool_dir is not None else default_spool_dir()
     deliveries = DeliveryLog(delivery_db if delivery_db is not None else default_delivery_db(spool))
     sink = open_sink(spool)
-    app = create_app(secret, sink, max_body_bytes=max_body_bytes, delivery_log=deliveries)
+    key_file = os.environ.get(PRODUCER_KEY_ENV)
+    producer_key = Path(key_file).read_text() if key_file else None
+    app = create_app(
+        secret, sink, max_body_bytes=max_body_bytes, delivery_log=deliveries, producer_key=producer_key
+    )
     started = time.monotonic()
     try:
         build_server(app, host, port, log_level=log_level).run()

@@ -7,6 +7,10 @@ ledger keeps the first copy of every (source, id), the result holds the same eve
 ``stream_seq`` in every stream, as the live ledger that ingested those offsets.
 
 A replay into an existing ledger resumes from that ledger's positions (safe to interrupt and rerun).
+
+``ledger_id`` keeps the log's identity: the new ledger takes the id of the ledger it replaces, so the
+checkpoints signed before the replay (their origin is ``runledger/<ledger id>/<stream>``) still verify
+against the rebuilt, identical trees. Without it the new ledger is a new log with a new id.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class ReplayStats:
     metric_values: int = 0
     seconds: float = 0.0
     resumed: bool = False
+    ledger_id: str = ""
 
     def add(self, result: CommitResult) -> None:
         self.commits += result.commit is not None
@@ -47,13 +52,13 @@ class ReplayStats:
         self.metric_values += result.metric_values
 
 
-def _target(path: Path) -> tuple[Ledger, bool]:
-    """A fresh ledger at ``path``, or the ledger already there (resumed)."""
+def _target(path: Path, ledger_id: str | None) -> tuple[Ledger, bool]:
+    """A fresh ledger at ``path``, or the ledger already there (resumed); of ``ledger_id`` if given."""
     if (path / "LEDGER.json").exists():
-        return Ledger.open(path), True
+        return Ledger.create(path, ledger_id), True  # an existing ledger: only checks the id
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise LedgerError(f"{path} exists and is not a ledger; replay needs a new (or empty) directory")
-    return Ledger.create(path), False
+    return Ledger.create(path, ledger_id), False
 
 
 def replay(
@@ -66,6 +71,7 @@ def replay(
     stall_timeout_s: float = 120.0,
     on_commit: Callable[[CommitResult], None] | None = None,
     max_event_bytes: int = MAX_EVENT_BYTES,
+    ledger_id: str | None = None,
 ) -> ReplayStats:
     """Fold every record now on ``topics`` into the ledger at ``to``; returns counts and the time taken.
 
@@ -74,8 +80,8 @@ def replay(
     reasons; a record's content can never stop a replay."""
     started = time.monotonic()
     topics = list(topics or [events_topic()])
-    ledger, resumed = _target(Path(to))
-    stats = ReplayStats(resumed=resumed)
+    ledger, resumed = _target(Path(to), ledger_id)
+    stats = ReplayStats(resumed=resumed, ledger_id=ledger.ledger_id)
     consumer, _ = open_consumer(
         bootstrap,
         connect_timeout_s=connect_timeout_s,

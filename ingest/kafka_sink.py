@@ -58,6 +58,7 @@ from runledger.durable import write_durably
 from runledger.ingest.kafka_config import client_kwargs, events_topic
 from runledger.ingest.spool import SpoolReader, SpoolRecord, SpoolWriter
 from runledger.schemas import Envelope, encode_event
+from runledger.schemas.signing import Sealer
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +167,10 @@ class KafkaSink:
         flush_timeout_s: float = 10.0,
         fsync_interval_s: float = 0.2,
         producer_config: dict[str, Any] | None = None,
+        sealer: Sealer | None = None,
     ) -> None:
         self.topic = topic or events_topic()
+        self.sealer = sealer  # signs (and chains) each envelope ``emit`` is given
         self.spool_dir = Path(outage_spool)
         self.stall_timeout_s = stall_timeout_s
         self.max_unacked_bytes = max_unacked_bytes
@@ -244,6 +247,8 @@ class KafkaSink:
             return len(self._unacked) + self._writer.next_index - self._drained
 
     def emit(self, envelope: Envelope) -> None:
+        if self.sealer is not None:
+            envelope = self.sealer.seal(envelope)
         self.emit_raw(
             encode_event(envelope),
             key=envelope.stream.encode(),

@@ -49,7 +49,7 @@ SELECT stream AS repo,
        json_extract_string(canonical, '$.data.merge_commit_sha') AS merge_commit_sha,
        CAST(json_extract_string(canonical, '$.data.merged_at') AS TIMESTAMPTZ) AS merged_at
 FROM events
-WHERE type = 'github.pull_request';
+WHERE stream_type = 'repo' AND type = 'github.pull_request';  -- the partition: no run's events are read
 
 CREATE OR REPLACE VIEW github_pull_requests AS
 SELECT repo, number,

@@ -16,12 +16,16 @@ before the edit; that is why checkpoints must be kept by others.
 from __future__ import annotations
 
 import base64
+import bisect
 import json
+import tempfile
 from collections import Counter, defaultdict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -30,10 +34,11 @@ from runledger.durable import write_durably
 from runledger.ledger import verifier
 from runledger.ledger.log_checkpoint import parse_and_verify_checkpoint, parse_private_key, sign_checkpoint
 from runledger.ledger.merkle import CompactRange, MerkleTree, leaf_hash, root_from_leaf_hashes
-from runledger.ledger.parquet_schemas import TABLES
+from runledger.ledger.parquet_schemas import TABLES, tables_of
 from runledger.ledger.projectors import FoldState, RowBuffer, rows_for_event
 from runledger.ledger.store import Ledger, LedgerError
 from runledger.schemas import Event, decode_event
+from runledger.schemas.codec import CONFLICT
 
 CHECKPOINTS = "_checkpoints"
 
@@ -58,6 +63,8 @@ class Report:
     events: int = 0
     checkpoints: int = 0
     problems: list[Problem] = field(default_factory=list)
+    # Not tampering, but never silent: e.g. conflicting records the ledger quarantined.
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -67,7 +74,33 @@ class Report:
 @dataclass
 class RecordedStream:
     leaves: list[bytes] = field(default_factory=list)
-    ids: list[tuple[str, str]] = field(default_factory=list)
+    ids: RecordedIds = field(default_factory=lambda: RecordedIds())
+
+
+class RecordedIds:
+    """The (source, id) of each recorded leaf, read back from the commit record that appended it when
+    asked (to name a problem): holding them all would cost about 200 bytes per event."""
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []  # the index of each appended run's first id
+        self._where: list[tuple[Path, str]] = []  # its commit record and stream
+        self._size = 0
+
+    def append_run(self, path: Path, stream: str, count: int) -> None:
+        self._starts.append(self._size)
+        self._where.append((path, stream))
+        self._size += count
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __getitem__(self, index: int) -> tuple[str, str]:
+        if not 0 <= index < self._size:
+            raise IndexError(index)
+        run = bisect.bisect_right(self._starts, index) - 1
+        path, stream = self._where[run]
+        source, ident = json.loads(path.read_bytes())["appended"][stream]["ids"][index - self._starts[run]]
+        return source, ident
 
 
 def origin_of(ledger: Ledger, stream: str) -> str:
@@ -81,6 +114,9 @@ def checkpoint_path(root: Path, stream: str) -> Path:
 def recorded_streams(ledger: Ledger, report: Report | None = None) -> dict[str, RecordedStream]:
     """Each stream's leaves as the commit log recorded them, checked against the stored tree states."""
     streams: dict[str, RecordedStream] = defaultdict(RecordedStream)
+    # Each stream's tree over the leaves read so far, grown commit by commit: checking a commit's
+    # stored state costs O(log n), not a rebuild of the whole tree (O(n) per commit, O(n²) in all).
+    built: dict[str, CompactRange] = defaultdict(CompactRange)
     for path in ledger.commit_paths():
         record = json.loads(path.read_bytes())
         for stream, added in record.get("appended", {}).items():
@@ -95,13 +131,21 @@ def recorded_streams(ledger: Ledger, report: Report | None = None) -> dict[str, 
                 )
             raw = base64.b64decode(added["leaves"])
             rec.leaves.extend(raw[i : i + 32] for i in range(0, len(raw), 32))
-            rec.ids.extend((s, i) for s, i in added["ids"])
+            rec.ids.append_run(path, stream, len(added["ids"]))
+        if report is None:
+            continue
         for stream, head in record.get("streams", {}).items():
             tree = CompactRange.from_json(head["tree"])
             rec = streams[stream]
-            if report is not None and (
-                tree.size > len(rec.leaves) or tree.root() != root_from_leaf_hashes(rec.leaves[: tree.size])
-            ):
+            grown = built[stream]
+            grown.extend(rec.leaves[grown.size :])
+            if tree.size == grown.size:
+                matches = tree.root() == grown.root()
+            else:  # a head behind the leaves: only a damaged log has one
+                matches = tree.size < len(rec.leaves) and tree.root() == root_from_leaf_hashes(
+                    rec.leaves[: tree.size]
+                )
+            if not matches:
                 report.problems.append(
                     Problem(
                         stream,
@@ -128,20 +172,65 @@ class EventRow(NamedTuple):
     envelope: tuple[Any, ...]  # the ENVELOPE_COLUMNS values as stored
 
 
-def _read_events(root: Path, report: Report) -> dict[str, list[EventRow]]:
-    """Event rows per stream, in physical order."""
-    rows: dict[str, list[EventRow]] = defaultdict(list)
+# Event rows read at once: a few MB of canonical bytes, whatever the ledger's size.
+_BATCH_ROWS = 2_000
+
+
+def _event_batches(root: Path, report: Report) -> Iterator[list[tuple[str, EventRow]]]:
+    """(stream, row) of every event row, file by file in physical order, a batch at a time."""
     for path in sorted((root / "events").rglob("*.parquet")):
         rel = str(path.relative_to(root))
         try:
-            table = pq.read_table(path, columns=list(_EVENT_COLUMNS))
+            for batch in pq.ParquetFile(path).iter_batches(
+                batch_size=_BATCH_ROWS, columns=list(_EVENT_COLUMNS)
+            ):
+                cols = [batch.column(c).to_pylist() for c in _EVENT_COLUMNS]
+                yield [
+                    (stream, EventRow(seq, source, ident, canonical, rel, tuple(envelope)))
+                    for stream, seq, source, ident, canonical, *envelope in zip(*cols, strict=True)
+                ]
         except Exception as exc:
             report.problems.append(Problem("?", "unreadable", f"{rel}: {' '.join(str(exc).split())[:200]}"))
-            continue
-        cols = [table.column(c).to_pylist() for c in _EVENT_COLUMNS]
-        for stream, seq, source, ident, canonical, *envelope in zip(*cols, strict=True):
-            rows[stream].append(EventRow(seq, source, ident, canonical, rel, tuple(envelope)))
-    return rows
+
+
+_PRESENT, _MATCHED = 1, 2  # per recorded leaf: some row has its seq; a row has its bytes
+
+
+@dataclass
+class _StreamCheck:
+    """What verify keeps of one stream while the event rows stream past: a byte per recorded leaf and
+    the rows that are not what the log recorded (few, unless the ledger was tampered with)."""
+
+    rec: RecordedStream
+    marks: bytearray
+    rows: int = 0
+    file: str | None = None
+    last_seq: int = -1
+    reordered: list[Problem] = field(default_factory=list)
+    suspects: list[EventRow] = field(default_factory=list)  # bytes differ, or a second row with the leaf's
+    unrecorded: list[EventRow] = field(default_factory=list)
+    edited: list[Problem] = field(default_factory=list)
+
+    def problems(self, stream: str) -> list[Problem]:
+        """In the order verify has always named them: reordering, then by seq, then rows never recorded."""
+        by_seq: list[tuple[int, int, int, Problem]] = []
+        for i, row in enumerate(self.suspects):
+            kind = "inserted" if self.marks[row.seq] & _MATCHED else "modified"
+            detail = f"bytes differ from the recorded leaf ({row.file})"
+            by_seq.append((row.seq, 0, i, Problem(stream, kind, detail, row.seq, row.id)))
+        for seq in (i for i, mark in enumerate(self.marks) if not mark):
+            detail = "recorded in the log, missing from the data"
+            by_seq.append((seq, 0, -1, Problem(stream, "removed", detail, seq, self.rec.ids[seq][1])))
+        by_seq.extend((p.stream_seq or 0, 1, 0, p) for p in self.edited)
+        unrecorded = sorted(self.unrecorded, key=lambda r: r.seq)
+        return [
+            *self.reordered,
+            *(p for *_, p in sorted(by_seq, key=lambda x: x[:3])),
+            *(
+                Problem(stream, "inserted", f"never recorded by a commit ({r.file})", r.seq, r.id)
+                for r in unrecorded
+            ),
+        ]
 
 
 def _envelope_mismatches(row: EventRow, stream: str, event: Event) -> list[str]:
@@ -156,67 +245,95 @@ def _envelope_mismatches(row: EventRow, stream: str, event: Event) -> list[str]:
 
 
 def verify_ledger(root: str | Path, public_key: str | None = None) -> Report:
+    """Check the whole ledger (see the module's docstring), streaming: event rows are read a batch at
+    a time and the per-step tables are compared on disk, so memory stays bounded (about 250 bytes per
+    event for the log's leaves and ids, plus DuckDB's limit) whatever the ledger's size."""
     ledger = Ledger.open(root)
     report = Report()
     recorded = recorded_streams(ledger, report)
-    actual = _read_events(ledger.root, report)
-    good_events: dict[str, list[tuple[int, Event]]] = {}
-    for stream in sorted(set(recorded) | set(actual)):
-        report.streams += 1
-        rec = recorded.get(stream, RecordedStream())
-        rows = actual.get(stream, [])
-        report.events += len(rows)
-        by_seq: dict[int, list[EventRow]] = defaultdict(list)
-        last_in_file: dict[str, int] = {}
-        for row in rows:
-            seq, ident, rel = row.seq, row.id, row.file
-            by_seq[seq].append(row)
-            if rel in last_in_file and seq < last_in_file[rel]:
-                report.problems.append(
-                    Problem(stream, "reordered", f"out of stream order in {rel}", seq, ident)
-                )
-            last_in_file[rel] = seq
-        events: list[tuple[int, Event]] = []
-        for seq, expected_leaf in enumerate(rec.leaves):
-            _source, ident = rec.ids[seq]
-            found = by_seq.pop(seq, [])
-            if not found:
-                report.problems.append(
-                    Problem(stream, "removed", "recorded in the log, missing from the data", seq, ident)
-                )
-                continue
-            matching = [r for r in found if leaf_hash(r.canonical.encode()) == expected_leaf]
-            for r in found:
-                if r not in matching or matching.index(r) > 0:
-                    kind = "modified" if not matching else "inserted"
-                    report.problems.append(
-                        Problem(stream, kind, f"bytes differ from the recorded leaf ({r.file})", seq, r.id)
-                    )
-            if matching:
-                decoded = decode_event(matching[0].canonical.encode())
-                if isinstance(decoded, Event):
-                    events.append((seq, decoded))
-                    edited = _envelope_mismatches(matching[0], stream, decoded)
-                    if edited:
-                        report.problems.append(
-                            Problem(
-                                stream,
-                                "modified",
-                                f"column {', '.join(edited)} differs from the event's bytes ({matching[0].file})",
-                                seq,
-                                decoded.envelope.id,
-                            )
-                        )
-        for seq, extra in sorted(by_seq.items()):
-            for r in extra:
-                report.problems.append(
-                    Problem(stream, "inserted", f"never recorded by a commit ({r.file})", seq, r.id)
-                )
-        good_events[stream] = events
-        _check_checkpoint(ledger, stream, rec, public_key, report)
-    _check_tables(ledger.root, good_events, recorded, report)
+    checks: dict[str, _StreamCheck] = {}
+    with tempfile.TemporaryDirectory(prefix="runledger-verify-") as spill:
+        tables = _TableCheck(ledger.root, Path(spill))
+        for batch in _event_batches(ledger.root, report):
+            good: list[tuple[int, Event]] = []
+            for stream, row in batch:
+                check = checks.get(stream)
+                if check is None:
+                    rec = recorded.get(stream, RecordedStream())
+                    check = checks[stream] = _StreamCheck(rec, bytearray(len(rec.leaves)))
+                event = _check_row(check, stream, row)
+                if event is not None:
+                    good.append((row.seq, event))
+            tables.add(good)
+        for stream in sorted(set(recorded) | set(checks)):
+            report.streams += 1
+            rec = recorded.get(stream, RecordedStream())
+            check = checks.get(stream) or _StreamCheck(rec, bytearray(len(rec.leaves)))
+            report.events += check.rows
+            report.problems.extend(check.problems(stream))
+            _check_checkpoint(ledger, stream, rec, public_key, report)
+        tables.check(recorded, report)
     _check_quarantine_count(ledger, report)
+    _report_conflicts(ledger, report)
     return report
+
+
+def _check_row(check: _StreamCheck, stream: str, row: EventRow) -> Event | None:
+    """Check one event row against the log; the event when it is the one the log recorded there."""
+    check.rows += 1
+    if row.file != check.file:
+        check.file, check.last_seq = row.file, row.seq
+    elif row.seq < check.last_seq:
+        check.reordered.append(
+            Problem(stream, "reordered", f"out of stream order in {row.file}", row.seq, row.id)
+        )
+    check.last_seq = row.seq
+    leaves = check.rec.leaves
+    if not 0 <= row.seq < len(leaves):
+        check.unrecorded.append(row)
+        return None
+    mark = check.marks[row.seq]
+    if mark & _MATCHED or leaf_hash(row.canonical.encode()) != leaves[row.seq]:
+        check.marks[row.seq] = mark | _PRESENT
+        check.suspects.append(row)
+        return None
+    check.marks[row.seq] = mark | _PRESENT | _MATCHED
+    decoded = decode_event(row.canonical.encode())
+    if not isinstance(decoded, Event):
+        return None
+    edited = _envelope_mismatches(row, stream, decoded)
+    if edited:
+        detail = f"column {', '.join(edited)} differs from the event's bytes ({row.file})"
+        check.edited.append(Problem(stream, "modified", detail, row.seq, decoded.envelope.id))
+    return decoded
+
+
+_CONFLICTS_LISTED = 20
+
+
+def _report_conflicts(ledger: Ledger, report: Report) -> None:
+    """Records quarantined as conflicts (a stored event's (source, id) with other bytes: a forgery or
+    a producer reusing ids) as one warning with their count and ids. The stored events stay, so the
+    log is intact; a warning, not a problem."""
+    ids: list[str] = []
+    for path in sorted((ledger.root / "quarantine").rglob("*.parquet")):
+        try:
+            table = pq.read_table(path, columns=["reason", "event_source", "event_id"])
+        except Exception:
+            continue  # _check_quarantine_count names unreadable files
+        table = table.filter(pc.starts_with(table["reason"], f"{CONFLICT}:"))
+        ids.extend(
+            f"({source}, {ident})"
+            for source, ident in zip(
+                table["event_source"].to_pylist(), table["event_id"].to_pylist(), strict=True
+            )
+        )
+    if ids:
+        more = f" and {len(ids) - _CONFLICTS_LISTED} more" if len(ids) > _CONFLICTS_LISTED else ""
+        report.warnings.append(
+            f"{CONFLICT}: {len(ids)} quarantined record(s) reuse a stored event's (source, id) with "
+            f"different bytes (the stored events stay): {', '.join(ids[:_CONFLICTS_LISTED])}{more}"
+        )
 
 
 def _check_quarantine_count(ledger: Ledger, report: Report) -> None:
@@ -277,34 +394,113 @@ def _sort_keys(table: str) -> list[str]:
     return ["stream", "stream_seq", *[k for k in ("name", "layer") if k in names]]
 
 
-def _check_tables(
-    root: Path,
-    events: dict[str, list[tuple[int, Event]]],
-    recorded: dict[str, RecordedStream],
-    report: Report,
-) -> None:
-    """Every typed table must be exactly what its events produce."""
-    buf = RowBuffer()
-    fold = FoldState()
-    for stream in sorted(events):
-        for seq, event in events[stream]:
-            rows_for_event(event, seq, buf, fold)
-    expected: dict[str, list[pa.Table]] = defaultdict(list)
-    for table, partition, data in buf.tables():
-        # Compared with the partition directory the store wrote the rows to, not the bare value.
-        part_col = pa.array([stored_partition(partition)] * data.num_rows, pa.string())
-        expected[table].append(data.append_column(TABLES[table].partition, part_col))
-    for name, spec in TABLES.items():
-        if name in ("events", "quarantine"):
-            continue
+# Tables with rows per step (millions in a long run): their expected rows are written to a spill file
+# and compared with the stored ones by DuckDB (each distinct row counted +1 per expected copy and -1 per
+# stored one; any count left names its event), which spills to disk past its memory limit. The other
+# tables hold a row per state or GitHub event and are compared in memory.
+_SPILLED = ("metrics", "moe_layer_stats", "rank_stats")
+_DUCKDB_MEMORY = "256MB"
+
+
+class _TableCheck:
+    """Every typed table must be exactly what its events produce: fed the good events batch by batch."""
+
+    def __init__(self, root: Path, spill: Path) -> None:
+        self.root, self.spill = root, spill
+        self.names = [n for n in tables_of(root) if n not in ("events", "quarantine")]
+        self.fold = FoldState()
+        self.expected: dict[str, list[pa.Table]] = defaultdict(list)
+        self.writers = {
+            name: pq.ParquetWriter(spill / f"{name}.parquet", _with_partition(name), compression="zstd")
+            for name in self.names
+            if name in _SPILLED
+        }
+
+    def add(self, events: Sequence[tuple[int, Event]]) -> None:
+        buf = RowBuffer()
+        for seq, event in events:
+            rows_for_event(event, seq, buf, self.fold)
+        for table, partition, data in buf.tables():
+            if table not in self.names:
+                continue  # a table this (older) ledger does not keep
+            # Compared with the partition directory the store wrote the rows to, not the bare value.
+            part_col = pa.array([stored_partition(partition)] * data.num_rows, pa.string())
+            data = data.append_column(TABLES[table].partition, part_col)
+            writer = self.writers.get(table)
+            if writer is not None:
+                writer.write_table(data)
+            else:
+                self.expected[table].append(data)
+
+    def check(self, recorded: dict[str, RecordedStream], report: Report) -> None:
+        for writer in self.writers.values():
+            writer.close()
+        for name in self.names:
+            bad = self._spilled(name, report) if name in self.writers else self._in_memory(name, report)
+            for stream, seq in sorted(bad, key=lambda x: (str(x[0]), x[1] if x[1] is not None else -1)):
+                rec = recorded.get(stream)
+                ident = rec.ids[seq][1] if rec and seq is not None and 0 <= seq < len(rec.ids) else None
+                detail = f"{name} rows differ from what the event records"
+                report.problems.append(Problem(str(stream), "table-mismatch", detail, seq, ident))
+
+    def _files(self, name: str) -> list[Path]:
+        spec = TABLES[name]
+        return sorted((self.root / name).glob(f"{spec.partition}=*/*.parquet"))
+
+    def _spilled(self, name: str, report: Report) -> set[tuple[Any, Any]]:
+        spec = TABLES[name]
+        files = []
+        for path in self._files(name):
+            try:
+                pq.read_schema(path)
+                files.append(path.as_posix())
+            except Exception as exc:
+                report.problems.append(
+                    Problem("?", "unreadable", f"{path.relative_to(self.root)}: {exc}"[:240])
+                )
+        con = duckdb.connect(":memory:")
+        con.execute(f"SET memory_limit = '{_DUCKDB_MEMORY}'")
+        con.execute(f"SET temp_directory = '{_sql_text((self.spill / 'duckdb').as_posix())}'")
+        con.execute("SET preserve_insertion_order = false")
+        want = f"read_parquet('{_sql_text((self.spill / f'{name}.parquet').as_posix())}')"
+        types = con.execute(f"DESCRIBE SELECT * FROM {want}").fetchall()
+        # Both sides as the expected rows' columns and types (a stored file may lack a column: NULLs).
+        columns = ", ".join(f'CAST("{col}" AS {kind}) AS "{col}"' for col, kind, *_ in types)
+        if files:
+            have = (
+                f"SELECT {columns}, -1 AS _side FROM read_parquet(?, hive_partitioning = true, "
+                f"hive_types = {{'{spec.partition}': VARCHAR}}, union_by_name = true)"
+            )
+            params: list[Any] | None = [files]
+        else:
+            have, params = f"SELECT {columns}, -1 AS _side FROM {want} WHERE false", None
+        want = f"SELECT {columns}, 1 AS _side FROM {want}"
+        try:
+            rows = con.execute(
+                "SELECT DISTINCT stream, stream_seq FROM ("
+                f"SELECT * EXCLUDE (_side), sum(_side) AS _copies FROM ({want} UNION ALL {have}) GROUP BY ALL"
+                ") WHERE _copies <> 0",
+                params,
+            ).fetchall()
+        except duckdb.Error as exc:
+            report.problems.append(Problem("?", "unreadable", f"{name}: {' '.join(str(exc).split())}"[:240]))
+            return set()
+        finally:
+            con.close()
+        return set(rows)
+
+    def _in_memory(self, name: str, report: Report) -> set[tuple[Any, Any]]:
+        spec = TABLES[name]
         actual_parts = []
         older: dict[str, set[tuple[str, int]]] = defaultdict(set)  # added column → rows written before it
-        for path in sorted((root / name).glob(f"{spec.partition}=*/*.parquet")):
+        for path in self._files(name):
             try:
                 data = pq.read_table(path, schema=spec.schema)
                 absent = ADDED_COLUMNS.get(name, frozenset()) - set(pq.read_schema(path).names)
             except Exception as exc:
-                report.problems.append(Problem("?", "unreadable", f"{path.relative_to(root)}: {exc}"[:240]))
+                report.problems.append(
+                    Problem("?", "unreadable", f"{path.relative_to(self.root)}: {exc}"[:240])
+                )
                 continue
             if absent:
                 keys = set(zip(data["stream"].to_pylist(), data["stream_seq"].to_pylist(), strict=True))
@@ -314,30 +510,27 @@ def _check_tables(
             actual_parts.append(
                 data.append_column(spec.partition, pa.array([value] * data.num_rows, pa.string()))
             )
-        schema = spec.schema.append(pa.field(spec.partition, pa.string()))
-        want = pa.concat_tables(expected[name]) if expected[name] else schema.empty_table()
+        schema = _with_partition(name)
+        want = pa.concat_tables(self.expected[name]) if self.expected[name] else schema.empty_table()
         have = pa.concat_tables(actual_parts) if actual_parts else schema.empty_table()
         for column, keys in older.items():
             want = _blank(want, column, keys)
         keys = [(k, "ascending") for k in _sort_keys(name)]
         want, have = want.sort_by(keys), have.sort_by(keys)
         if want.equals(have):
-            continue
+            return set()
         w = Counter(_row_tuples(want))
         h = Counter(_row_tuples(have))
-        bad = {(r[0], r[1]) for r in (w - h) + (h - w)}
-        for stream, seq in sorted(bad, key=lambda x: (str(x[0]), x[1] if x[1] is not None else -1)):
-            rec = recorded.get(stream)
-            ident = rec.ids[seq][1] if rec and seq is not None and 0 <= seq < len(rec.ids) else None
-            report.problems.append(
-                Problem(
-                    str(stream),
-                    "table-mismatch",
-                    f"{name} rows differ from what the event records",
-                    seq,
-                    ident,
-                )
-            )
+        return {(r[0], r[1]) for r in (w - h) + (h - w)}
+
+
+def _sql_text(text: str) -> str:
+    return text.replace("'", "''")
+
+
+def _with_partition(name: str) -> pa.Schema:
+    spec = TABLES[name]
+    return spec.schema.append(pa.field(spec.partition, pa.string()))
 
 
 # Columns a table gained after ledgers were written with it. A file written before lacks them (they

@@ -8,7 +8,9 @@ they came from.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -205,6 +207,13 @@ TABLES: dict[str, Table] = {
             "People's notes on a run and step.",
         ),
         Table(
+            "state_events",
+            "run_id",
+            _schema(*_RUN_KEY, ("type", pa.string()), ("canonical", pa.string()), *_ORIGIN),
+            "A run's state events (launches, config changes, checkpoints, crashes, ends, notes) with "
+            "their canonical JSON: the few events the fold reads, kept apart from the run's millions.",
+        ),
+        Table(
             "summaries",
             "run_id",
             _schema(*_RUN_KEY, ("values", pa.string()), *_ORIGIN),
@@ -255,3 +264,14 @@ TABLES: dict[str, Table] = {
         ),
     ]
 }
+
+
+# Tables added after ledgers were made without them. A ledger has one only if its LEDGER.json lists
+# it: in an older ledger the table would hold only what was committed since the upgrade.
+ADDED_TABLES = frozenset({"state_events"})
+
+
+def tables_of(root: Path) -> list[str]:
+    """The tables the ledger at ``root`` keeps complete: all of TABLES but those it was created without."""
+    listed = json.loads((root / "LEDGER.json").read_bytes()).get("tables") or []
+    return [name for name in TABLES if name not in ADDED_TABLES or name in listed]

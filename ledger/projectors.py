@@ -19,6 +19,7 @@ import msgspec
 import pyarrow as pa
 
 from runledger.ledger.config_patch import ConfigPatchError, apply_config_patch
+from runledger.ledger.fold import STATE_TYPES
 from runledger.ledger.parquet_schemas import TABLES
 from runledger.schemas import catalogue as c
 from runledger.schemas import github as gh
@@ -99,6 +100,9 @@ Projector = Callable[[Envelope, int, FoldState], list[Row | Columns]]
 def rows_for_event(event: Event, stream_seq: int, buf: RowBuffer, state: FoldState) -> None:
     """Append the typed rows one accepted event contributes."""
     env = event.envelope
+    if env.type in STATE_TYPES:  # the fold's input, apart from the run's metrics (query.Reader.events)
+        row = {**_key(env, stream_seq), "type": env.type, "canonical": event.canonical.decode()}
+        buf.add("state_events", _run(env), row)
     projector = PROJECTORS.get(env.type)
     if projector is None:
         return
@@ -301,6 +305,11 @@ def _github(env: Envelope, stream_seq: int, state: FoldState) -> list[Row | Colu
     return [Row("github", partition, {**row, **origin})]
 
 
+def _no_rows(env: Envelope, stream_seq: int, state: FoldState) -> list[Row | Columns]:
+    """Producer and ledger records (registry, policy, incidents, drops): the events table holds them."""
+    return []
+
+
 PROJECTORS: dict[str, Projector] = {
     c.STEP_METRICS: _step_metrics,
     c.MOE_ROUTER_STATS: _moe_router_stats,
@@ -316,6 +325,7 @@ PROJECTORS: dict[str, Projector] = {
     c.ANNOTATION: _annotation,
     c.RUN_SUMMARY: _run_summary,
     **{name: _github for name in c.CATALOGUE if name.startswith("github.")},
+    **{name: _no_rows for name in (*sorted(c.LEDGER_TYPES), c.PRODUCER_DROPPED)},
 }
 
 

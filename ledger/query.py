@@ -6,6 +6,7 @@ The CLI is a thin shell over these functions; tests and other programs call them
 from __future__ import annotations
 
 import json
+import re
 import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,12 +21,14 @@ import msgspec
 
 from runledger.ledger.config_patch import ConfigPatchError, apply_config_patch
 from runledger.ledger.fold import STATE_TYPES, RunState, attempts_of, fold_run, on_lineage
+from runledger.ledger.parquet_schemas import tables_of
 from runledger.ledger.store import Ledger, LedgerError
 from runledger.ledger.views import connect
 from runledger.schemas import Envelope, decode_event
 from runledger.schemas import catalogue as c
 
 READ_ONLY_STATEMENTS = {"SELECT", "EXPLAIN"}
+_PIVOT = re.compile(r"\s*(PIVOT|PIVOT_WIDER)\b", re.IGNORECASE)
 
 
 class QueryError(LedgerError):
@@ -49,28 +52,40 @@ class Reader:
         self.ledger = Ledger.open(root)
         self.root = Path(root)
         self.con = connect(self.root)
+        # The fold's events are read from their own small table where the ledger keeps one.
+        self._state_table = "state_events" in tables_of(self.root)
 
     def sql(self, statement: str, params: Sequence[Any] | None = None) -> Result:
-        """Run one or more read-only statements; returns the last one's rows. Writes are refused."""
+        """Run one read-only statement and return its rows. Writes are refused, and so are several
+        statements (one result each would have to be dropped but the last's).
+
+        DuckDB's errors keep their line breaks, so a parser error's caret points at the mistake.
+        """
         try:
             statements = self.con.extract_statements(statement)
         except duckdb.Error as exc:
-            raise QueryError(_one_line(exc)) from None
+            raise QueryError(str(exc).strip()) from None
         if not statements:
             raise QueryError("empty query")
         for st in statements:
             kind = st.type.name
+            # A PIVOT without IN parses as MULTI (DuckDB first makes an enum type of the pivoted
+            # values in this in-memory connection, then selects): read-only as far as the ledger goes.
+            if kind == "MULTI" and _PIVOT.match(st.query):
+                continue
             if kind not in READ_ONLY_STATEMENTS:
                 raise QueryError(f"refused: the ledger is read-only here ({kind} statements are not allowed)")
+        if len(statements) > 1:
+            raise QueryError(
+                f"{len(statements)} statements given; run one at a time (or several in `ledger shell`)"
+            )
         try:
-            rel = None
-            for st in statements:
-                rel = self.con.execute(st.query, params) if params else self.con.execute(st.query)
-            assert rel is not None
+            (st,) = statements
+            rel = self.con.execute(st.query, params) if params else self.con.execute(st.query)
             columns = [d[0] for d in rel.description or []]
             return Result(columns, rel.fetchall())
         except duckdb.Error as exc:
-            raise QueryError(_one_line(exc)) from None
+            raise QueryError(str(exc).strip()) from None
 
     def runs(self) -> Result:
         return self.sql("SELECT * FROM runs ORDER BY started_at")
@@ -85,11 +100,18 @@ class Reader:
             raise QueryError(f"unknown run {run_id!r}{hint}")
 
     def events(self, run_id: str, types: Sequence[str] = STATE_TYPES) -> list[Envelope]:
-        """A run's events of the given types, in stream order."""
+        """A run's events of the given types, in stream order.
+
+        State events come from ``state_events`` (a few hundred rows for a run of millions of events),
+        read from the run's partition (and ``_``: run-less events on the run's stream) only."""
         marks = ", ".join("?" for _ in types)
+        if self._state_table and set(types) <= set(STATE_TYPES):
+            source = "state_events WHERE run_id IN (?, '_') AND"
+            params = [run_id, run_id, *types]
+        else:
+            source, params = "events WHERE", [run_id, *types]
         rows = self.sql(
-            f"SELECT canonical FROM events WHERE stream = ? AND type IN ({marks}) ORDER BY stream_seq",
-            [run_id, *types],
+            f"SELECT canonical FROM {source} stream = ? AND type IN ({marks}) ORDER BY stream_seq", params
         ).rows
         out = []
         for (canonical,) in rows:
@@ -114,26 +136,50 @@ class Reader:
 
     def state(self, run_id: str, *, step: int | None = None, at: datetime | None = None) -> RunState:
         self.require_run(run_id)
-        if step is not None:
+        return self._state(run_id, self.events(run_id), step=step, at=at)
+
+    def _state(
+        self,
+        run_id: str,
+        events: Sequence[Envelope],
+        *,
+        step: int | None = None,
+        at: datetime | None = None,
+        github: Sequence[dict[str, Any]] | None = None,
+    ) -> RunState:
+        """``state`` over the run's state events (and its repository's GitHub rows), read once by the caller."""
+        # A step at or below a state event's is in range without scanning the run's last step.
+        known = max((e.step for e in events if e.step is not None), default=None)
+        if step is not None and (step < 0 or known is None or step > known):
             last = self.last_step(run_id)
             if step < 0 or (last is not None and step > last):
                 raise QueryError(f"step {step} is out of range for run {run_id} (steps 0..{last})")
-        events = self.events(run_id)
         attempts = attempts_of(events)
         repository = next((a.repository for a in attempts.values() if a.repository), None)
         if step is None and at is None:
             step = self.last_step(run_id)
-        return fold_run(run_id, events, step=step, at=at, github=self.github_rows(repository))
+        if github is None:
+            github = self.github_rows(repository)
+        return fold_run(run_id, events, step=step, at=at, github=github)
+
+    def _run_github(self, events: Sequence[Envelope]) -> list[dict[str, Any]]:
+        """The GitHub rows of the repository the run's attempts name."""
+        return self.github_rows(
+            next((a.repository for a in attempts_of(events).values() if a.repository), None)
+        )
 
     def diff(self, run_id: str, from_step: int, to_step: int) -> dict[str, Any]:
         """Config diff between two steps and everything that happened in between."""
-        before = self.state(run_id, step=from_step)
-        after = self.state(run_id, step=to_step)
+        self.require_run(run_id)
+        events = self.events(run_id)
+        github = self._run_github(events)
+        before = self._state(run_id, events, step=from_step, github=github)
+        after = self._state(run_id, events, step=to_step, github=github)
         patch = jsonpatch.make_patch(before.config, after.config).patch
         lo, hi = sorted((from_step, to_step))
         happened = [
             item
-            for item in self.history(run_id)
+            for item in self._history(run_id, events, github)
             if item.step is not None and lo < item.step <= hi and item.kind != "github"
         ]
         return {
@@ -150,6 +196,8 @@ class Reader:
                 "git_commit": after.git_commit,
             },
             "config_patch": patch,
+            # The patch as history and blame say it: ``moe.capacity_factor 1.0 → 1.25``.
+            "changes": [_op_text(op, before.config) for op in patch],
             "events": happened,
         }
 
@@ -160,14 +208,15 @@ class Reader:
         accepted config changes, each resume's config) and the event named is the last one that
         changed the key's value. A resume that only carried the value over is not named.
         """
-        state = self.state(run_id, step=step)
+        self.require_run(run_id)
+        events = self.events(run_id)
+        state = self._state(run_id, events, step=step)
         path = "/" + "/".join(part.replace("~", "~0").replace("/", "~1") for part in key.split("."))
         value: Any = state.config
         for part in key.split("."):
             if not isinstance(value, dict) or part not in value:
                 raise QueryError(f"config key {key!r} is not in run {run_id}'s config at step {state.step}")
             value = value[part]
-        events = self.events(run_id)
         attempts = attempts_of(events)
         live = attempts[state.attempt]
         found = _last_change(events, attempts, state.attempt, state.step, path)
@@ -216,18 +265,27 @@ class Reader:
 
     def prs_for_commit(self, sha: str | None) -> list[dict[str, Any]]:
         """The PRs that introduced ``sha`` (prefixes allowed): merged as it, or had it as a head commit."""
-        if not sha:
-            return []
+        return self.prs_for_commits([sha]).get(sha, []) if sha else []
+
+    def prs_for_commits(self, shas: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+        """``prs_for_commit`` of several commits in one query (the GitHub views cost per query, not per row)."""
+        if not shas:
+            return {}
         res = self.sql(
-            "SELECT p.repo, p.number, p.title, p.author, p.state, p.merged_at IS NOT NULL AS merged, "
-            "p.merged_at, p.url, c.relation "
-            "FROM commit_pull_requests c JOIN github_pull_requests p USING (repo, number) "
-            "WHERE starts_with(c.sha, ?) "
-            "QUALIFY row_number() OVER (PARTITION BY p.repo, p.number ORDER BY c.relation = 'merge_commit' DESC) = 1 "
-            "ORDER BY c.relation = 'merge_commit' DESC, p.number",
-            [sha],
+            "SELECT q.prefix, p.repo, p.number, p.title, p.author, p.state, "
+            "p.merged_at IS NOT NULL AS merged, p.merged_at, p.url, c.relation "
+            "FROM commit_pull_requests c JOIN github_pull_requests p USING (repo, number), "
+            "(SELECT DISTINCT unnest(?::VARCHAR[]) AS prefix) q "
+            "WHERE starts_with(c.sha, q.prefix) "
+            "QUALIFY row_number() OVER "
+            "(PARTITION BY q.prefix, p.repo, p.number ORDER BY c.relation = 'merge_commit' DESC) = 1 "
+            "ORDER BY q.prefix, c.relation = 'merge_commit' DESC, p.number",
+            [list(shas)],
         )
-        return res.records()
+        out: dict[str, list[dict[str, Any]]] = {}
+        for row in res.records():
+            out.setdefault(row.pop("prefix"), []).append(row)
+        return out
 
     def commit_info(self, sha: str | None, repository: str | None) -> dict[str, Any]:
         """The full SHA, first line and author of a (possibly abbreviated) commit GitHub told us about."""
@@ -248,19 +306,25 @@ class Reader:
         the merges that introduced the commits it ran) appear in between.
         """
         self.require_run(run_id)
-        events = self.events(run_id)
-        attempts = attempts_of(events)
+        return self._history(run_id, self.events(run_id))
+
+    def _history(
+        self, run_id: str, events: Sequence[Envelope], github: Sequence[dict[str, Any]] | None = None
+    ) -> list[HistoryItem]:
         code = self._attempt_code(run_id)
         items: list[HistoryItem] = []
         config: dict[str, Any] | None = None
+        causes = [e.data.cause.commit for e in events if e.type == c.CONFIG_CHANGED and e.data.cause.commit]
+        prs = self.prs_for_commits(causes)  # one query for every change's commit
         for e in events:
-            items.append(history_item(e, config, code.get(e.attempt or 1), self.prs_for_commit))
+            items.append(
+                history_item(e, config, code.get(e.attempt or 1), lambda sha: prs.get(sha or "", []))
+            )
             config = _config_after(e, config)
-        repository = next((a.repository for a in attempts.values() if a.repository), None)
         if events:
             start, end = events[0].time, events[-1].time
             introducing = {row["pr_number"] for row in code.values() if row["pr_number"] is not None}
-            for g in self.github_rows(repository):
+            for g in self._run_github(events) if github is None else github:
                 ran_here = g["kind"] == "pull_request" and g["merged"] and g["number"] in introducing
                 if g["time"] <= end and (g["time"] >= start or ran_here):
                     items.append(github_item(g))
@@ -328,6 +392,96 @@ class HistoryItem:
     attempt: int | None
     kind: str
     text: str
+
+    @property
+    def routine(self) -> bool:
+        """An interval checkpoint or a GitHub event other than a merge: a summary counts these."""
+        if self.kind == "checkpoint.saved":
+            return self.text.startswith("checkpoint saved (interval)")
+        return self.kind == "github" and not _MERGE_TEXT.match(self.text)
+
+
+_MERGE_TEXT = re.compile(r"PR #\d+ merged \(")  # github_item's line for a merge
+
+
+# A history longer than this is summarised unless asked for in full (about a terminal's height).
+SCREEN_LINES = 50
+
+
+def history_range(
+    items: Sequence[HistoryItem], from_step: int | None, to_step: int | None
+) -> list[HistoryItem]:
+    """The items of steps ``from_step``..``to_step`` (either end open), and the step-less ones
+    (GitHub events) that happened between the first and the last of those."""
+    lo = from_step if from_step is not None else -1
+    hi = to_step if to_step is not None else float("inf")
+    stepped = [i for i in items if i.step is not None and lo <= i.step <= hi]
+    if not stepped:
+        return []
+    start, end = min(i.time for i in stepped), max(i.time for i in stepped)
+    return [
+        i
+        for i in items
+        if (i.step is not None and lo <= i.step <= hi) or (i.step is None and start <= i.time <= end)
+    ]
+
+
+def summarise_history(items: Sequence[HistoryItem], max_lines: int = SCREEN_LINES) -> list[HistoryItem]:
+    """A history that fits ``max_lines`` as it is; else its notable items (launches, config changes,
+    crashes, merges, notes, ends) with each stretch of routine items between them as one counted line."""
+    if len(items) <= max_lines:
+        return list(items)
+    out: list[HistoryItem] = []
+    stretch: list[HistoryItem] = []
+    for item in [*items, None]:
+        if item is not None and item.routine:
+            stretch.append(item)
+            continue
+        if stretch:
+            out.append(_routine_line(stretch))
+            stretch = []
+        if item is not None:
+            out.append(item)
+    return out
+
+
+def _routine_line(stretch: Sequence[HistoryItem]) -> HistoryItem:
+    checkpoints = [i for i in stretch if i.kind != "github"]
+    parts = []
+    if checkpoints:
+        steps = [i.step for i in checkpoints if i.step is not None]
+        where = f" (steps {min(steps):,}–{max(steps):,})" if steps else ""
+        parts.append(f"{len(checkpoints):,} checkpoint{'s' if len(checkpoints) != 1 else ''}{where}")
+    github = len(stretch) - len(checkpoints)
+    if github:
+        parts.append(f"{github:,} GitHub event{'s' if github != 1 else ''}")
+    attempts = {i.attempt for i in checkpoints}
+    first = checkpoints[0] if checkpoints else stretch[0]
+    return HistoryItem(
+        first.time,
+        first.step,
+        attempts.pop() if len(attempts) == 1 else None,
+        "routine",
+        "… " + ", ".join(parts),
+    )
+
+
+def history_counts(items: Sequence[HistoryItem]) -> str:
+    """``20 attempts, 19 crashes, 4 config changes, 780 checkpoints, 212 GitHub events``."""
+    kinds = [i.kind for i in items]
+    counted = [
+        (sum(k in ("run.started", "run.resumed") for k in kinds), "attempt"),
+        (kinds.count("run.crashed"), "crash"),
+        (kinds.count("config.changed"), "config change"),
+        (kinds.count("config.rejected"), "refused change"),
+        (kinds.count("checkpoint.saved"), "checkpoint"),
+        (kinds.count("github"), "GitHub event"),
+    ]
+    return ", ".join(
+        f"{n:,} {what}{'es' if what == 'crash' and n != 1 else 's' if n != 1 else ''}"
+        for n, what in counted
+        if n
+    )
 
 
 PrLookup = Callable[[str | None], list[dict[str, Any]]]
@@ -519,7 +673,3 @@ def _value(value: Any) -> str:
 
 def _short(sha: str | None) -> str:
     return sha[:7] if sha else "unknown"
-
-
-def _one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split())

@@ -37,6 +37,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import uuid
 from collections import ChainMap
 from collections.abc import Iterable, Iterator, Sequence
@@ -45,29 +46,60 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from runledger.durable import fsync_dir, write_durably
+from runledger.ledger.admission import ADMISSION_REASONS, admission_round
 from runledger.ledger.merkle import CompactRange, leaf_hash
 from runledger.ledger.parquet_schemas import TABLES
 from runledger.ledger.projectors import FoldState, RowBuffer, rows_for_event
 from runledger.schemas.codec import (
+    CONFLICT,
     CORRUPT,
     DECODE,
+    EMPTY,
+    ENVELOPE,
     MAX_EVENT_BYTES,
     MAX_REASON_CHARS,
+    SCHEMA,
+    STREAM_RUN_MISMATCH,
     TOMBSTONE,
+    TOO_DEEP,
+    TOO_LARGE,
+    UNKNOWN_TYPE,
+    UNKNOWN_VERSION,
     UNSTORABLE,
     Event,
     Quarantined,
     decode_event,
+    stream_run_mismatch,
 )
 
 log = logging.getLogger(__name__)
 
 FORMAT = {"format": "runledger-ledger", "version": 1}
+# Every code a quarantined record can carry (``Quarantined.code``): the decoder's, the store's own and
+# admission's. The one list the docs' dead-letter reasons are checked against (tests/core/test_docs_truth.py).
+QUARANTINE_REASONS = (
+    EMPTY,
+    TOMBSTONE,
+    TOO_LARGE,
+    TOO_DEEP,
+    DECODE,
+    ENVELOPE,
+    UNKNOWN_TYPE,
+    UNKNOWN_VERSION,
+    SCHEMA,
+    CORRUPT,
+    UNSTORABLE,
+    CONFLICT,
+    STREAM_RUN_MISMATCH,
+    *ADMISSION_REASONS,
+)
+LEDGER_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # it is part of every checkpoint's origin line
 COMMITS = "_commits"
 
 
@@ -134,7 +166,9 @@ class Ledger:
         self._folded_commit = -1  # the last commit whose ids and configs this instance has folded
         self._positions: dict[str, int] = {}
         self._streams: dict[str, StreamHead] = {}
-        self._seen: set[tuple[str, str]] | None = None
+        # (source, id) -> the Merkle leaf hash of the event stored under it: a repeat with the same
+        # hash is a duplicate, with another hash a conflict.
+        self._seen: dict[tuple[str, str], bytes] | None = None
         self._fold = FoldState(load_config=self._load_config)
         self._swept = False
         self._usable_partitions: set[tuple[str, str]] = set()
@@ -142,16 +176,26 @@ class Ledger:
 
     # ----------------------------------------------------------------- opening
     @classmethod
-    def create(cls, root: str | Path) -> Ledger:
+    def create(cls, root: str | Path, ledger_id: str | None = None) -> Ledger:
+        """A new ledger at ``root`` (or the one already there). ``ledger_id``: the id of the log it
+        continues, e.g. when a replay rebuilds it: signed checkpoints name it in their origin
+        (``runledger/<ledger id>/<stream>``), so keeping it keeps them checkable. Default: a new id."""
         root = Path(root)
+        if ledger_id is not None and not LEDGER_ID.fullmatch(ledger_id):
+            raise LedgerError(f"ledger id {ledger_id!r} must be 1-64 of A-Z a-z 0-9 . _ -")
         root.mkdir(parents=True, exist_ok=True)
         marker = root / "LEDGER.json"
         if not marker.exists():
             (root / COMMITS).mkdir(exist_ok=True)
             for table in TABLES.values():
                 _write_empty(root, table.name)
-            write_durably(marker, json.dumps(FORMAT | {"id": uuid.uuid4().hex[:16]}))
-        return cls.open(root)
+            # "tables": what this ledger keeps from its first commit on (parquet_schemas.tables_of).
+            meta = {"id": ledger_id or uuid.uuid4().hex[:16], "tables": sorted(TABLES)}
+            write_durably(marker, json.dumps(FORMAT | meta))
+        ledger = cls.open(root)
+        if ledger_id is not None and ledger.ledger_id != ledger_id:
+            raise LedgerError(f"{root} is ledger {ledger.ledger_id}, not {ledger_id}")
+        return ledger
 
     @classmethod
     def open(cls, root: str | Path) -> Ledger:
@@ -200,21 +244,18 @@ class Ledger:
         newer = [p for p in paths if int(p.stem) > self._folded_commit]
         if self._seen is not None and newer:
             for path in newer:
-                record = json.loads(path.read_bytes())
-                for rel in record["files"]:
-                    # A file a later compaction replaced is covered by that compaction's file.
-                    if rel.startswith("events/") and (self.root / rel).exists():
-                        for src, ident in _read_ids(self.root / rel):
-                            self._seen.add((src, ident))
+                _add_appended(self._seen, msgspec.json.decode(path.read_bytes()))
             self._fold.configs.clear()  # another writer may have moved a run's config on
         self._load_head()
         self._folded_commit = self._last_commit
 
-    def _seen_ids(self) -> set[tuple[str, str]]:
+    def _seen_ids(self) -> dict[tuple[str, str], bytes]:
+        """Every stored (source, id) and its leaf hash, from the commit log (which records both for
+        each appended event): no event bytes are read or hashed again."""
         if self._seen is None:
-            seen: set[tuple[str, str]] = set()
-            for path in (self.root / "events").rglob("*.parquet"):
-                seen.update(_read_ids(path))
+            seen: dict[tuple[str, str], bytes] = {}
+            for path in self.commit_paths():
+                _add_appended(seen, msgspec.json.decode(path.read_bytes()))  # ~1.5x json's speed
             self._seen = seen
             self._folded_commit = self._last_commit
         return self._seen
@@ -322,8 +363,9 @@ class Ledger:
         added: dict[str, dict[str, Any]] = {}  # per stream: first seq, leaf hashes and ids appended
         fold_before = dict(self._fold.configs)
         staging = _Staging(self._fold)
+        admission = admission_round(self, positions)  # producer identity and order: ledger.admission
         try:
-            for record in records:
+            for record in admission.records(records):  # the records, and the incidents they cause
                 if record.position < positions.get(record.source, 0):
                     result.skipped += 1
                     continue
@@ -332,19 +374,23 @@ class Ledger:
                 if isinstance(decoded, Event):
                     env = decoded.envelope
                     key = (env.source, env.id)
-                    if key in seen:
+                    leaf = leaf_hash(decoded.canonical)
+                    refused = _refusal(decoded, record.raw, seen.get(key), leaf)
+                    if refused is None and key in seen:
                         result.duplicates += 1
                         continue
                     head = streams.get(env.stream)
                     stream_seq = head.size if head is not None else 0
-                    refused = self._add_rows(decoded, stream_seq, record, number, buf, staging, check)
                     if refused is None:
-                        seen.add(key)
+                        refused = admission.check(decoded, record) or self._add_rows(
+                            decoded, stream_seq, record, number, buf, staging, check
+                        )
+                    if refused is None:
+                        seen[key] = leaf
                         new_ids.append(key)
                         if head is None:
                             head = streams[env.stream] = StreamHead(0, CompactRange())
                         head.size += 1
-                        leaf = leaf_hash(decoded.canonical)
                         head.tree.append(leaf)
                         log_ = added.setdefault(env.stream, {"first": stream_seq, "leaves": [], "ids": []})
                         log_["leaves"].append(leaf)
@@ -389,7 +435,7 @@ class Ledger:
             write_durably(self.root / COMMITS / f"{number:010d}.json", json.dumps(record_json))
         except BaseException:
             for key in new_ids:
-                seen.discard(key)
+                seen.pop(key, None)
             self._fold.configs = fold_before
             raise
         for rel in files:
@@ -398,6 +444,7 @@ class Ledger:
         _fsync_dirs(self.root, files)
         self._last_commit = self._folded_commit = number
         self._positions = positions
+        admission.keep(number)
         self._streams = streams
         result.commit = number
         result.metric_values = sum(
@@ -664,9 +711,32 @@ def _quarantine_row(record: SourceRecord, q: Quarantined, now: datetime, commit:
     }
 
 
-def _read_ids(path: Path) -> Iterable[tuple[str, str]]:
-    table = pq.read_table(path, columns=["source", "id"])
-    return zip(table.column("source").to_pylist(), table.column("id").to_pylist(), strict=True)
+def _add_appended(seen: dict[tuple[str, str], bytes], record: dict[str, Any]) -> None:
+    """Add the (source, id) -> leaf hash of every event one commit record appended."""
+    for added in record.get("appended", {}).values():
+        leaves = base64.b64decode(added["leaves"])
+        hashes = [leaves[i : i + 32] for i in range(0, len(leaves), 32)]
+        seen.update(zip(map(tuple, added["ids"]), hashes, strict=True))
+
+
+def _refusal(event: Event, raw: bytes, stored_leaf: bytes | None, leaf: bytes) -> Quarantined | None:
+    """Why the ledger refuses a valid event before projecting it, or None: its stream is not the run
+    it names, or its (source, id) is stored with other bytes (a conflict: the first one stays)."""
+    env = event.envelope
+    mismatch = stream_run_mismatch(env.stream, env.run_id)
+    if mismatch is not None:
+        reason, code = f"{STREAM_RUN_MISMATCH}: {mismatch}", STREAM_RUN_MISMATCH
+    elif stored_leaf is not None and stored_leaf != leaf:
+        reason = (
+            f"{CONFLICT}: (source, id) already stored with different bytes; leaf SHA-256 of the "
+            f"stored event {stored_leaf.hex()}, of this record {leaf.hex()}"
+        )
+        code = CONFLICT
+    else:
+        return None
+    return Quarantined(
+        raw=raw, reason=reason, code=code, source=env.source, id=env.id, type=env.type, stream=env.stream
+    )
 
 
 def _write_empty(root: Path, table: str) -> None:

@@ -6,7 +6,7 @@ party can copy it alone and check what a runledger operator hands out, without t
 Usage::
 
     python -m runledger.ledger.verifier inclusion   --proof P.json --checkpoint C.txt --public-key K.pub \\
-        [--origin ORIGIN] [--leaf LEAF.bin]
+        [--origin ORIGIN] [--leaf LEAF.bin] [--producer-key PRODUCER.pub]
     python -m runledger.ledger.verifier consistency --proof P.json --checkpoint NEW.txt --public-key K.pub \\
         [--old-checkpoint OLD.txt | --old-size N --old-root B64] [--origin ORIGIN]
 
@@ -21,6 +21,10 @@ exits 0 or 1. ``--public-key`` is a file holding the log's note verifier key
   The event id, source and stream printed are read from the leaf bytes themselves (a runledger
   event's canonical JSON), and the proof's ``event_id``/``source``/``stream`` must agree with them.
   Without leaf bytes only the leaf hash is verified: the OK line says which fields were NOT checked.
+* producer signature (``--producer-key``, inclusion only, needs the leaf bytes): the event's
+  ``signature`` must be an Ed25519 signature, by the producer key named in its ``key_id``, over its
+  signing bytes: the leaf bytes without the ``"signature":"…",`` member (which must occur exactly
+  once). ``verify_producer_signature`` does the same for any leaf; runledger's ingest uses it too.
 * consistency: verifies the new checkpoint, then the RFC 9162 consistency proof from the old tree to
   it. The old tree should come from a checkpoint you kept earlier (``--old-checkpoint``, verified with
   the same key) or from values you recorded (``--old-size``/``--old-root``); otherwise the proof's own
@@ -60,8 +64,10 @@ __all__ = [
     "consistency_proof_document",
     "inclusion_proof_document",
     "main",
+    "producer_signing_bytes",
     "verify_consistency_document",
     "verify_inclusion_document",
+    "verify_producer_signature",
 ]
 
 HASH_SIZE = 32
@@ -345,6 +351,46 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
+_SIGNATURE_B64 = re.compile(r"[A-Za-z0-9+/]{86}==")
+
+
+def producer_signing_bytes(leaf: bytes) -> tuple[bytes, str, bytes]:
+    """(signing bytes, key_id, signature) of a signed event's canonical bytes (the leaf).
+
+    In canonical JSON (keys sorted, no whitespace) the top-level ``signature`` member is followed by
+    ``source`` and ``specversion``, so removing its text ``"signature":"<base64>",`` leaves exactly
+    the canonical bytes the producer signed. The member must occur once: a copy nested in the
+    payload makes the leaf ambiguous and it is refused."""
+    try:
+        value = json.loads(leaf.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise VerificationError(f"leaf is not an event: {exc}") from exc
+    if not isinstance(value, dict):
+        raise VerificationError("leaf is not an event object")
+    signature, key_id = value.get("signature"), value.get("key_id")
+    if not isinstance(signature, str) or not isinstance(key_id, str):
+        raise VerificationError("event is unsigned (no key_id and signature)")
+    if not _SIGNATURE_B64.fullmatch(signature):
+        raise VerificationError("event signature is not 64 bytes of base64")
+    member = b'"signature":"' + signature.encode() + b'",'
+    if leaf.count(member) != 1:
+        raise VerificationError("event signature member is missing or ambiguous in the leaf bytes")
+    return leaf.replace(member, b"", 1), key_id, base64.b64decode(signature)
+
+
+def verify_producer_signature(leaf: bytes, public_key: str) -> str:
+    """Check a leaf's producer signature against the producer's note verifier key; its key_id."""
+    name, key_hash, key = _parse_vkey(public_key)
+    message, key_id, signature = producer_signing_bytes(leaf)
+    if key_id != f"{name}+{key_hash:08x}":
+        raise VerificationError(f"event is signed by {key_id}, not by {name}+{key_hash:08x}")
+    try:
+        key.verify(signature, message)
+    except InvalidSignature as exc:
+        raise VerificationError(f"producer signature of {key_id} does not verify") from exc
+    return key_id
+
+
 def _leaf_fields(leaf: bytes) -> dict[str, str]:
     """The event's id, source and stream as the leaf's bytes state them ({} if the leaf is not an event)."""
     try:
@@ -516,6 +562,9 @@ def _build_parser() -> argparse.ArgumentParser:
     inc.add_argument(
         "--leaf", help="file with the leaf's bytes (the event's canonical JSON): hashed and read here"
     )
+    inc.add_argument(
+        "--producer-key", help="producer's public key file (or the key): check the event's signature"
+    )
     con.add_argument("--old-checkpoint", help="earlier signed checkpoint you kept")
     con.add_argument("--old-size", type=int, help="trusted old tree size (with --old-root)")
     con.add_argument("--old-root", help="trusted old root hash, base64 (with --old-size)")
@@ -534,7 +583,15 @@ def _run(argv: Sequence[str] | None) -> str:
                 leaf = Path(args.leaf).read_bytes()
             except OSError as exc:
                 raise VerificationError(f"cannot read leaf {args.leaf!r}: {exc.strerror}") from exc
-        return verify_inclusion_document(doc, checkpoint, leaf)
+        summary = verify_inclusion_document(doc, checkpoint, leaf)
+        if args.producer_key is not None:
+            leaf_bytes = _proof_leaf(doc, leaf)
+            if leaf_bytes is None:
+                raise VerificationError("--producer-key needs the leaf bytes (the proof's leaf, or --leaf)")
+            summary += (
+                f"; signed by producer {verify_producer_signature(leaf_bytes, _read_key(args.producer_key))}"
+            )
+        return summary
     old: tuple[int, bytes] | None = None
     if args.old_checkpoint is not None:
         if args.old_size is not None or args.old_root is not None:

@@ -71,6 +71,17 @@ GITHUB_REVIEW_COMMENT = "github.pull_request_review_comment"
 GITHUB_PUSH = "github.push"
 GITHUB_COMMIT = "github.commit"
 GITHUB_RAW = "github.raw"
+PRODUCER_DROPPED = "runledger.producer.dropped"
+PRODUCER_REGISTERED = "ledger.producer.registered"
+PRODUCER_ROTATED = "ledger.producer.rotated"
+PRODUCER_REVOKED = "ledger.producer.revoked"
+POLICY_CHANGED = "ledger.policy.changed"
+LEDGER_INCIDENT = "ledger.incident"
+# The ledger's own record: written by the ledger (``ledger producers``, ingest's incidents), never
+# admitted from a bus (see runledger.ledger.admission).
+LEDGER_TYPES = frozenset(
+    {PRODUCER_REGISTERED, PRODUCER_ROTATED, PRODUCER_REVOKED, POLICY_CHANGED, LEDGER_INCIDENT}
+)
 
 CATALOGUE: dict[str, EventType] = {
     t.name: t
@@ -101,6 +112,12 @@ CATALOGUE: dict[str, EventType] = {
         EventType(GITHUB_PUSH, {1: gh.GitHubPush}, doc="Commits pushed to a ref."),
         EventType(GITHUB_COMMIT, {1: gh.GitHubCommit}, doc="A commit seen by a backfill."),
         EventType(GITHUB_RAW, {1: gh.GitHubRaw}, doc="Any other GitHub event, kept whole."),
+        EventType(PRODUCER_DROPPED, {1: p.ProducerDropped}, doc="A producer dropped events (full queue)."),
+        EventType(PRODUCER_REGISTERED, {1: p.ProducerRegistered}, doc="A producer key and its scope."),
+        EventType(PRODUCER_ROTATED, {1: p.ProducerRotated}, doc="A producer key replaced by a new one."),
+        EventType(PRODUCER_REVOKED, {1: p.ProducerRevoked}, doc="A producer key refused from here on."),
+        EventType(POLICY_CHANGED, {1: p.PolicyChanged}, doc="Which sources may be unsigned."),
+        EventType(LEDGER_INCIDENT, {1: p.LedgerIncident}, doc="A gap or fork in a source's events."),
     ]
 }
 

@@ -57,6 +57,8 @@ UNKNOWN_VERSION = "unknown-version"
 SCHEMA = "schema"  # the payload (or a rule across envelope and payload) fails validation
 CORRUPT = "corrupt"  # the bus itself says the bytes are damaged
 UNSTORABLE = "unstorable"  # valid, but the ledger could not turn it into rows (see Ledger.commit)
+CONFLICT = "conflict"  # its (source, id) is already in the ledger with different bytes (Ledger.commit)
+STREAM_RUN_MISMATCH = "stream-run-mismatch"  # names a run but lives on another stream (Ledger.commit)
 
 _wire_decoder = msgspec.json.Decoder(WireEnvelope)
 _generic_decoder = msgspec.json.Decoder()
@@ -104,7 +106,12 @@ def make_event(
     id: str | None = None,
     time: datetime | None = None,
 ) -> Envelope:
-    """Wrap a payload in an envelope; its type and schema version come from the catalogue."""
+    """Wrap a payload in an envelope; its type and schema version come from the catalogue.
+
+    Raises ValueError for an event that names a run but not as its stream (``stream_run_mismatch``)."""
+    mismatch = stream_run_mismatch(stream, run_id)
+    if mismatch is not None:
+        raise ValueError(mismatch)
     type_name = type or TYPE_OF_STRUCT[payload.__class__]
     event_type = CATALOGUE[type_name]
     return Envelope(
@@ -122,6 +129,17 @@ def make_event(
         schema_version=event_type.latest,
         data=payload,
     )
+
+
+def stream_run_mismatch(stream: str, run_id: str | None) -> str | None:
+    """Why an event's ``stream`` and ``run_id`` disagree, or None when they agree.
+
+    ``run_id`` is authoritative: an event that names a run lives on that run's stream (its Merkle
+    tree), so the tree a leaf is in and the run's SQL partitions always hold the same events. An
+    event without a run (GitHub events on ``owner/repo``, a run-less annotation) may use any stream."""
+    if run_id is None or stream == run_id:
+        return None
+    return f"stream {stream[:200]!r} is not the stream of run {run_id!r} (a run's events live on stream = run_id)"
 
 
 def encode_event(envelope: Envelope) -> bytes:

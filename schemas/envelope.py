@@ -12,6 +12,17 @@ JSON, so the structured JSON form carries them as plain members:
   seq             the producer's own sequence number (per ``source``), 0-based, gap-free per source
   schema_version  the version of the payload type named by ``type``
 
+Producer identity and order (all optional, so events written before them still decode):
+
+  key_id          the producer key that signed the event: ``<key name>+<8 hex key hash>`` (the
+                  note-key form of ``runledger.ledger.log_checkpoint``)
+  signature       base64 Ed25519 signature over the event's signing bytes: its canonical bytes
+                  without the ``signature`` member (``runledger.schemas.signing``)
+  prev            hex hash (the Merkle leaf hash) of the previous event of the same ``source``;
+                  ``GENESIS`` (64 zeros) for a source's first; None: the producer keeps no chain
+  attested        what the signer checked before signing, e.g. ``github-hmac-sha256`` (the
+                  webhook receiver verified GitHub's HMAC on the delivery)
+
 (``source``, ``id``) is unique: a second event with the same pair is a duplicate and is dropped.
 
 Every integer attribute is bounded to what the ledger stores (Parquet int64; ``schema_version`` int32),
@@ -58,6 +69,10 @@ class Envelope(msgspec.Struct, kw_only=True, frozen=True):
     step: NonNegative | None = None
     seq: NonNegative
     schema_version: SchemaVersion
+    key_id: NonEmpty | None = None
+    signature: NonEmpty | None = None
+    prev: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")] | None = None
+    attested: NonEmpty | None = None
     data: Any = None
 
 

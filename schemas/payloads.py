@@ -8,6 +8,7 @@ it (``runledger.step.skipped`` or ``runledger.run.crashed``) carries the text ``
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -172,3 +173,77 @@ class RunSummary(Payload, kw_only=True):
     """Final values of a run (as W&B keeps them in its summary)."""
 
     values: dict[str, Any]
+
+
+# --- producers and the ledger's own record (see runledger.ledger.admission) -----------------------
+
+
+class ProducerDropped(Payload, kw_only=True):
+    """A producer had to drop events (its queue was full): how many, and the steps they were for.
+    The dropped events' ``seq`` numbers were used, so ingest also sees the gap."""
+
+    count: Annotated[int, msgspec.Meta(ge=1)]
+    first_step: Count | None = None
+    last_step: Count | None = None
+    reason: str = "queue full"
+
+
+class ProducerScope(msgspec.Struct, kw_only=True):
+    """What a producer key may write. Each list holds prefixes (``"trainer/"``, ``"github.")``; an
+    empty list of streams or types means any; ``sources`` must name at least one prefix."""
+
+    sources: list[NonEmpty]
+    streams: list[str] = []
+    types: list[str] = []
+    valid_from: datetime | None = None  # compared with the event's own ``time``
+    valid_until: datetime | None = None
+
+
+class ProducerRegistered(Payload, kw_only=True):
+    """A producer key joins the registry (``ledger producers add``)."""
+
+    name: NonEmpty
+    public_key: NonEmpty  # note vkey: <name>+<8 hex key hash>+<base64(0x01 ‖ key)>
+    key_id: NonEmpty
+    scope: ProducerScope
+    actor: str | None = None
+
+
+class ProducerRotated(Payload, kw_only=True):
+    """A producer's key replaced by a new one with the same scope: the old key is revoked from here."""
+
+    old_key_id: NonEmpty
+    public_key: NonEmpty
+    key_id: NonEmpty
+    actor: str | None = None
+
+
+class ProducerRevoked(Payload, kw_only=True):
+    """A producer key is refused from this point of the log on; its earlier events still verify."""
+
+    key_id: NonEmpty
+    reason: str = ""
+    actor: str | None = None
+
+
+class PolicyChanged(Payload, kw_only=True):
+    """The ledger's admission policy: sources (prefixes) whose events may arrive unsigned; they are
+    accepted and shown as unauthenticated. ``["*"]``: any source."""
+
+    unsigned_sources: list[str] = []
+    actor: str | None = None
+
+
+class LedgerIncident(Payload, kw_only=True):
+    """What ingest saw wrong with a source's order, recorded instead of blocking: a ``gap`` (seq
+    numbers missing before the event ``event_id``), or a ``fork`` (an event whose ``seq`` was already
+    taken, or whose ``prev`` is not the hash of the source's last event)."""
+
+    kind: Literal["gap", "fork"]
+    source: NonEmpty
+    expected_seq: Count
+    got_seq: Count
+    missing: Count = 0
+    expected_prev: str | None = None
+    got_prev: str | None = None
+    event_id: str | None = None

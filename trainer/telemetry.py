@@ -36,7 +36,8 @@ import torch
 from runledger.ingest.bus import EventSink
 from runledger.schemas import make_event
 from runledger.schemas.envelope import utc_now
-from runledger.schemas.payloads import MoeLayerStats, MoeRouterStats, StepMetrics
+from runledger.schemas.payloads import MoeLayerStats, MoeRouterStats, ProducerDropped, StepMetrics
+from runledger.schemas.signing import Sealer
 from runledger.trainer import model as model_lib
 from runledger.trainer.config import TrainConfig
 
@@ -242,8 +243,10 @@ class Emitter:
     The loop calls ``submit``: it enqueues (payload or payload factory, step, time) and returns.
     Queue full: a metrics event is dropped and counted (``dropped``); a lifecycle event
     (``critical=True``) waits for space for at most ``critical_timeout_s`` (it is rare, and losing it
-    would break the run's lineage). Sequence numbers are assigned by the thread at emit time, so an
-    event dropped before emission leaves no gap: ``seq`` is gap-free per source.
+    would break the run's lineage). Sequence numbers are assigned at ``submit``, so a dropped event
+    leaves a gap in ``seq`` that ingest records as an incident (``runledger.ledger.admission``); and
+    the emitter says why with a ``runledger.producer.dropped`` event (count, first and last step),
+    queued as soon as there is room again, or at ``close``.
     """
 
     def __init__(
@@ -264,8 +267,10 @@ class Emitter:
         self.run_id = run_id
         self.attempt = attempt
         self.critical_timeout_s = critical_timeout_s
-        self.seq = start_seq
+        self.seq = start_seq  # the next seq to assign (at submit)
         self.dropped = 0
+        self._unreported: list[Any] = [0, None, None]  # drops not yet reported: count, first, last step
+        self._seq_lock = threading.Lock()
         self.emitted = 0
         self.errors = 0
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, queue_size))
@@ -277,18 +282,43 @@ class Emitter:
         """Enqueue one event; True if it was accepted."""
         if self._closed:
             return False
-        item = (payload, step, utc_now())
+        with self._seq_lock:
+            if self._unreported[0]:
+                self._report_drops(wait=False)
+            item = (payload, step, utc_now(), self.seq)
+            self.seq += 1
         try:
             if critical:
                 self._queue.put(item, timeout=self.critical_timeout_s)
             else:
                 self._queue.put_nowait(item)
         except queue.Full:
-            self.dropped += 1
+            with self._seq_lock:
+                self.dropped += 1
+                tally = self._unreported
+                tally[0] += 1
+                if step is not None:
+                    tally[1] = step if tally[1] is None else min(tally[1], step)
+                    tally[2] = step if tally[2] is None else max(tally[2], step)
             if critical:
                 log.error("emitter queue full for %.0fs: lifecycle event lost", self.critical_timeout_s)
             return False
         return True
+
+    def _report_drops(self, *, wait: bool) -> None:
+        """Queue a ``producer.dropped`` event for the drops not yet reported (under ``_seq_lock``);
+        its seq is taken only if it was queued."""
+        count, first, last = self._unreported
+        report = ProducerDropped(count=count, first_step=first, last_step=last)
+        try:
+            if wait:
+                self._queue.put((report, last, utc_now(), self.seq), timeout=self.critical_timeout_s)
+            else:
+                self._queue.put_nowait((report, last, utc_now(), self.seq))
+        except queue.Full:
+            return
+        self.seq += 1
+        self._unreported = [0, None, None]
 
     def _run(self) -> None:
         while True:
@@ -301,20 +331,20 @@ class Emitter:
                         self._guarded(self.sink.sync)
                     item.done.set()
                     continue
-                payload, step, when = item
-                self._emit(payload() if callable(payload) else payload, step, when)
+                payload, step, when, seq = item
+                self._emit(payload() if callable(payload) else payload, step, when, seq)
             except Exception:  # a bad payload must not kill the thread
                 self.errors += 1
                 log.exception("emitter: could not emit an event")
             finally:
                 self._queue.task_done()
 
-    def _emit(self, payload: msgspec.Struct, step: int | None, when: datetime) -> None:
+    def _emit(self, payload: msgspec.Struct, step: int | None, when: datetime, seq: int) -> None:
         envelope = make_event(
             payload,
             source=self.source,
             stream=self.stream,
-            seq=self.seq,
+            seq=seq,
             run_id=self.run_id,
             attempt=self.attempt,
             step=step,
@@ -326,9 +356,8 @@ class Emitter:
                 break
             except Exception:
                 if attempt == 2:
-                    raise  # counted by _run; seq is not consumed, so no gap
+                    raise  # counted by _run; its seq is a gap that ingest records
                 time.sleep(0.05 * (attempt + 1))
-        self.seq += 1
         self.emitted += 1
 
     def _guarded(self, fn: Callable[[], None]) -> None:
@@ -353,6 +382,9 @@ class Emitter:
         """Flush, sync, stop the thread. The sink stays open (its owner closes it)."""
         if self._closed:
             return True
+        with self._seq_lock:
+            if self._unreported[0] and self._thread.is_alive():
+                self._report_drops(wait=True)
         ok = self.flush(sync=True, timeout=timeout)
         self._closed = True
         try:
@@ -377,7 +409,8 @@ def rank_spool(spool: str | Path | None, rank: int) -> Path:
 
 
 def open_rank_sink(spool: str | Path | None, rank: int = 0, kafka_bootstrap: str | None = None) -> EventSink:
-    """This rank's sink: Kafka if configured (every rank produces), else its own spool."""
+    """This rank's sink: Kafka if configured (every rank produces), else its own spool. With
+    ``RUNLEDGER_PRODUCER_KEY`` set, every event is signed with that key and chained per source."""
     from runledger.ingest.bus import open_sink
 
-    return open_sink(rank_spool(spool, rank), kafka_bootstrap)
+    return open_sink(rank_spool(spool, rank), kafka_bootstrap, sealer=Sealer.from_env(chain=True))

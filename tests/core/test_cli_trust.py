@@ -169,7 +169,7 @@ def test_verify_with_the_key_is_ok(signed: Path) -> None:
     for how in (["--public-key", signed / "keys" / "runledger.pub"], ["--keys", signed / "keys"]):
         code, out = invoke("verify", "--ledger", signed / "l", *how)
         assert code == 0, out
-        assert "1 signed checkpoints checked" in out and "UNVERIFIED" not in out
+        assert "1 signed checkpoint checked" in out and "UNVERIFIED" not in out
 
 
 def test_verify_with_no_checkpoints_says_none_were_signed(tmp_path: Path) -> None:

@@ -57,7 +57,8 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     command = re.search(r"(ledger verify --ledger \S+ --public-key \S+)", result.output).group(1)
     verified = CliRunner().invoke(app, shlex.split(command)[1:])
     assert verified.exit_code == 0, verified.output
-    assert "1 signed checkpoints checked" in verified.output
+    # Two streams: the run's, and the ledger's own (the demo registers its trainer's producer key).
+    assert "2 signed checkpoints checked" in verified.output
     # Without the key, verify does not say OK about what it skipped.
     unverified = CliRunner().invoke(
         app, ["verify", "--ledger", str(tmp_path / "demo" / "ledger"), "--keys", str(tmp_path / "none")]

@@ -73,7 +73,7 @@ def _events_file(tmp: Path) -> Path:
 def test_clean_ledger_verifies(signed: Path) -> None:
     code, out = _verify(signed)
     assert code == 0, out
-    assert "OK: 1 streams, 42 events, 1 signed checkpoints" in out
+    assert "OK: 1 stream, 42 events, 1 signed checkpoint checked" in out
 
 
 def test_edited_byte_is_detected(signed: Path) -> None:

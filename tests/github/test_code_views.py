@@ -256,6 +256,7 @@ def test_code_views_join_github_to_attempts(github_api_no_limits: FixtureGitHub,
         app, ["blame", RUN, "lr", "--step", "8000", "--ledger", str(tmp_path / "ledger")]
     )
     assert shown.exit_code == 0, shown.output
-    assert f"code: {C3} “Merge pull request #2 from octo-org/clip-grads”" in shown.output
+    # Like git, a short hash by default (`--full` for the whole one).
+    assert f"code: {C3[:7]} “Merge pull request #2 from octo-org/clip-grads”" in shown.output
     assert "person: octocat" in shown.output
     assert "#2 'Clip gradients before the optimizer step'" in shown.output

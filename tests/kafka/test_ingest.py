@@ -7,6 +7,7 @@ import importlib.util
 import json
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -143,6 +144,9 @@ def test_two_ingesters_share_a_group_and_survive_a_kill(kafka_broker, make_topic
         try:
             wait_for(lambda: len(commit_summary(ledger)[1]) >= 2, 90, "both ingesters to commit")
         except pytest.fail.Exception:
+            for proc in (a, b):  # each ingester's thread stacks into its log (faulthandler, SIGUSR1)
+                proc.proc.send_signal(signal.SIGUSR1)
+            time.sleep(2)
             a.kill()
             b.kill()
             raise AssertionError(f"a:\n{a.output()[-4000:]}\nb:\n{b.output()[-4000:]}") from None

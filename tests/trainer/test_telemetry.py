@@ -115,7 +115,7 @@ def _emitter(sink, **kw) -> telemetry.Emitter:
     return telemetry.Emitter(sink, source="trainer/r/a1/rank0", stream="r", run_id="r", attempt=1, **kw)
 
 
-def test_full_queue_drops_metrics_without_blocking_and_keeps_seq_gap_free() -> None:
+def test_full_queue_drops_metrics_without_blocking_and_reports_the_gap() -> None:
     sink = GatedSink()
     em = _emitter(sink, queue_size=2, critical_timeout_s=0.2)
     accepted = [em.submit(StepMetrics(loss=1.0), step=1)]
@@ -129,7 +129,10 @@ def test_full_queue_drops_metrics_without_blocking_and_keeps_seq_gap_free() -> N
     assert sum(accepted) == 3 and em.dropped == 9
     sink.gate.set()
     assert em.close()
-    assert [e.seq for e in sink.events] == [0, 1, 2]
+    # Dropped events keep their seq numbers (a gap ingest records) and a producer.dropped says why.
+    assert [e.seq for e in sink.events] == [0, 1, 2, 12]
+    report = sink.events[-1].data
+    assert (report.count, report.first_step, report.last_step) == (9, 4, 11)
     assert sink.syncs >= 1
 
 

@@ -1,0 +1,127 @@
+"""`ledger shell`: an interactive SQL shell on the ledger's views.
+
+DuckDB's own shell when a ``duckdb`` binary is on PATH (``pip install duckdb-cli`` puts one in the
+venv; also https://duckdb.org/docs/installation), started on an in-memory database with the views
+defined by an init file; it can write files like any DuckDB session. Otherwise (or with
+``--builtin``) a small read-only loop: statements end with ``;``, each printed as ``ledger query``
+prints a table; ``.tables`` lists the views, ``.quit`` (or Ctrl-D) leaves.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from runledger.cli.output import (
+    DEFAULT_LEDGER,
+    Format,
+    LedgerOption,
+    err_console,
+    fail,
+    print_rows,
+    user_errors,
+)
+
+PROMPT = "ledger> "
+MORE = "   ...> "  # a statement continues until a line ends with ";"
+HELP = ".tables  list the views    .quit  leave (or Ctrl-D)    end each SQL statement with ;"
+
+
+def shell(
+    ledger: LedgerOption = DEFAULT_LEDGER,
+    builtin: Annotated[
+        bool, typer.Option("--builtin", help="The built-in read-only shell even when `duckdb` is on PATH.")
+    ] = False,
+) -> None:
+    """An interactive SQL shell on the ledger's views: DuckDB's `duckdb` if on PATH, else a built-in one.
+
+    Example: ledger shell   (then: SELECT * FROM runs;)
+    """
+    from runledger.ledger.query import Reader
+
+    with user_errors(ledger):
+        reader = Reader(ledger)
+    binary = None if builtin else shutil.which("duckdb")
+    if binary is not None:
+        raise typer.Exit(_duckdb_shell(binary, reader.root))
+    _builtin_shell(reader)
+
+
+def _duckdb_shell(binary: str, root: Path) -> int:
+    from runledger.ledger.views import views_sql
+
+    with tempfile.TemporaryDirectory(prefix="runledger-shell-") as tmp:
+        init = Path(tmp) / "views.sql"
+        init.write_text("SET TimeZone = 'UTC';\n" + views_sql(root) + "\n")
+        # Ctrl-C belongs to DuckDB's shell (it cancels a query there); this process just waits.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            return subprocess.run(
+                [binary, "-init", str(init)],
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                check=False,
+            ).returncode
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _builtin_shell(reader) -> None:
+    import duckdb
+
+    from runledger.ledger.store import LedgerError
+
+    err_console.print(f"runledger shell on {reader.root} (read-only). {HELP}", highlight=False)
+    pending: list[str] = []
+    while True:
+        try:
+            line = input(MORE if pending else PROMPT)
+        except EOFError:
+            return
+        except KeyboardInterrupt:  # as in duckdb's shell: drop the statement being typed
+            pending.clear()
+            typer.echo()
+            continue
+        if not pending and line.strip().startswith("."):
+            if _dot_command(reader, line.strip()):
+                return
+            continue
+        pending.append(line)
+        if not line.rstrip().endswith(";"):
+            continue
+        text = "\n".join(pending)
+        pending.clear()
+        try:  # several statements on a line run in order, as in duckdb's shell
+            statements = [st.query for st in reader.con.extract_statements(text)]
+        except duckdb.Error:
+            statements = [text]  # reader.sql reports the parser error with its caret
+        for statement in statements:
+            try:
+                result = reader.sql(statement)
+            except LedgerError as exc:
+                fail(str(exc))  # printed; the shell goes on with the next line
+                break
+            print_rows(result.columns, result.rows, Format.table, None)
+
+
+def _dot_command(reader, command: str) -> bool:
+    """Run a dot-command; True: leave the shell."""
+    name = command.split()[0]
+    if name in (".quit", ".exit", ".q"):
+        return True
+    if name == ".tables":
+        result = reader.sql(
+            "SELECT view_name FROM duckdb_views() WHERE NOT internal AND NOT starts_with(view_name, '_') "
+            "ORDER BY view_name"
+        )
+        typer.echo("  ".join(row[0] for row in result.rows))
+    elif name == ".help":
+        typer.echo(HELP)
+    else:
+        fail(f"unknown command {name} ({HELP})")
+    return False

@@ -1,0 +1,113 @@
+"""`ledger simulate reference-535b`: emit the reference run's event stream (runledger.trainer.simulate).
+
+A producer, like `ledger train`: the events go to the bus (the spool, or Kafka with ``--bus kafka``),
+and `ledger ingest spool` (or `ledger ingest kafka`) folds them into a ledger. Prints what it emitted
+as JSON.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from runledger.cli.kafka_cmd import BootstrapOption, kafka_errors
+from runledger.cli.output import SpoolOption, err_console, fail, print_json
+
+
+class Scenario(enum.StrEnum):
+    reference_535b = "reference-535b"
+
+
+class Bus(enum.StrEnum):
+    spool = "spool"
+    kafka = "kafka"
+
+
+def simulate(
+    scenario: Annotated[Scenario, typer.Argument(help="The run to simulate.")],
+    steps: Annotated[
+        int, typer.Option("--steps", help="Steps; a shorter run keeps the story at scaled positions.")
+    ] = 390_000,
+    metrics_every: Annotated[
+        int, typer.Option("--metrics-every", help="Steps between step-metrics / router-stats events.")
+    ] = 1,
+    expert_counts_every: Annotated[
+        int, typer.Option("--expert-counts-every", help="Steps between per-expert token counts.")
+    ] = 100,
+    rank_stats_every: Annotated[
+        int, typer.Option("--rank-stats-every", help="Steps between the 792 per-rank stats events.")
+    ] = 1000,
+    checkpoint_every: Annotated[
+        int | None,
+        typer.Option(
+            "--checkpoint-every", help="Steps between checkpoints (default: 1000 scaled to --steps)."
+        ),
+    ] = None,
+    crashes: Annotated[int, typer.Option("--crashes", help="Crashes (each followed by a resume).")] = 19,
+    seed: Annotated[int, typer.Option("--seed", help="Every id, time and value follows from it.")] = 0,
+    run_id: Annotated[str, typer.Option("--run-id", help="The run's id.")] = "moe-535b",
+    bus: Annotated[Bus, typer.Option("--bus", help="Where the events go.")] = Bus.spool,
+    spool: SpoolOption = None,
+    bootstrap: BootstrapOption = None,
+) -> None:
+    """Emit a faithful event stream of a reference training run (metrics, router stats, crashes,
+    resumes, config changes and the repository's GitHub activity) through the bus."""
+    from runledger.ingest.bus import EventSink, SpoolSink, default_spool_dir, open_sink
+    from runledger.ingest.spool import SpoolLockedError
+    from runledger.trainer.simulate import SimOptions
+    from runledger.trainer.simulate import simulate as run_simulation
+
+    try:
+        options = SimOptions(
+            steps=steps,
+            metrics_every=metrics_every,
+            expert_counts_every=expert_counts_every,
+            rank_stats_every=rank_stats_every,
+            checkpoint_every=checkpoint_every,
+            crashes=crashes,
+            seed=seed,
+            run_id=run_id,
+        )
+    except ValueError as exc:
+        raise fail(str(exc), 2) from None
+    if bus is Bus.kafka and not bootstrap:
+        raise fail("--bus kafka needs --bootstrap (or RUNLEDGER_KAFKA_BOOTSTRAP)", 2)
+    spool_dir = spool if spool is not None else default_spool_dir()
+    started = time.perf_counter()
+    shown = [started]
+
+    def progress(step: int, total: int) -> None:
+        now = time.perf_counter()
+        if now - shown[0] >= 5.0:
+            shown[0] = now
+            err_console.print(f"step {step:,} of {total:,} ({now - started:.0f} s)", highlight=False)
+
+    with kafka_errors():
+        try:
+            sink: EventSink = SpoolSink(spool_dir) if bus is Bus.spool else open_sink(spool_dir, bootstrap)
+        except SpoolLockedError as exc:
+            raise fail(str(exc)) from None
+        try:
+            stats = run_simulation(sink, options, progress=progress)
+        finally:
+            sink.close()
+    print_json(
+        {
+            "scenario": scenario.value,
+            "run_id": run_id,
+            "bus": bus.value,
+            "spool": str(Path(spool_dir)),
+            "events": stats.events,
+            "values": stats.values,
+            "steps_emitted": stats.steps_emitted,
+            "attempts": stats.attempts,
+            "crashes": stats.crashes,
+            "switch_step": stats.switch_step,
+            "by_type": stats.by_type,
+            "seconds": round(time.perf_counter() - started, 3),
+        }
+    )

@@ -1,0 +1,385 @@
+"""Admission at ingest: who may write what (producer registry), and each source's order (seq + chain).
+
+``Ledger.commit`` runs one ``AdmissionRound`` per commit: ``check`` sees every valid, new event in
+log order and refuses it (a ``Quarantined``) or lets it in; ``records`` feeds the commit the
+incident events that ``check`` asked for, right after the record that caused them.
+
+**Registry.** Kept as events in the log (``ledger.producer.registered|rotated|revoked`` and
+``ledger.policy.changed``, written by ``ledger producers``), so each key's addition, rotation and
+revocation is on the record, and admission uses the registry *as of that point in the log*: a key
+revoked at commit 7 refuses its events from commit 7 on, while its events already stored still
+verify (``runledger.ledger.verifier``). The ledger's own types (``LEDGER_TYPES``) and sources named
+``ledger:...`` are admitted only from the ledger's own ingest sources (``REGISTRY_INGEST``,
+``INCIDENT_INGEST``): whoever can write to a topic cannot register a key.
+
+**Policy.** A ledger with no registry event admits everything as before (unsigned allowed; signed
+events are stored unverified, there is no key to verify them with). Once a registry exists, every
+event must be signed by a registered, unrevoked key whose scope covers its source, stream, type and
+time, except events from sources the policy names in ``unsigned_sources`` (unauthenticated).
+Quarantine codes: ``unsigned``, ``unknown-key``, ``revoked-key``, ``bad-signature``,
+``out-of-scope``, ``reserved``.
+
+**Order.** An event that carries ``prev`` (its producer keeps a hash chain, see
+``runledger.schemas.signing``) must follow its source's last stored event: ``seq`` one more than the
+highest stored, ``prev`` that event's hash (``GENESIS`` and seq 0 for a source's first). Otherwise
+it is still stored (never blocking) and a ``ledger.incident`` event is appended on its stream:
+``gap`` (``missing`` seq numbers before it) or ``fork`` (its seq was already taken, or its ``prev``
+is not the last event's hash).
+
+State is rebuilt from the events table when the ledger moved on without this process (another
+writer, a fresh open) and otherwise kept in memory, commit to commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from runledger.ledger.log_checkpoint import CheckpointError, NoteVerifier, parse_public_key
+from runledger.schemas import catalogue as c
+from runledger.schemas import payloads as p
+from runledger.schemas.codec import Event, Quarantined, decode_event, encode_event, make_event
+from runledger.schemas.signing import GENESIS, SignatureError, event_hash, key_id_of, verify_canonical
+
+if TYPE_CHECKING:
+    from runledger.ledger.store import Ledger, SourceRecord
+
+REGISTRY_INGEST = "ledger:registry"  # ingest source (and event source) of registry and policy events
+INCIDENT_INGEST = "ledger:incidents"  # ingest source (and event source) of incident events
+REGISTRY_STREAM = "ledger:registry"  # their stream: the colon keeps it apart from every run id
+
+UNSIGNED = "unsigned"
+UNKNOWN_KEY = "unknown-key"
+REVOKED_KEY = "revoked-key"
+BAD_SIGNATURE = "bad-signature"
+OUT_OF_SCOPE = "out-of-scope"
+RESERVED = "reserved"
+ADMISSION_REASONS = (UNSIGNED, UNKNOWN_KEY, REVOKED_KEY, BAD_SIGNATURE, OUT_OF_SCOPE, RESERVED)
+
+REGISTRY_TYPES = (c.PRODUCER_REGISTERED, c.PRODUCER_ROTATED, c.PRODUCER_REVOKED, c.POLICY_CHANGED)
+
+
+@dataclass(frozen=True)
+class ProducerKey:
+    key_id: str
+    name: str
+    public_key: str  # note vkey text
+    verifier: NoteVerifier
+    scope: p.ProducerScope
+    revoked: bool = False
+
+
+@dataclass
+class AdmissionState:
+    """The registry and each source's head as of commit ``commit`` (-1: an empty ledger)."""
+
+    commit: int = -1
+    registry: bool = False  # any registry or policy event seen: admission is on
+    keys: dict[str, ProducerKey] = field(default_factory=dict)
+    unsigned_sources: list[str] = field(default_factory=list)
+    heads: dict[str, tuple[int, str]] = field(default_factory=dict)  # source -> (highest seq, hash)
+
+    def copy(self) -> AdmissionState:
+        return replace(
+            self, keys=dict(self.keys), unsigned_sources=list(self.unsigned_sources), heads=dict(self.heads)
+        )
+
+    def apply(self, env_type: str, payload: msgspec.Struct) -> None:
+        """Fold one registry or policy event in."""
+        self.registry = True
+        if isinstance(payload, p.ProducerRegistered):
+            key = _key(payload.public_key, payload.name, payload.scope)
+            self.keys[key.key_id] = key
+        elif isinstance(payload, p.ProducerRotated):
+            old = self.keys.get(payload.old_key_id)
+            if old is not None:
+                self.keys[old.key_id] = replace(old, revoked=True)
+                new = _key(payload.public_key, old.name, old.scope)
+                self.keys[new.key_id] = new
+        elif isinstance(payload, p.ProducerRevoked):
+            old = self.keys.get(payload.key_id)
+            if old is not None:
+                self.keys[old.key_id] = replace(old, revoked=True)
+        elif isinstance(payload, p.PolicyChanged):
+            self.unsigned_sources = list(payload.unsigned_sources)
+
+
+def _key(public_key: str, name: str, scope: p.ProducerScope) -> ProducerKey:
+    verifier = parse_public_key(public_key)
+    return ProducerKey(key_id_of(verifier), name, public_key.strip(), verifier, scope)
+
+
+def _matches(value: str, prefixes: Iterable[str]) -> bool:
+    return any(prefix == "*" or value.startswith(prefix) for prefix in prefixes)
+
+
+def _utc(t: datetime) -> datetime:
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
+class AdmissionRound:
+    """One commit's admission: works on a copy of the state, kept only if the commit succeeds."""
+
+    def __init__(self, ledger: Ledger, state: AdmissionState, positions: dict[str, int]) -> None:
+        self.ledger = ledger
+        self.state = state
+        self.positions = positions  # the commit's own (live) positions: incidents take the next one
+        self._pending: list[tuple[p.LedgerIncident, Event]] = []
+
+    # -- the hook's three calls -----------------------------------------------------------------
+    def records(self, records: Iterable[SourceRecord]) -> Iterator[SourceRecord]:
+        """The commit's records, each followed by the incident events its check asked for."""
+        from runledger.ledger.store import SourceRecord
+
+        for record in records:
+            yield record
+            while self._pending:
+                incident, cause = self._pending.pop(0)
+                position = self.positions.get(INCIDENT_INGEST, 0)
+                env = cause.envelope
+                envelope = make_event(
+                    incident,
+                    source=INCIDENT_INGEST,
+                    stream=env.stream,
+                    seq=position,
+                    run_id=env.run_id,
+                    attempt=env.attempt,
+                    step=env.step,
+                    subject=env.source,
+                    id=f"incident-{position}-{env.id}"[:1000],
+                )
+                yield SourceRecord(INCIDENT_INGEST, position, encode_event(envelope))
+
+    def check(self, event: Event, record: SourceRecord) -> Quarantined | None:
+        """Refuse ``event`` (a ``Quarantined`` with its reason) or admit it (None) and note its
+        place in its source's order."""
+        env = event.envelope
+        internal = record.source in (REGISTRY_INGEST, INCIDENT_INGEST)
+        own = env.type in c.LEDGER_TYPES or env.source.startswith("ledger:") or env.stream == REGISTRY_STREAM
+        if own or internal:
+            if not internal or env.source != record.source:
+                return _refuse(
+                    event, record, RESERVED, f"{env.type} from {env.source} is the ledger's own record"
+                )
+            if env.type in REGISTRY_TYPES:
+                try:
+                    self.state.apply(env.type, env.data)
+                except CheckpointError as exc:
+                    return _refuse(event, record, RESERVED, f"registry event with a bad key: {exc}")
+            return None
+        refused = self._authenticate(event, record)
+        if refused is not None:
+            return refused
+        self._order(event)
+        return None
+
+    def keep(self, commit: int) -> None:
+        """The commit succeeded: its state is the ledger's."""
+        self.state.commit = commit
+        self.ledger.__dict__["_admission_state"] = self.state
+
+    # -- the checks ------------------------------------------------------------------------------
+    def _authenticate(self, event: Event, record: SourceRecord) -> Quarantined | None:
+        state = self.state
+        if not state.registry:
+            return None  # no registry in this ledger: everything is admitted, as before admission
+        env = event.envelope
+        if env.signature is None or env.key_id is None:
+            if _matches(env.source, state.unsigned_sources):
+                return None
+            return _refuse(event, record, UNSIGNED, f"unsigned event from {env.source}, not allowed unsigned")
+        key = state.keys.get(env.key_id)
+        if key is None:
+            return _refuse(
+                event, record, UNKNOWN_KEY, f"signed by {env.key_id}, not a registered producer key"
+            )
+        if key.revoked:
+            return _refuse(event, record, REVOKED_KEY, f"signed by {env.key_id}, revoked before this event")
+        try:
+            verify_canonical(event.canonical, key.verifier)
+        except SignatureError as exc:
+            return _refuse(event, record, BAD_SIGNATURE, str(exc))
+        scope = key.scope
+        problem = None
+        if not _matches(env.source, scope.sources):
+            problem = f"source {env.source}"
+        elif scope.streams and not _matches(env.stream, scope.streams):
+            problem = f"stream {env.stream}"
+        elif scope.types and not _matches(env.type, scope.types):
+            problem = f"type {env.type}"
+        elif scope.valid_from is not None and _utc(env.time) < _utc(scope.valid_from):
+            problem = f"time {env.time.isoformat()} before the key's validity"
+        elif scope.valid_until is not None and _utc(env.time) > _utc(scope.valid_until):
+            problem = f"time {env.time.isoformat()} after the key's validity"
+        if problem is not None:
+            return _refuse(event, record, OUT_OF_SCOPE, f"{problem} is outside key {key.key_id}'s scope")
+        return None
+
+    def _order(self, event: Event) -> None:
+        env = event.envelope
+        if env.prev is None:
+            return  # the producer keeps no chain: seq is its own business
+        head = self.state.heads.get(env.source)
+        expected_seq, expected_prev = (0, GENESIS) if head is None else (head[0] + 1, head[1])
+        if env.seq > expected_seq:
+            self._pending.append(
+                (_incident("gap", env, expected_seq, expected_prev, env.seq - expected_seq), event)
+            )
+        elif env.seq < expected_seq or env.prev != expected_prev:
+            self._pending.append((_incident("fork", env, expected_seq, expected_prev, 0), event))
+        if head is None or env.seq > head[0]:
+            self.state.heads[env.source] = (env.seq, event_hash(event.canonical))
+
+
+def _incident(kind: str, env: Any, expected_seq: int, expected_prev: str, missing: int) -> p.LedgerIncident:
+    return p.LedgerIncident(
+        kind=kind,  # type: ignore[arg-type]
+        source=env.source,
+        expected_seq=expected_seq,
+        got_seq=env.seq,
+        missing=missing,
+        expected_prev=expected_prev,
+        got_prev=env.prev,
+        event_id=env.id,
+    )
+
+
+def _refuse(event: Event, record: SourceRecord, code: str, reason: str) -> Quarantined:
+    env = event.envelope
+    return Quarantined(
+        raw=record.raw,
+        reason=f"{code}: {reason}",
+        code=code,
+        source=env.source,
+        id=env.id,
+        type=env.type,
+        stream=env.stream,
+    )
+
+
+# ---------------------------------------------------------------------------------------- state
+
+
+def admission_round(ledger: Ledger, positions: dict[str, int]) -> AdmissionRound:
+    """The admission of the commit ``ledger`` is about to make (under its writer lock)."""
+    state: AdmissionState | None = ledger.__dict__.get("_admission_state")
+    if state is None or state.commit != ledger.last_commit:
+        state = load_state(ledger)
+        ledger.__dict__["_admission_state"] = state
+    return AdmissionRound(ledger, state.copy(), positions)
+
+
+def load_state(ledger: Ledger) -> AdmissionState:
+    """The admission state as of the ledger's last commit, from its events table. Only the small
+    columns are read for every event; canonical bytes only from the files that hold a registry
+    event or a source's head (one read per such file)."""
+    state = AdmissionState(commit=ledger.last_commit)
+    files = sorted(str(path) for path in (ledger.root / "events").rglob("*.parquet"))
+    if not files:
+        return state
+    table = ds.dataset(files, format="parquet").to_table(
+        columns=["source", "seq", "commit", "ingest_source", "ingest_position", "__filename"]
+    )
+    if table.num_rows == 0:
+        return state
+    registry = table.filter(pc.equal(table.column("ingest_source"), REGISTRY_INGEST))
+    registry = registry.sort_by([("commit", "ascending"), ("ingest_position", "ascending")])
+    # Each source's head: its highest seq, the first stored if a fork repeated it.
+    order = table.sort_by(
+        [
+            ("source", "ascending"),
+            ("seq", "descending"),
+            ("commit", "ascending"),
+            ("ingest_position", "ascending"),
+        ]
+    )
+    sources = order.column("source").to_pylist()
+    firsts = [i for i in range(len(sources)) if i == 0 or sources[i] != sources[i - 1]]
+    heads = order.take(pa.array(firsts, pa.int64()))
+    wanted = {*registry.column("__filename").to_pylist(), *heads.column("__filename").to_pylist()}
+    canonical: dict[tuple[str, int, str, int], str] = {}  # (file, commit, ingest source, position)
+    for path in sorted(wanted):
+        rows = pq.read_table(
+            path, columns=["commit", "ingest_source", "ingest_position", "canonical"]
+        ).to_pydict()
+        columns = (rows["commit"], rows["ingest_source"], rows["ingest_position"], rows["canonical"])
+        for commit, feed, position, text in zip(*columns, strict=True):
+            canonical[(path, commit, feed, position)] = text
+    for path, commit, position in zip(
+        registry.column("__filename").to_pylist(),
+        registry.column("commit").to_pylist(),
+        registry.column("ingest_position").to_pylist(),
+        strict=True,
+    ):
+        decoded = decode_event(canonical[(path, commit, REGISTRY_INGEST, position)].encode())
+        if isinstance(decoded, Event) and decoded.envelope.type in REGISTRY_TYPES:
+            with contextlib.suppress(CheckpointError):  # refused when written: never in the table
+                state.apply(decoded.envelope.type, decoded.envelope.data)
+    for source, seq, path, commit, feed, position in zip(
+        heads.column("source").to_pylist(),
+        heads.column("seq").to_pylist(),
+        heads.column("__filename").to_pylist(),
+        heads.column("commit").to_pylist(),
+        heads.column("ingest_source").to_pylist(),
+        heads.column("ingest_position").to_pylist(),
+        strict=True,
+    ):
+        state.heads[source] = (seq, event_hash(canonical[(path, commit, feed, position)].encode()))
+    return state
+
+
+# ---------------------------------------------------------------------------------- registry writes
+
+
+def append_registry_event(ledger: Ledger, payload: msgspec.Struct) -> str:
+    """Append one registry or policy event to the ledger (the ledger's own record); its event id."""
+    from runledger.ledger.store import LedgerError, SourceRecord
+
+    position = ledger.positions().get(REGISTRY_INGEST, 0)
+    envelope = make_event(payload, source=REGISTRY_INGEST, stream=REGISTRY_STREAM, seq=position)
+    result = ledger.commit(
+        [SourceRecord(REGISTRY_INGEST, position, encode_event(envelope))], writer="producers"
+    )
+    if result.accepted != 1:
+        reasons = "; ".join(q.reason for _, q in result.quarantined) or "another writer took its position"
+        raise LedgerError(f"registry event not stored: {reasons}")
+    return envelope.id
+
+
+def register_producer(
+    ledger: Ledger, name: str, public_key: str, scope: p.ProducerScope, *, actor: str | None = None
+) -> str:
+    """Register a producer key (note vkey text) with its scope; its key id."""
+    verifier = parse_public_key(public_key)  # a malformed key is refused before anything is written
+    key_id = key_id_of(verifier)
+    payload = p.ProducerRegistered(
+        name=name, public_key=public_key.strip(), key_id=key_id, scope=scope, actor=actor
+    )
+    append_registry_event(ledger, payload)
+    return key_id
+
+
+def producers(ledger: Ledger) -> AdmissionState:
+    """The registry as of the ledger's last commit (for ``ledger producers list``)."""
+    return load_state(ledger)
+
+
+def describe(key: ProducerKey) -> dict[str, Any]:
+    scope = json.loads(msgspec.json.encode(key.scope))
+    return {
+        "key_id": key.key_id,
+        "name": key.name,
+        "revoked": key.revoked,
+        **scope,
+        "public_key": key.public_key,
+    }

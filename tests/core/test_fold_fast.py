@@ -1,0 +1,133 @@
+"""state/diff/blame/history read a run's state events from their own table (issue 11), and a long
+history is summarised; answers are the same as from a scan of every event."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from runledger.cli.main import app
+from runledger.ledger.integrity import verify_ledger
+from runledger.ledger.query import HistoryItem, Reader, history_range, summarise_history
+from runledger.ledger.store import Ledger, SourceRecord
+from tests.support.factory import RunBuilder
+
+STEPS = 240
+
+
+def _long_run() -> RunBuilder:
+    """A run whose history is longer than a screen: a checkpoint every 5 steps, two crashes, changes."""
+    run = RunBuilder()
+    run.start()
+    step = 0
+    crashes = {90: 80, 170: 160}  # crash step → resume step
+    while step < STEPS:
+        step += 1
+        if step in (40, 130):
+            run.change(step, "lr", 0.001 / step)
+        run.step(step, loss=10 / step)
+        if step % 5 == 0:
+            run.checkpoint(step)
+        if step in crashes:
+            run.crash(step)
+            resume_at = crashes.pop(step)
+            run.resume(resume_at)
+            step = resume_at
+    return run
+
+
+def _ledger(root: Path, run: RunBuilder, commits: int = 7) -> Reader:
+    ledger = Ledger.create(root)
+    raws = run.events
+    size = len(raws) // commits + 1
+    for first in range(0, len(raws), size):  # several commits: several files per table
+        ledger.commit(
+            [SourceRecord("spool:t", i, raws[i]) for i in range(first, min(first + size, len(raws)))]
+        )
+    return Reader(root)
+
+
+def _scanning(root: Path) -> Reader:
+    """A reader that takes the run's state events from a scan of ``events``, as before issue 11."""
+    reader = Reader(root)
+    reader._state_table = False
+    return reader
+
+
+def _rows(items: list[HistoryItem]) -> list[tuple[object, ...]]:
+    return [(i.time, i.step, i.attempt, i.kind, i.text) for i in items]
+
+
+def test_state_table_gives_the_answers_of_a_full_scan(tmp_path: Path) -> None:
+    fast = _ledger(tmp_path / "l", _long_run())
+    slow = _scanning(tmp_path / "l")
+    assert fast._state_table and fast.events("run-a") == slow.events("run-a")
+    last = fast.last_step("run-a")
+    assert last == STEPS
+    for step in range(0, last + 1, 7):
+        assert fast.state("run-a", step=step).to_dict() == slow.state("run-a", step=step).to_dict()
+    assert fast.state("run-a").to_dict() == slow.state("run-a").to_dict()
+    assert _rows(fast.history("run-a")) == _rows(slow.history("run-a"))
+    diff_fast, diff_slow = fast.diff("run-a", 30, 200), slow.diff("run-a", 30, 200)
+    assert diff_fast["config_patch"] == diff_slow["config_patch"] != []
+    assert _rows(diff_fast["events"]) == _rows(diff_slow["events"])
+    assert fast.blame("run-a", "lr", 150) == slow.blame("run-a", "lr", 150)
+    # Past the last state event the step is checked against the run's last step, as before.
+    for reader in (fast, slow):
+        for bad in (-1, last + 1):
+            try:
+                reader.state("run-a", step=bad)
+            except Exception as exc:
+                assert f"step {bad} is out of range" in str(exc)
+            else:
+                raise AssertionError(f"step {bad} accepted")
+
+
+def test_long_history_is_summarised_and_a_range_is_shown_in_full(tmp_path: Path) -> None:
+    reader = _ledger(tmp_path / "l", _long_run())
+    items = reader.history("run-a")
+    summary = summarise_history(items)
+    assert len(items) > 50 and len(summary) < len(items) / 3
+    notable = [i for i in items if not i.routine]
+    assert [i for i in summary if i.kind != "routine"] == notable  # nothing notable is dropped, in order
+    counted = sum(
+        int(re.match(r"… (\d+) checkpoint", i.text).group(1)) for i in summary if i.kind == "routine"
+    )
+    assert counted == sum(i.kind == "checkpoint.saved" for i in items)
+    assert {i.kind for i in notable} >= {"run.started", "run.resumed", "run.crashed", "config.changed"}
+    short = items[:10]
+    assert summarise_history(short) == short  # a history that fits is shown as it is
+
+    in_range = history_range(items, 100, 120)
+    assert in_range and all(100 <= i.step <= 120 for i in in_range)
+    assert [i for i in items if i.step is not None and 100 <= i.step <= 120] == in_range
+
+    runner = CliRunner()
+    base = ["history", "run-a", "--ledger", str(tmp_path / "l"), "--format", "json"]
+    shown = json.loads(runner.invoke(app, base).stdout)
+    assert len(shown) == len(summary)
+    every = json.loads(runner.invoke(app, [*base, "--all"]).stdout)
+    assert len(every) == len(items)
+    ranged = json.loads(runner.invoke(app, [*base, "--from-step", "100", "--to-step", "120"]).stdout)
+    assert len(ranged) == len(in_range)
+
+
+def test_a_ledger_made_before_the_state_table_is_read_and_verified_without_it(tmp_path: Path) -> None:
+    root = tmp_path / "l"
+    reader = _ledger(root, _long_run())
+    expected = reader.state("run-a", step=150).to_dict()
+    # An older ledger: LEDGER.json lists no tables, and the state table holds only part of the history.
+    marker = json.loads((root / "LEDGER.json").read_text())
+    del marker["tables"]
+    (root / "LEDGER.json").write_text(json.dumps(marker))
+    parts = sorted((root / "state_events" / "run_id=run-a").glob("*.parquet"))
+    assert len(parts) > 1
+    parts[0].unlink()
+    old = Reader(root)
+    assert not old._state_table
+    assert old.state("run-a", step=150).to_dict() == expected
+    assert "state_events" not in {r[0] for r in old.sql("SELECT view_name FROM duckdb_views()").rows}
+    assert verify_ledger(root).ok
