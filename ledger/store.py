@@ -528,13 +528,10 @@ class Ledger:
                     parts = sorted(partition_dir.glob("*.parquet"))
                     if len(parts) < min_files:
                         continue
-                    data = pa.concat_tables(pq.read_table(p, schema=table.schema) for p in parts)
-                    if table.name != "quarantine":
-                        data = data.sort_by([("stream", "ascending"), ("stream_seq", "ascending")])
                     rel = str(
                         (partition_dir / f"part-{number:010d}-c{merged:03d}.parquet").relative_to(self.root)
                     )
-                    _write_part(data, self.root / (rel + ".tmp"))
+                    _merge_parts(parts, table.schema, self.root / (rel + ".tmp"))
                     added.append(rel)
                     dropped.extend(str(p.relative_to(self.root)) for p in parts)
                     merged += 1
@@ -752,6 +749,30 @@ def _write_empty(root: Path, table: str) -> None:
 def _write_part(data: pa.Table, tmp: Path) -> None:
     """A part file under its ``.tmp`` name, fsynced; the commit protocol renames it later."""
     pq.write_table(data, tmp, compression="zstd")
+    with open(tmp, "rb+") as handle:
+        os.fsync(handle.fileno())
+
+
+_MERGE_ROW_GROUP_BYTES = 64 << 20
+
+
+def _merge_parts(parts: Sequence[Path], schema: pa.Schema, tmp: Path) -> None:
+    """``parts`` copied into one part file, batch by batch, in their order (commit order: each stream's
+    rows stay in ``stream_seq`` order). Memory is a row group, whatever the partition's size: a
+    reference-size run's events (GBs of canonical JSON) never sit in memory or in one Arrow array."""
+    pending: list[pa.RecordBatch] = []
+    pending_bytes = 0
+    with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+        for part in parts:
+            # Read under the table's schema (as queries do): an older file's missing column is null.
+            for batch in ds.dataset(part, schema=schema, format="parquet").to_batches(batch_size=8192):
+                pending.append(batch)
+                pending_bytes += batch.nbytes
+                if pending_bytes >= _MERGE_ROW_GROUP_BYTES:
+                    writer.write_table(pa.Table.from_batches(pending, schema))
+                    pending, pending_bytes = [], 0
+        if pending:
+            writer.write_table(pa.Table.from_batches(pending, schema))
     with open(tmp, "rb+") as handle:
         os.fsync(handle.fileno())
 
