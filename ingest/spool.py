@@ -10,7 +10,8 @@ Layout of a spool directory::
 A segment starts with the 8-byte magic ``RLSPOOL1``; then records, each
 ``u32 length | u32 crc32(length bytes ‖ payload) | payload`` (little-endian). A record's position
 is its index: the count of records before it in the whole spool. Writes are flushed and fsynced at
-a bounded interval (``fsync_interval_s``) and on ``sync()``; a crash can lose at most that window,
+a bounded interval (``fsync_interval_s``; the fsync itself in a background thread, off the caller's path)
+and on ``sync()``; a crash can lose at most that window,
 and a torn tail is never mistaken for a record: the CRC covers the length.
 
 Readers never crash on damage: bytes that do not parse as a record are returned as one corrupt
@@ -24,6 +25,7 @@ import contextlib
 import fcntl
 import os
 import struct
+import threading
 import time
 import uuid
 import zlib
@@ -141,6 +143,7 @@ class SpoolWriter:
         self.fsync_interval_s = fsync_interval_s
         self.segment_bytes = segment_bytes
         self._last_sync = time.monotonic()
+        self._syncing: threading.Thread | None = None
         self.next_index = self._recover()
         self._open_segment(self.next_index)
 
@@ -175,8 +178,28 @@ class SpoolWriter:
         index = self.next_index
         self.next_index += 1
         if time.monotonic() - self._last_sync >= self.fsync_interval_s:
-            self.sync()
+            self._sync_in_background()
         return index
+
+    def _sync_in_background(self) -> None:
+        """The interval's fsync, off the caller's path: an fsync can take hundreds of ms on a busy
+        disk, and ``append`` sits on a training loop's emit path. The bytes reach the OS here; a
+        thread fsyncs a duplicate of the file descriptor (still valid if the segment is closed
+        meanwhile). While one is in flight the next interval waits for it (at most one at a time)."""
+        if self._syncing is not None and self._syncing.is_alive():
+            return
+        self._file.flush()
+        fd = os.dup(self._file.fileno())
+        self._last_sync = time.monotonic()
+
+        def fsync_and_close() -> None:
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        self._syncing = threading.Thread(target=fsync_and_close, name="spool-fsync", daemon=True)
+        self._syncing.start()
 
     def sync(self) -> None:
         """Make everything appended so far durable (flush + fsync)."""
@@ -188,6 +211,8 @@ class SpoolWriter:
         if self._file.closed:
             return
         self.sync()
+        if self._syncing is not None:
+            self._syncing.join()
         self._file.close()
         fcntl.flock(self._lock, fcntl.LOCK_UN)
         self._lock.close()
