@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from bench.bench_ledger import EXPERTS, LAYERS, TOP_K, emit_run
 from runledger.durable import write_durably
 from runledger.ledger.parquet_schemas import TABLES
+from runledger.ledger.projectors import STEP_SCALARS
 from runledger.ledger.query import Reader
 from runledger.ledger.report import CURVES, build_report, render_html
 from runledger.ledger.store import Ledger, SourceRecord
@@ -85,17 +86,7 @@ STEPS_PER_FILE = 50_000
 def write_step_rows(root: Path, steps: int, expert_every: int) -> None:
     """``emit_run``'s metrics and router rows, as the projectors make them, straight to Parquet."""
     changes = np.array([steps * 2 // 5, steps * 4 // 5])
-    scalar_names = [
-        "loss",
-        "grad_norm",
-        "lr",
-        "tokens",
-        "total_tokens",
-        "tokens_per_second",
-        "mfu",
-        "step_time_s",
-    ]
-    names = scalar_names + [f"s{i}" for i in range(12)]
+    names = [*STEP_SCALARS, *(f"s{i}" for i in range(12))]
     now = np.datetime64(datetime.now(UTC).replace(tzinfo=None), "us")  # stored as UTC
 
     def times(count: int) -> pa.Array:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import random
 import tempfile
 import time
 import tracemalloc
@@ -34,10 +35,16 @@ BATCH = 20000
 
 
 def _events(n: int) -> list[bytes]:
+    rng = random.Random(0)  # realistic, non-constant values: the event sizes of a real run
     return [
         encode_event(
             make_event(
-                p.StepMetrics(loss=1.0 / (i + 1), lr=1e-4),
+                p.StepMetrics(
+                    loss=2.0 + 8.0 / (1 + i / 500) + rng.gauss(0, 0.05),
+                    lr=3e-4 * min(1.0, (i + 1) / 2000),
+                    grad_norm=abs(rng.gauss(1.0, 0.3)),
+                    scalars={f"s{k}": rng.gauss(0, 1) for k in range(8)},
+                ),
                 source="trainer/bench/rank0",
                 stream="bench",
                 run_id="bench",

@@ -48,7 +48,14 @@ import pyarrow.parquet as pq
 from runledger.ledger.log_checkpoint import CheckpointError, NoteVerifier, parse_public_key
 from runledger.schemas import catalogue as c
 from runledger.schemas import payloads as p
-from runledger.schemas.codec import Event, Quarantined, decode_event, encode_event, make_event
+from runledger.schemas.codec import (
+    Event,
+    Quarantined,
+    decode_event,
+    encode_event,
+    make_event,
+    refused_event,
+)
 from runledger.schemas.signing import GENESIS, SignatureError, event_hash, key_id_of, verify_canonical
 
 if TYPE_CHECKING:
@@ -160,9 +167,9 @@ class AdmissionRound:
                 )
                 yield SourceRecord(INCIDENT_INGEST, position, encode_event(envelope))
 
-    def check(self, event: Event, record: SourceRecord) -> Quarantined | None:
+    def check(self, event: Event, record: SourceRecord, leaf: bytes) -> Quarantined | None:
         """Refuse ``event`` (a ``Quarantined`` with its reason) or admit it (None) and note its
-        place in its source's order."""
+        place in its source's order. ``leaf``: its Merkle leaf hash (the store has it already)."""
         env = event.envelope
         internal = record.source in (REGISTRY_INGEST, INCIDENT_INGEST)
         own = env.type in c.LEDGER_TYPES or env.source.startswith("ledger:") or env.stream == REGISTRY_STREAM
@@ -180,13 +187,13 @@ class AdmissionRound:
         refused = self._authenticate(event, record)
         if refused is not None:
             return refused
-        self._order(event)
+        self._order(event, leaf)
         return None
 
     def keep(self, commit: int) -> None:
         """The commit succeeded: its state is the ledger's."""
         self.state.commit = commit
-        self.ledger.__dict__["_admission_state"] = self.state
+        self.ledger.admission_state = self.state
 
     # -- the checks ------------------------------------------------------------------------------
     def _authenticate(self, event: Event, record: SourceRecord) -> Quarantined | None:
@@ -225,7 +232,7 @@ class AdmissionRound:
             return _refuse(event, record, OUT_OF_SCOPE, f"{problem} is outside key {key.key_id}'s scope")
         return None
 
-    def _order(self, event: Event) -> None:
+    def _order(self, event: Event, leaf: bytes) -> None:
         env = event.envelope
         if env.prev is None:
             return  # the producer keeps no chain: seq is its own business
@@ -238,7 +245,7 @@ class AdmissionRound:
         elif env.seq < expected_seq or env.prev != expected_prev:
             self._pending.append((_incident("fork", env, expected_seq, expected_prev, 0), event))
         if head is None or env.seq > head[0]:
-            self.state.heads[env.source] = (env.seq, event_hash(event.canonical))
+            self.state.heads[env.source] = (env.seq, leaf.hex())  # = event_hash(canonical)
 
 
 def _incident(kind: str, env: Any, expected_seq: int, expected_prev: str, missing: int) -> p.LedgerIncident:
@@ -255,16 +262,7 @@ def _incident(kind: str, env: Any, expected_seq: int, expected_prev: str, missin
 
 
 def _refuse(event: Event, record: SourceRecord, code: str, reason: str) -> Quarantined:
-    env = event.envelope
-    return Quarantined(
-        raw=record.raw,
-        reason=f"{code}: {reason}",
-        code=code,
-        source=env.source,
-        id=env.id,
-        type=env.type,
-        stream=env.stream,
-    )
+    return refused_event(event.envelope, record.raw, code, f"{code}: {reason}")
 
 
 # ---------------------------------------------------------------------------------------- state
@@ -272,10 +270,9 @@ def _refuse(event: Event, record: SourceRecord, code: str, reason: str) -> Quara
 
 def admission_round(ledger: Ledger, positions: dict[str, int]) -> AdmissionRound:
     """The admission of the commit ``ledger`` is about to make (under its writer lock)."""
-    state: AdmissionState | None = ledger.__dict__.get("_admission_state")
+    state: AdmissionState | None = ledger.admission_state
     if state is None or state.commit != ledger.last_commit:
-        state = load_state(ledger)
-        ledger.__dict__["_admission_state"] = state
+        state = ledger.admission_state = load_state(ledger)
     return AdmissionRound(ledger, state.copy(), positions)
 
 

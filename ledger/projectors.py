@@ -136,19 +136,23 @@ def _key(env: Envelope, stream_seq: int) -> dict[str, Any]:
     }
 
 
+# StepMetrics' typed fields, in the order their metric rows are written (then the named scalars).
+STEP_SCALARS = (
+    "loss",
+    "grad_norm",
+    "lr",
+    "tokens",
+    "total_tokens",
+    "tokens_per_second",
+    "mfu",
+    "step_time_s",
+)
+
+
 def _flatten_metrics(m: p.StepMetrics) -> tuple[list[str], list[float | None]]:
     names: list[str] = []
     values: list[float | None] = []
-    for name in (
-        "loss",
-        "grad_norm",
-        "lr",
-        "tokens",
-        "total_tokens",
-        "tokens_per_second",
-        "mfu",
-        "step_time_s",
-    ):
+    for name in STEP_SCALARS:
         value = getattr(m, name)
         if value is not None:
             names.append(name)

@@ -75,6 +75,7 @@ from runledger.schemas.codec import (
     Event,
     Quarantined,
     decode_event,
+    refused_event,
     stream_run_mismatch,
 )
 
@@ -173,6 +174,7 @@ class Ledger:
         self._swept = False
         self._usable_partitions: set[tuple[str, str]] = set()
         self.ledger_id = "ledger"
+        self.admission_state: Any = None  # ledger.admission's state as of a commit (it loads and keeps it)
 
     # ----------------------------------------------------------------- opening
     @classmethod
@@ -382,7 +384,7 @@ class Ledger:
                     head = streams.get(env.stream)
                     stream_seq = head.size if head is not None else 0
                     if refused is None:
-                        refused = admission.check(decoded, record) or self._add_rows(
+                        refused = admission.check(decoded, record, leaf) or self._add_rows(
                             decoded, stream_seq, record, number, buf, staging, check
                         )
                     if refused is None:
@@ -485,14 +487,8 @@ class Ledger:
         except OSError:
             raise  # the environment, not the record: abort the commit (it is retried as a whole)
         except Exception as exc:
-            return Quarantined(
-                raw=record.raw,
-                reason=f"ledger: cannot store this event: {type(exc).__name__}: {exc}",
-                code=UNSTORABLE,
-                source=env.source,
-                id=env.id,
-                type=env.type,
-                stream=env.stream,
+            return refused_event(
+                env, record.raw, UNSTORABLE, f"ledger: cannot store this event: {type(exc).__name__}: {exc}"
             )
         try:
             rows.replay(buf)
@@ -731,9 +727,7 @@ def _refusal(event: Event, raw: bytes, stored_leaf: bytes | None, leaf: bytes) -
         code = CONFLICT
     else:
         return None
-    return Quarantined(
-        raw=raw, reason=reason, code=code, source=env.source, id=env.id, type=env.type, stream=env.stream
-    )
+    return refused_event(env, raw, code, reason)
 
 
 def _write_empty(root: Path, table: str) -> None:

@@ -92,6 +92,14 @@ class Quarantined(msgspec.Struct, frozen=True):
     code: str = ""
 
 
+def refused_event(env: Envelope, raw: bytes, code: str, reason: str) -> Quarantined:
+    """A decoded event the ledger refuses (a conflict, a bad signature, …): its bytes, the reason and
+    the event's own attributes."""
+    return Quarantined(
+        raw=raw, reason=reason, code=code, source=env.source, id=env.id, type=env.type, stream=env.stream
+    )
+
+
 def make_event(
     payload: msgspec.Struct,
     *,
