@@ -210,6 +210,7 @@ class RunContext:
     ckpt_path: Path | None  # the checkpoint this attempt restores (None: from scratch)
     stop_at_step: int | None  # end the attempt early ("stopped") after this step
     progress: Progress | None  # the driver's per-step callback (rank 0)
+    on_model: Callable[[torch.nn.Module], None] | None  # the driver's hook on the built model
     # Advanced by the steps.
     cfg: TrainConfig  # the live config: replaced when a live change is applied
     step: int  # the last step applied or skipped (the start step before the first)
@@ -262,6 +263,7 @@ def train(
     handle_signals: bool = True,
     watch: str | Path | None = None,
     mirror: mirror_lib.Mirror | None = None,
+    on_model: Callable[[torch.nn.Module], None] | None = None,
 ) -> TrainResult:
     """Train (or resume) one run and emit its events to ``sink``; returns how the attempt ended.
 
@@ -271,6 +273,8 @@ def train(
     attempt early (status "stopped") after that step. Crashes do not raise: they are recorded and
     returned (``status`` "crashed" or "signal", ``exit_code`` for a CLI to exit with).
     ``mirror``: an experiment tracker to mirror the run to (``runledger.trainer.mirror.Mirror``), used on rank 0.
+    ``on_model``: called with the model once it is built (and restored), before the first step, on
+    every rank: a study's own hooks (``runledger.trainer.study``) go on here.
     """
     started = time.perf_counter()
     cfg, source = _open_config(config, overrides, watch)
@@ -321,6 +325,7 @@ def train(
         cfg=cfg,
         step=launch.step,
         mirror=mirror if env.is_main else None,
+        on_model=on_model,
     )
     escaped = False
     try:
@@ -519,6 +524,8 @@ def _build_or_restore(ctx: RunContext) -> None:
     ctx.mask = cpu_compat.causal_attention_mask(cfg.model.seq_length, device)
     if cfg.telemetry.enabled:
         ctx.stats = _router_stats(ctx)
+    if ctx.on_model is not None:
+        ctx.on_model(ctx.model)
     ctx.tokens_per_step = ctx.batches.tokens_per_step * env.dp
     ctx.last_rank_stats = time.perf_counter()
 
