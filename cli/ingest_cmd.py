@@ -3,7 +3,10 @@
 ``spool`` and ``kafka`` fold the bus into the ledger. ``github`` and ``wandb`` are producers: they write
 events to the bus (``runledger.ingest.bus.open_sink``: the spool, or Kafka when configured), which
 ``ledger ingest spool`` (or ``kafka``) then folds in. For the producers a mistake a user can fix is one
-line on stderr and exit code 2; a failure outside their control (network, GitHub) exits 1.
+line on stderr and exit code 2; a failure outside their control (network, GitHub, W&B) exits 1. The
+producers sign their events with the key file named by ``RUNLEDGER_PRODUCER_KEY`` when it is set
+(``_open_sink``, the one way they get a sink). ``wandb`` takes an offline run directory or, when no
+such path exists, an online ``ENTITY/PROJECT[/RUN]`` (``runledger.ingest.wandb_online``).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from runledger.cli.output import (
 )
 from runledger.ingest.bus import EventSink, default_spool_dir, open_sink
 from runledger.ingest.spool import SpoolLockedError
+from runledger.schemas.signing import PRODUCER_KEY_ENV, Sealer
 
 
 def ingest_spool(
@@ -220,16 +224,43 @@ def ingest_github(
 
 
 def ingest_wandb(
-    directory: Annotated[Path, typer.Argument(help="W&B offline run directory (or its .wandb file).")],
+    target: Annotated[
+        str,
+        typer.Argument(
+            help="A W&B offline run directory (or its .wandb file), or an online ENTITY/PROJECT or "
+            "ENTITY/PROJECT/RUN. A local path that exists wins.",
+            metavar="PATH|ENTITY/PROJECT[/RUN]",
+        ),
+    ],
     run_id: Annotated[
         str | None, typer.Option("--run-id", help="Ledger run id (default: the W&B run id).")
     ] = None,
     spool: SpoolOption = None,
+    cursor_file: Annotated[
+        Path | None,
+        typer.Option("--cursor-file", help="Online: resume cursors (default: beside the spool)."),
+    ] = None,
 ) -> None:
-    """Import a W&B offline run (wandb/offline-run-*) as ledger events.
+    """Import W&B runs as ledger events: an offline run directory, or online runs through W&B's API.
 
     Example: ledger ingest wandb wandb/offline-run-20250101_120000-abc123
+
+    Example: WANDB_API_KEY=… ledger ingest wandb my-team/moe-pretrain      (every run; or my-team/moe-pretrain/RUN_ID)
+
+    Online, the API key is wandb's ($WANDB_API_KEY or `wandb login`) and the server is $WANDB_BASE_URL
+    (default api.wandb.ai). A second import continues each run where the last stopped.
     """
+    from runledger.ingest.wandb_online import TARGET_RE
+
+    # A path that exists is a local run; else W&B's ENTITY/PROJECT[/RUN] form goes online; anything
+    # else is a local path that is not there (and says so).
+    if not Path(target).exists() and TARGET_RE.match(target):
+        _ingest_wandb_online(target, run_id, spool, cursor_file)
+    else:
+        _ingest_wandb_offline(Path(target), run_id, spool)
+
+
+def _ingest_wandb_offline(directory: Path, run_id: str | None, spool: Path | None) -> None:
     from runledger.ingest.wandb_import import WandbImportError, find_offline_runs, import_offline_run
 
     try:
@@ -250,9 +281,54 @@ def ingest_wandb(
         sink.close()
 
 
-def _open_sink(spool: Path | None) -> EventSink:
+def _ingest_wandb_online(
+    target: str, run_id: str | None, spool: Path | None, cursor_file: Path | None
+) -> None:
+    from runledger.ingest.wandb_cursor import CursorFileError, CursorStore, default_cursor_file
+    from runledger.ingest.wandb_online import OnlineImportError, import_online, open_api, parse_target
+
+    _, _, run_name = parse_target(target)
+    if run_id is not None and run_name is None:
+        raise fail("--run-id needs one run (ENTITY/PROJECT/RUN)", 2)
+    where = spool if spool is not None else default_spool_dir()
     try:
-        return open_sink(spool)
+        cursors = CursorStore(cursor_file if cursor_file is not None else default_cursor_file(where))
+    except CursorFileError as exc:
+        raise fail(str(exc), 2) from None
+    try:
+        api = open_api()
+    except OnlineImportError as exc:
+        raise fail(str(exc), 1) from None
+    sink = _open_sink(spool)
+    try:
+        result = import_online(target, sink, cursors, api=api, run_id=run_id)
+    finally:
+        sink.close()
+    for stats in result.runs:
+        print_json(stats.as_dict())
+    failed = [fail(line) for line in result.errors]  # each on its own line; the others were imported
+    if failed:
+        raise failed[-1]
+
+
+def _producer_sealer() -> Sealer | None:
+    """The ingest commands' signer: the key file named by ``RUNLEDGER_PRODUCER_KEY``, as for the
+    trainer. Not chained: an import may stop and resume in a new process (and GitHub events all have
+    ``seq`` 0), so a chain would restart at genesis; each event is still signed."""
+    try:
+        return Sealer.from_env(chain=False)
+    except OSError as exc:
+        raise fail(
+            f"cannot read producer key ${PRODUCER_KEY_ENV}: {exc.strerror}: {exc.filename}", 2
+        ) from None
+    except ValueError as exc:
+        raise fail(f"producer key ${PRODUCER_KEY_ENV} is not a private key: {exc}", 2) from None
+
+
+def _open_sink(spool: Path | None) -> EventSink:
+    sealer = _producer_sealer()
+    try:
+        return open_sink(spool, sealer=sealer)
     except SpoolLockedError:
         where = spool if spool is not None else default_spool_dir()
         raise fail(

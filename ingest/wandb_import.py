@@ -18,8 +18,8 @@ reader (``wandb.sdk.internal.datastore`` is gone); its bundled ``wandb-core`` bi
 (``wandb-core leet inspect -json``: one JSON record per line) and we map those records. Ids are
 ``wandb/{wandb_run_id}/…`` and seq counts from 0, so importing the same file twice is deduplicated.
 
-Importing ONLINE runs through the W&B public API is not supported: it cannot be tested honestly
-without network access to a W&B server.
+Online runs (``ENTITY/PROJECT[/RUN]`` through W&B's public API) are imported by
+``runledger.ingest.wandb_online``, which shares this module's row mapping (``split_history_item``).
 """
 
 from __future__ import annotations
@@ -143,6 +143,31 @@ def _number(value: Any) -> tuple[bool, float | None]:
     if isinstance(value, str) and value in _NONFINITE:
         return True, None
     return False, None
+
+
+def split_history_item(item: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, float | None], int]:
+    """(typed ``StepMetrics`` fields, other named scalars, values skipped) of one W&B history row.
+
+    Known keys go to the typed fields, other numbers to ``scalars``; W&B's ``_``-prefixed internals
+    are dropped; NaN/±inf (numbers or the strings W&B stores for them) become None; text, media and
+    histograms are not scalars and are only counted. Shared by the offline and the online import.
+    """
+    fields: dict[str, Any] = {}
+    scalars: dict[str, float | None] = {}
+    skipped = 0
+    for key, value in item.items():
+        if key.startswith("_"):
+            continue
+        is_scalar, number = _number(value)
+        if not is_scalar:
+            skipped += 1
+        elif key in STEP_FIELDS:
+            fields[key] = number
+        elif key in COUNT_FIELDS and number is not None and number >= 0 and number == int(number):
+            fields[key] = int(number)
+        else:
+            scalars[key] = number
+    return fields, scalars, skipped
 
 
 def _repository_of(remote: str | None) -> str | None:
@@ -288,20 +313,8 @@ class _Importer:
         if not isinstance(step_value, int) or isinstance(step_value, bool) or step_value < 0:
             return
         assert self.stats is not None
-        fields: dict[str, Any] = {}
-        scalars: dict[str, float | None] = {}
-        for key, value in item.items():
-            if key.startswith("_"):
-                continue
-            is_scalar, number = _number(value)
-            if not is_scalar:
-                self.stats.skipped_values += 1
-            elif key in STEP_FIELDS:
-                fields[key] = number
-            elif key in COUNT_FIELDS and number is not None and number >= 0 and number == int(number):
-                fields[key] = int(number)
-            else:
-                scalars[key] = number
+        fields, scalars, skipped = split_history_item(item)
+        self.stats.skipped_values += skipped
         when = _time_of(item.get("_timestamp"), self.last_time or self.start_time)
         self.last_step, self.last_time = step_value, when
         if "total_tokens" in fields:

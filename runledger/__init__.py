@@ -8,14 +8,47 @@ One importable name. The repository's folders are its subpackages (mapped in pyp
 - ``runledger.ledger``: Parquet + DuckDB views, the fold, Merkle log, signed log checkpoints
 - ``runledger.cli``: the ``ledger`` command (also installed as ``runledger``)
 
-Kept light on purpose: ``python -m runledger.ledger.verifier`` imports only this file on the way.
+The client library (docs/client.md): ``runledger.init(...)`` → ``runledger.Run``, and the W&B
+bridge ``runledger.wandb.tee()``.
+
+Kept light on purpose: ``python -m runledger.ledger.verifier`` imports only this file on the way, so
+the client library is loaded on first use of one of its names (module ``__getattr__``).
 """
 
+from __future__ import annotations
+
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
 try:
     __version__ = version("runledger")
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["__version__"]
+if TYPE_CHECKING:
+    from runledger.client import NonFiniteError, Placement, Run, RunConfig, RunExistsError, init
+
+# name → the module that defines it, imported on first access
+_LAZY = {
+    "init": "runledger.client",
+    "Run": "runledger.client",
+    "RunConfig": "runledger.client",
+    "RunExistsError": "runledger.client",
+    "NonFiniteError": "runledger.client",
+    "Placement": "runledger.client",
+}
+
+__all__ = ["NonFiniteError", "Placement", "Run", "RunConfig", "RunExistsError", "__version__", "init"]
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name == "wandb":  # the W&B bridge, a submodule: ``runledger.wandb.tee()``
+        return importlib.import_module("runledger.wandb")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'runledger' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value

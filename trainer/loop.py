@@ -22,8 +22,9 @@ before the launch event, whose ``external`` records it (or ``wandb_error`` when 
 training goes on without it); each logged step, each applied live change and the attempt's end
 (summary and finish, also after a crash) are mirrored.
 
-Durability: the loop enqueues, a background thread emits (``telemetry.Emitter``). A crash, signal,
-non-finite loss or OOM is enqueued as a run-crashed event, then the queue is drained and
+Durability: the loop enqueues, a background thread emits (``runledger.emitter.Emitter``, the one the
+client library ``runledger.init`` uses too). A crash, signal, non-finite loss or OOM is enqueued as
+a run-crashed event, then the queue is drained and
 ``sink.sync()`` returns before ``train`` does: the event is durable before the process exits.
 A SIGKILL loses only what was still in the queue or the sink's unsynced window; what reached the
 spool is a gap-free prefix of each source.
@@ -50,6 +51,7 @@ from typing import Any, Literal
 import msgspec
 import torch
 
+from runledger.emitter import Emitter
 from runledger.ingest.bus import EventSink
 from runledger.schemas.payloads import (
     ChangeCause,
@@ -203,7 +205,7 @@ class RunContext:
 
     # Fixed for the attempt.
     env: distributed.DistEnv  # this rank, the world, the device, the control group
-    emitter: telemetry.Emitter  # this rank's event source: enqueues, a thread emits
+    emitter: Emitter  # this rank's event source: enqueues, a thread emits
     result: TrainResult  # what ``train`` returns, filled in as the attempt goes
     flag: _StopFlag  # set by the first SIGTERM/SIGINT
     source: ConfigSource | None  # the watched config file (None: no live changes)
@@ -292,7 +294,7 @@ def train(
     launch = _agree_launch(cfg, root, resume_from, env)
     ckpt_path = Path(launch.path) if launch.path else None
 
-    emitter = telemetry.Emitter(
+    emitter = Emitter(
         sink,
         source=f"trainer/{run_id}/a{launch.attempt}/rank{env.rank}",
         stream=run_id,

@@ -7,32 +7,30 @@ import os
 import platform
 import socket
 import subprocess
+import sys
 from functools import lru_cache
 from pathlib import Path
-
-import torch
 
 CODE_ROOT = Path(__file__).resolve().parent.parent
 
 
-def _git(*args: str) -> str | None:
+def _git(*args: str, cwd: Path = CODE_ROOT) -> str | None:
     try:
-        out = subprocess.run(
-            ["git", *args], cwd=CODE_ROOT, capture_output=True, text=True, timeout=10, check=True
-        )
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=True)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip()
 
 
-@lru_cache(maxsize=1)
-def git_info() -> tuple[str | None, bool | None, str | None]:
-    """(commit, dirty, branch) of the code that runs; Nones outside a git checkout."""
-    commit = _git("rev-parse", "HEAD")
+@lru_cache(maxsize=8)
+def git_info(root: Path = CODE_ROOT) -> tuple[str | None, bool | None, str | None]:
+    """(commit, dirty, branch) of the code that runs (the checkout holding ``root``: runledger's own
+    by default, the user's script for the client library); Nones outside a git checkout."""
+    commit = _git("rev-parse", "HEAD", cwd=root)
     if commit is None:
         return None, None, None
-    status = _git("status", "--porcelain", "--untracked-files=no")
-    branch = _git("rev-parse", "--abbrev-ref", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no", cwd=root)
+    branch = _git("rev-parse", "--abbrev-ref", "HEAD", cwd=root)
     return commit, (bool(status) if status is not None else None), branch
 
 
@@ -45,15 +43,18 @@ def _version(dist: str) -> str | None:
 
 @lru_cache(maxsize=1)
 def software() -> dict[str, str]:
+    # torch only if the process has it already: a client-library process that never imported torch
+    # does not pay for it here.
+    torch = sys.modules.get("torch")
     found = {
         "python": platform.python_version(),
-        "torch": str(torch.__version__),
+        "torch": str(torch.__version__) if torch is not None else _version("torch"),
         "megatron-core": _version("megatron-core"),
         "transformer-engine": _version("transformer-engine") or _version("transformer_engine"),
         "msgspec": _version("msgspec"),
         "numpy": _version("numpy"),
         "runledger": _version("runledger"),
-        "cuda": str(torch.version.cuda) if torch.version.cuda else None,
+        "cuda": str(torch.version.cuda) if torch is not None and torch.version.cuda else None,
         "platform": platform.platform(),
     }
     return {k: str(v) for k, v in found.items() if v}

@@ -15,33 +15,38 @@ Router statistics (per MoE layer, summed over the step's micro-batches, on the d
 
 Everything a step reports (loss, squared gradient norm, the router block) is stacked into one
 tensor, all-reduced once across ranks, and read with one ``.tolist()``: one device-to-host transfer.
+
+The payloads are built by ``runledger.step_payloads`` and emitted by ``runledger.emitter``: the same
+path the client library (``runledger.init``) uses.
 """
 
 from __future__ import annotations
 
-import logging
-import math
-import queue
-import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import datetime
-from pathlib import Path
 from typing import Any
 
-import msgspec
+import numpy as np
 import torch
 
-from runledger.ingest.bus import EventSink
-from runledger.schemas import make_event
-from runledger.schemas.envelope import utc_now
-from runledger.schemas.payloads import MoeLayerStats, MoeRouterStats, ProducerDropped, StepMetrics
-from runledger.schemas.signing import Sealer
+# The emitter and the step payloads live in the library, shared with ``runledger.init``'s clients;
+# re-exported here for the trainer's callers.
+from runledger.emitter import Emitter, open_rank_sink, rank_spool
+from runledger.schemas.payloads import MoeLayerStats
+from runledger.step_payloads import StepReport, finite, layer_stats_from_arrays, router_stats, step_metrics
 from runledger.trainer import model as model_lib
 from runledger.trainer.config import TrainConfig
 
-log = logging.getLogger(__name__)
+__all__ = [
+    "Emitter",
+    "RouterStats",
+    "StepReport",
+    "finite",
+    "layer_stats",
+    "mfu_percent",
+    "open_rank_sink",
+    "rank_spool",
+    "router_stats",
+    "step_metrics",
+]
 
 # Columns of one layer's row in the router accumulator: token count, the three token-weighted
 # sums, then the per-expert kept counts. Drops are derived on the host: tokens · k − Σ counts.
@@ -140,277 +145,24 @@ class RouterStats:
 
 def layer_stats(flat: list[float], num_layers: int, num_experts: int, top_k: int) -> list[MoeLayerStats]:
     """Host-side: the accumulator (after the all-reduce) as per-layer stats."""
-    width = FIXED_COLS + num_experts
-    out = []
-    for layer in range(num_layers):
-        row = flat[layer * width : (layer + 1) * width]
-        tokens = round(row[TOKENS])
-        counts = [round(c) for c in row[FIXED_COLS:]]
-        dropped = max(0, tokens * top_k - sum(counts))
-        denom = max(1, tokens)
-        out.append(
-            MoeLayerStats(
-                layer=layer,
-                tokens=tokens,
-                top_k=top_k,
-                dropped=dropped,
-                token_drop_rate=min(1.0, dropped / max(1, tokens * top_k)),
-                expert_counts=counts,
-                aux_loss=_finite(row[AUX] / denom),
-                z_loss=_finite(row[ZLOSS] / denom),
-                routing_entropy=_finite(row[ENTROPY] / denom),
-            )
-        )
-    return out
-
-
-def _finite(x: float | None) -> float | None:
-    """JSON has no NaN/Inf: they travel as null."""
-    return x if x is not None and math.isfinite(x) else None
+    rows = np.asarray(flat, dtype=np.float64).reshape(num_layers, FIXED_COLS + num_experts)
+    tokens = np.rint(rows[:, TOKENS]).astype(np.int64)
+    counts = np.rint(rows[:, FIXED_COLS:]).astype(np.int64)
+    dropped = np.maximum(0, tokens * top_k - counts.sum(axis=1))
+    denom = np.maximum(1, tokens)
+    return layer_stats_from_arrays(
+        top_k=top_k,
+        tokens=tokens,
+        dropped=dropped,
+        drop_rate=np.minimum(1.0, dropped / np.maximum(1, tokens * top_k)),
+        counts=counts,
+        aux_loss=rows[:, AUX] / denom,
+        z_loss=rows[:, ZLOSS] / denom,
+        entropy=rows[:, ENTROPY] / denom,
+    )
 
 
 def mfu_percent(cfg: TrainConfig, tokens_per_second: float, world_size: int) -> float:
     """Model FLOPs utilisation: tokens/s × FLOPs per token (``model.flops_per_token``) ÷ peak, in %."""
     peak = cfg.telemetry.peak_tflops * 1e12 * world_size
     return 100.0 * tokens_per_second * model_lib.flops_per_token(cfg) / peak if peak > 0 else 0.0
-
-
-@dataclass
-class StepReport:
-    """One step as the loop saw it (host floats): what progress callbacks and events are built from."""
-
-    step: int
-    loss: float
-    grad_norm: float
-    lr: float
-    tokens: int
-    total_tokens: int
-    step_time_s: float
-    tokens_per_second: float
-    mfu: float
-    layers: list[MoeLayerStats] = field(default_factory=list)
-    scalars: dict[str, float | None] = field(default_factory=dict)
-
-    @property
-    def token_drop_rate(self) -> float | None:
-        if not self.layers:
-            return None
-        return sum(layer.token_drop_rate for layer in self.layers) / len(self.layers)
-
-
-def step_metrics(report: StepReport) -> StepMetrics:
-    scalars = dict(report.scalars)
-    if report.layers:
-        n = len(report.layers)
-        scalars["token_drop_rate"] = report.token_drop_rate
-        for name in ("aux_loss", "z_loss", "routing_entropy"):
-            values = [getattr(layer, name) for layer in report.layers]
-            scalars[name] = None if None in values else sum(values) / n  # type: ignore[operator]
-    return StepMetrics(
-        loss=_finite(report.loss),
-        grad_norm=_finite(report.grad_norm),
-        lr=report.lr,
-        tokens=report.tokens,
-        total_tokens=report.total_tokens,
-        tokens_per_second=_finite(report.tokens_per_second),
-        mfu=_finite(report.mfu),
-        step_time_s=report.step_time_s,
-        scalars={k: _finite(v) for k, v in scalars.items()},
-    )
-
-
-def router_stats(report: StepReport) -> MoeRouterStats:
-    return MoeRouterStats(layers=report.layers)
-
-
-# --- the background emitter -------------------------------------------------------------------
-
-PayloadLike = msgspec.Struct | Callable[[], msgspec.Struct]
-
-
-class _Flush:
-    def __init__(self, sync: bool) -> None:
-        self.sync = sync
-        self.done = threading.Event()
-
-
-_STOP = object()
-
-
-class Emitter:
-    """Hands events to a sink from a background thread.
-
-    The loop calls ``submit``: it enqueues (payload or payload factory, step, time) and returns.
-    Queue full: a metrics event is dropped and counted (``dropped``); a lifecycle event
-    (``critical=True``) waits for space for at most ``critical_timeout_s`` (it is rare, and losing it
-    would break the run's lineage). Sequence numbers are assigned at ``submit``, so a dropped event
-    leaves a gap in ``seq`` that ingest records as an incident (``runledger.ledger.admission``); and
-    the emitter says why with a ``runledger.producer.dropped`` event (count, first and last step),
-    queued as soon as there is room again, or at ``close``.
-    """
-
-    def __init__(
-        self,
-        sink: EventSink,
-        *,
-        source: str,
-        stream: str,
-        run_id: str,
-        attempt: int,
-        queue_size: int = 4096,
-        critical_timeout_s: float = 30.0,
-        start_seq: int = 0,
-    ) -> None:
-        self.sink = sink
-        self.source = source
-        self.stream = stream
-        self.run_id = run_id
-        self.attempt = attempt
-        self.critical_timeout_s = critical_timeout_s
-        self.seq = start_seq  # the next seq to assign (at submit)
-        self.dropped = 0
-        self._unreported: list[Any] = [0, None, None]  # drops not yet reported: count, first, last step
-        self._seq_lock = threading.Lock()
-        self.emitted = 0
-        self.errors = 0
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, queue_size))
-        self._thread = threading.Thread(target=self._run, name=f"emitter-{source}", daemon=True)
-        self._closed = False
-        self._thread.start()
-
-    def submit(self, payload: PayloadLike, *, step: int | None, critical: bool = False) -> bool:
-        """Enqueue one event; True if it was accepted."""
-        if self._closed:
-            return False
-        with self._seq_lock:
-            if self._unreported[0]:
-                self._report_drops(wait=False)
-            item = (payload, step, utc_now(), self.seq)
-            self.seq += 1
-        try:
-            if critical:
-                self._queue.put(item, timeout=self.critical_timeout_s)
-            else:
-                self._queue.put_nowait(item)
-        except queue.Full:
-            with self._seq_lock:
-                self.dropped += 1
-                tally = self._unreported
-                tally[0] += 1
-                if step is not None:
-                    tally[1] = step if tally[1] is None else min(tally[1], step)
-                    tally[2] = step if tally[2] is None else max(tally[2], step)
-            if critical:
-                log.error("emitter queue full for %.0fs: lifecycle event lost", self.critical_timeout_s)
-            return False
-        return True
-
-    def _report_drops(self, *, wait: bool) -> None:
-        """Queue a ``producer.dropped`` event for the drops not yet reported (under ``_seq_lock``);
-        its seq is taken only if it was queued."""
-        count, first, last = self._unreported
-        report = ProducerDropped(count=count, first_step=first, last_step=last)
-        try:
-            if wait:
-                self._queue.put((report, last, utc_now(), self.seq), timeout=self.critical_timeout_s)
-            else:
-                self._queue.put_nowait((report, last, utc_now(), self.seq))
-        except queue.Full:
-            return
-        self.seq += 1
-        self._unreported = [0, None, None]
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                if item is _STOP:
-                    return
-                if isinstance(item, _Flush):
-                    if item.sync:
-                        self._guarded(self.sink.sync)
-                    item.done.set()
-                    continue
-                payload, step, when, seq = item
-                self._emit(payload() if callable(payload) else payload, step, when, seq)
-            except Exception:  # a bad payload must not kill the thread
-                self.errors += 1
-                log.exception("emitter: could not emit an event")
-            finally:
-                self._queue.task_done()
-
-    def _emit(self, payload: msgspec.Struct, step: int | None, when: datetime, seq: int) -> None:
-        envelope = make_event(
-            payload,
-            source=self.source,
-            stream=self.stream,
-            seq=seq,
-            run_id=self.run_id,
-            attempt=self.attempt,
-            step=step,
-            time=when,
-        )
-        for attempt in range(3):
-            try:
-                self.sink.emit(envelope)
-                break
-            except Exception:
-                if attempt == 2:
-                    raise  # counted by _run; its seq is a gap that ingest records
-                time.sleep(0.05 * (attempt + 1))
-        self.emitted += 1
-
-    def _guarded(self, fn: Callable[[], None]) -> None:
-        try:
-            fn()
-        except Exception:
-            self.errors += 1
-            log.exception("emitter: sink call failed")
-
-    def flush(self, *, sync: bool = True, timeout: float = 60.0) -> bool:
-        """Wait until everything submitted so far was handed to the sink (and synced: durable)."""
-        if self._closed or not self._thread.is_alive():
-            return False
-        marker = _Flush(sync)
-        try:
-            self._queue.put(marker, timeout=timeout)
-        except queue.Full:
-            return False
-        return marker.done.wait(timeout)
-
-    def close(self, timeout: float = 60.0) -> bool:
-        """Flush, sync, stop the thread. The sink stays open (its owner closes it)."""
-        if self._closed:
-            return True
-        with self._seq_lock:
-            if self._unreported[0] and self._thread.is_alive():
-                self._report_drops(wait=True)
-        ok = self.flush(sync=True, timeout=timeout)
-        self._closed = True
-        try:
-            self._queue.put(_STOP, timeout=timeout)
-        except queue.Full:
-            return False
-        self._thread.join(timeout)
-        return ok and not self._thread.is_alive()
-
-    @property
-    def pending(self) -> int:
-        return self._queue.qsize()
-
-
-def rank_spool(spool: str | Path | None, rank: int) -> Path:
-    """The spool a rank writes to: the given one for rank 0, ``<spool>.rank<N>`` beside it for the
-    others (a spool has one writer)."""
-    from runledger.ingest.bus import default_spool_dir
-
-    base = Path(spool) if spool is not None else default_spool_dir()
-    return base if rank == 0 else base.with_name(f"{base.name}.rank{rank}")
-
-
-def open_rank_sink(spool: str | Path | None, rank: int = 0, kafka_bootstrap: str | None = None) -> EventSink:
-    """This rank's sink: Kafka if configured (every rank produces), else its own spool. With
-    ``RUNLEDGER_PRODUCER_KEY`` set, every event is signed with that key and chained per source."""
-    from runledger.ingest.bus import open_sink
-
-    return open_sink(rank_spool(spool, rank), kafka_bootstrap, sealer=Sealer.from_env(chain=True))

@@ -1,0 +1,265 @@
+"""The W&B bridge: one line in an existing W&B script and its run also lands in the ledger.
+
+    import runledger.wandb
+    runledger.wandb.tee()          # before wandb.init; nothing else in the script changes
+    run = wandb.init(project=..., config=...)
+    ...
+
+``tee`` wraps W&B's public entry points (``wandb.init``; ``wandb.Run.log`` and ``finish``, so
+``wandb.log``/``wandb.finish`` too; ``wandb.sdk.wandb_config.Config.update``/``[k] = v``/``.k = v``/
+``setdefaults``; ``wandb.sdk.wandb_summary.SummaryDict.update``, behind ``run.summary[k] = v``).
+Each call runs W&B's own code first, then tells a ``runledger`` run (``runledger.init``) the same:
+
+  ``wandb.init``          ``run.started`` (config, W&B ids in ``external``), ledger run id = the W&B
+                          run id; a W&B resume of a run the ledger knows is a new attempt
+                          (``run.resumed`` from the step before W&B's ``starting_step``)
+  ``wandb.log``           one ``step.metrics`` per W&B history row, at W&B's step: rows are
+                          assembled as W&B does (``commit=False`` and same-step calls merge; a step
+                          below the current one is dropped, as W&B drops it); nested dicts flattened
+                          with ``.`` as W&B names them; known names typed (``runledger.step_payloads``
+                          ALIASES: ``loss``, ``lr``, ``learning_rate``, ``lm loss``, ``router/aux_loss``…),
+                          numbers and bools (0/1) kept, NaN/inf as null, strings/media skipped
+  ``config`` changes      ``config.changed`` (RFC 6902 patch of the top-level keys, cause "api")
+  ``run.summary`` updates ``run.summary`` (every explicitly set key so far)
+  ``wandb.finish``        the pending row, then ``run.finished`` (exit code 0: completed, else failed)
+
+The bridge never breaks the W&B script: a failure on the ledger side is logged (once per kind) and
+counted in ``Tee.errors``. ``untee()`` puts every wrapped function back and ends the ledger side of
+runs still open (status "stopped").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import wandb
+from wandb.sdk import wandb_config, wandb_summary
+
+from runledger import attempts as attempts_lib
+from runledger import client, host_values
+
+log = logging.getLogger("runledger.wandb")
+
+
+@dataclass
+class _TeedRun:
+    """One W&B run and its ledger run: the W&B row being assembled, as W&B assembles it."""
+
+    ledger: client.Run
+    step: int  # W&B's current step: where a log without ``step=`` goes
+    row: dict[str, float | int | None] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    dropped_rows: int = 0  # logs W&B refused (a step below its current one)
+
+    def on_log(self, data: Mapping[str, Any], step: int | None, commit: bool | None) -> None:
+        if step is not None:
+            if step < self.step:
+                self.dropped_rows += 1  # W&B warns and drops it: so do we
+                return
+            if step > self.step:
+                self.commit()
+                self.step = step
+        values, skipped = host_values.scalars(host_values.flatten(data, sep="."))
+        for name in skipped:
+            self.ledger._skip(name)
+        self.row.update(values)
+        if (step is None and commit is None) or commit:
+            self.commit()
+            self.step += 1
+
+    def commit(self) -> None:
+        if self.row:
+            self.ledger.log(self.row, step=self.step)
+            self.row = {}
+
+    def on_config(self, config: Any) -> None:
+        current = {k: v for k, v in config.items() if not str(k).startswith("_")}
+        self.ledger.config.update(current, cause="wandb config update")
+
+    def on_summary(self, values: Mapping[str, Any]) -> None:
+        from runledger.schemas.payloads import RunSummary
+
+        kept = {str(k): v for k, v in values.items() if not str(k).startswith("_")}
+        if not kept or not self.ledger.is_main or self.ledger.ended:
+            return
+        numbers, _ = host_values.scalars(kept)  # NumPy/torch scalars as numbers, NaN as null
+        self.summary.update(client._json_tree({k: v for k, v in kept.items() if k not in numbers}))
+        self.summary.update(numbers)
+        snapshot = dict(self.summary)
+        self.ledger.emitter.submit(RunSummary(values=snapshot), step=self.ledger._last_step)
+
+    def finish(self, exit_code: int | None) -> None:
+        self.commit()
+        self.ledger.finish("completed" if not exit_code else "failed")
+
+
+class Tee:
+    """The active bridge (``tee()`` returns it): its runs, and the failures it swallowed."""
+
+    def __init__(self, init_kwargs: Mapping[str, Any]) -> None:
+        self.init_kwargs = dict(init_kwargs)
+        self.runs: dict[int, _TeedRun] = {}  # id(wandb run) → its ledger side
+        self.by_config: dict[int, _TeedRun] = {}  # id(run.config) → …
+        self.by_summary: dict[int, _TeedRun] = {}  # id(run.summary) → …
+        self.errors = 0
+        self._said: set[str] = set()
+        self._originals: list[tuple[Any, str, Any]] = []
+
+    # -- the ledger side, guarded: the W&B script must never fail because of it
+
+    def guard(self, what: str, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception as exc:
+            self.errors += 1
+            if what not in self._said:
+                self._said.add(what)
+                log.warning("runledger.wandb: %s not recorded in the ledger: %s", what, exc)
+
+    def attach(self, run: Any) -> None:
+        if run is None or id(run) in self.runs:
+            return  # wandb.init returned a run we already follow
+        wandb_id = str(run.id)
+        ledger_id = str(self.init_kwargs.pop("run_id", None) or wandb_id)
+        starting = int(getattr(run, "starting_step", 0) or 0)
+        kwargs = dict(self.init_kwargs)
+        state = kwargs.get("state_dir") or attempts_lib.default_state_dir()
+        if attempts_lib.attempts(Path(state), ledger_id):  # W&B resumed a known run
+            kwargs["resume_from_step"] = max(0, starting - 1)
+        external = {"wandb_run_id": wandb_id}
+        for key, value in (
+            ("wandb_project", run.project),
+            ("wandb_entity", run.entity),
+            ("wandb_url", run.url),
+        ):
+            if value:
+                external[key] = str(value)
+        config = {k: v for k, v in run.config.items() if not str(k).startswith("_")}
+        ledger = client.init(ledger_id, config=config, name=run.name or None, external=external, **kwargs)
+        teed = _TeedRun(ledger=ledger, step=starting)
+        self.runs[id(run)] = teed
+        self.by_config[id(run.config)] = teed
+        self.by_summary[id(run.summary)] = teed
+
+    def forget(self, run: Any) -> _TeedRun | None:
+        teed = self.runs.pop(id(run), None)
+        if teed is not None:
+            self.by_config = {k: v for k, v in self.by_config.items() if v is not teed}
+            self.by_summary = {k: v for k, v in self.by_summary.items() if v is not teed}
+        return teed
+
+    # -- patching
+
+    def _wrap(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+        original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+        self._originals.append((owner, name, original))
+        setattr(owner, name, make(original))
+
+    def install(self) -> None:
+        self._wrap(wandb, "init", self._init_wrapper)
+        self._wrap(wandb.Run, "log", self._log_wrapper)
+        self._wrap(wandb.Run, "finish", self._finish_wrapper)
+        for name in ("update", "__setitem__", "__setattr__", "setdefaults"):
+            self._wrap(wandb_config.Config, name, self._config_wrapper)
+        self._wrap(wandb_summary.SummaryDict, "update", self._summary_wrapper)
+
+    def restore(self) -> None:
+        for owner, name, original in reversed(self._originals):
+            setattr(owner, name, original)
+        self._originals.clear()
+
+    # Each wrapper calls W&B first (its errors are the script's, unchanged), then the ledger, and
+    # looks the bridge up at call time: a method bound before ``untee`` then records nothing.
+
+    def _init_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def init(*args: Any, **kwargs: Any) -> Any:
+            run = original(*args, **kwargs)
+            if _ACTIVE is self:
+                self.guard("wandb.init", lambda: self.attach(run))
+            return run
+
+        return init
+
+    def _log_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def log_(run: Any, data: Any, step: int | None = None, commit: bool | None = None, **kw: Any) -> Any:
+            result = original(run, data, step, commit, **kw)
+            teed = self.runs.get(id(run)) if _ACTIVE is self else None
+            if teed is not None:
+                self.guard("wandb.log", lambda: teed.on_log(data, step, commit))
+            return result
+
+        return log_
+
+    def _finish_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def finish(run: Any, exit_code: int | None = None, *args: Any, **kw: Any) -> Any:
+            teed = self.forget(run) if _ACTIVE is self else None
+            if teed is not None:
+                self.guard("wandb.finish", lambda: teed.finish(exit_code))
+            return original(run, exit_code, *args, **kw)
+
+        return finish
+
+    def _config_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def change(config: Any, *args: Any, **kw: Any) -> Any:
+            result = original(config, *args, **kw)
+            teed = self.by_config.get(id(config)) if _ACTIVE is self else None
+            if teed is not None:
+                self.guard("wandb config change", lambda: teed.on_config(config))
+            return result
+
+        return change
+
+    def _summary_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def update(summary: Any, d: Mapping[str, Any], *args: Any, **kw: Any) -> Any:
+            result = original(summary, d, *args, **kw)
+            teed = self.by_summary.get(id(summary)) if _ACTIVE is self else None
+            if teed is not None and isinstance(d, Mapping):
+                self.guard("wandb summary update", lambda: teed.on_summary(d))
+            return result
+
+        return update
+
+
+_ACTIVE: Tee | None = None
+
+
+def tee(**init_kwargs: Any) -> Tee:
+    """Start recording every W&B run of this process in the ledger. Call it before ``wandb.init``.
+
+    ``init_kwargs`` go to ``runledger.init`` for each run (``spool=``, ``kafka_bootstrap=``,
+    ``state_dir=``, ``repository=``, ``run_id=`` for the first run instead of the W&B id, …)."""
+    global _ACTIVE
+    if _ACTIVE is not None:
+        raise RuntimeError("runledger.wandb.tee() is active already (untee() first)")
+    bridge = Tee(init_kwargs)
+    bridge.install()
+    _ACTIVE = bridge
+    return bridge
+
+
+def untee() -> None:
+    """Put W&B back as it was; W&B runs still open stop being recorded (their ledger side ends as
+    "stopped"). Safe to call when not teed."""
+    global _ACTIVE
+    bridge, _ACTIVE = _ACTIVE, None
+    if bridge is None:
+        return
+    bridge.restore()
+    for teed in list(bridge.runs.values()):
+        with contextlib.suppress(Exception):
+            teed.commit()
+            teed.ledger.finish("stopped")
+    bridge.runs.clear()
+    bridge.by_config.clear()
+    bridge.by_summary.clear()
