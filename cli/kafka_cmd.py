@@ -80,14 +80,26 @@ def replay(
             show_default=False,
         ),
     ] = None,
+    registry_from: Annotated[
+        Path | None,
+        typer.Option(
+            "--registry-from",
+            help="Keep the producer registry and policy: the ledger this one replaces, or the file "
+            "`ledger producers export` wrote. Each registry event goes back at the point of the log "
+            "where it was, so every record is admitted as before.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Rebuild a ledger from the Kafka topics' beginning up to their current end.
 
     Example: ledger replay --bootstrap localhost:9092 --to /tmp/rebuilt
     """
     from runledger.ingest import kafka_replay
+    from runledger.ledger.admission import read_registry
 
     with kafka_errors():
+        registry = read_registry(registry_from) if registry_from is not None else []
         stats = kafka_replay.replay(
             bootstrap,
             to,
@@ -95,6 +107,7 @@ def replay(
             batch_max=batch_max,
             connect_timeout_s=connect_timeout,
             ledger_id=ledger_id,
+            registry=registry,
         )
     rate = stats.metric_values / stats.seconds if stats.seconds else 0.0
     console.print(
@@ -102,6 +115,7 @@ def replay(
         f"{plural(stats.partitions, 'partition')} into {to}: {plural(stats.accepted, 'event')}, "
         f"{plural(stats.metric_values, 'metric value')} ({rate:,.0f}/s), {plural(stats.duplicates, 'duplicate')}, "
         f"{stats.quarantined} quarantined, in {stats.seconds:.1f} s; ledger id {stats.ledger_id}"
+        + (f"; {plural(stats.registry_events, 'registry event')} kept" if registry_from is not None else "")
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -180,15 +180,27 @@ def state(
         return
     console.print(f"[bold]{escape(run)}[/] at step {result.step} (attempt {result.attempt})", highlight=False)
     commit = short_hash(result.git_commit, full)
-    console.print(f"  commit: {commit}{' (dirty)' if result.git_dirty else ''}", highlight=False)
+    launch = next((a for a in result.attempts if a.attempt == result.attempt), None)
+    unsigned = "" if launch is None or launch.authenticated else _UNAUTHENTICATED
+    console.print(f"  commit: {commit}{' (dirty)' if result.git_dirty else ''}{unsigned}", highlight=False)
     console.print(f"  config hash: {short_hash(result.config_hash, full)}", highlight=False)
+    for line in _mismatch_lines(result.hash_mismatches, full):
+        console.print(line, highlight=False, markup=False)
     ckpt = result.last_checkpoint
     where = f"step {ckpt['step']} ({ckpt['path']})" if ckpt else "none"
     console.print(f"  last checkpoint: {where}", highlight=False, markup=False)
+    unsigned_changes = sum(not ch["authenticated"] for ch in result.config_changes)
     console.print(
-        f"  crashes so far: {len(result.crashes)}; config changes so far: {len(result.config_changes)}",
+        f"  crashes so far: {len(result.crashes)}; config changes so far: {len(result.config_changes)}"
+        + (f" ({unsigned_changes} unauthenticated)" if unsigned_changes else ""),
         highlight=False,
     )
+    for fact in result.unauthenticated:
+        console.print(
+            f"  unauthenticated: {fact['kind']} at step {fact['step']} (attempt {fact['attempt']})",
+            highlight=False,
+            markup=False,
+        )
     console.print(f"  GitHub events so far: {len(result.github)}", highlight=False)
     print_rows(["key", "value"], rows, Format.table, None, title="config", limit=limit, full=full)
 
@@ -230,6 +242,8 @@ def diff(
     )
     for text in result["changes"] or ["config unchanged"]:
         console.print(f"  {text}", highlight=False, markup=False)
+    for line in _mismatch_lines(result["hash_mismatches"], full):
+        console.print(line, highlight=False, markup=False)
     rows = [(i.time, i.step, i.attempt, i.kind, i.text) for i in result["events"]]
     print_rows(
         ["time", "step", "attempt", "kind", "what"],
@@ -283,15 +297,23 @@ def blame(
         )
         print_rows(columns, [row], fmt, output)
         return
-    who = f" by {cause['actor']}" if cause.get("actor") else ""
+    actor = cause.get("actor") or (result.get("person") if cause.get("kind") != "commit" else None)
+    who = f" by {actor}" if cause and actor else ""
     how = f" ({cause.get('kind')}{': ' + cause['detail'] if cause.get('detail') else ''})" if cause else ""
+    unsigned = "" if s.get("authenticated", True) else _UNAUTHENTICATED
     say = console.print
     say(f"{key} = {_json(result['value'])} at step {result['step']} of {run}", highlight=False, markup=False)
     say(
-        f"  set by {s['kind']} at step {s['step']} (attempt {s['attempt']}, {s['time']}){who}{how}",
+        f"  set by {s['kind']} at step {s['step']} (attempt {s['attempt']}, {s['time']}){who}{how}{unsigned}",
         highlight=False,
         markup=False,
     )
+    if s.get("hash_matches") is False:
+        say(
+            "  config hash mismatch: the config recomputed here does not hash to the one its producer recorded",
+            highlight=False,
+            markup=False,
+        )
     title = f" “{result['commit_title']}”" if result.get("commit_title") else ""
     commit = short_hash(result["commit"], full) if result["commit"] else "unknown"
     say(f"  code: {commit}{' (dirty)' if result['git_dirty'] else ''}{title}", highlight=False, markup=False)
@@ -342,6 +364,18 @@ def _flatten(value: object, prefix: str = "") -> dict[str, object]:
             out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
         return out
     return {prefix: value}
+
+
+_UNAUTHENTICATED = " (unauthenticated)"  # beside a fact admitted unsigned under the ledger's policy
+
+
+def _mismatch_lines(mismatches: list[dict[str, Any]], full: bool) -> list[str]:
+    """One line per config whose recomputed hash is not the one its producer recorded."""
+    return [
+        f"  config hash mismatch: {m['kind']} at step {m['step']} (attempt {m['attempt']}): "
+        f"producer {short_hash(m['recorded'], full)}, recomputed {short_hash(m['recomputed'], full)}"
+        for m in mismatches
+    ]
 
 
 def _dotted(path: str) -> str:

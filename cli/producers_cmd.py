@@ -183,6 +183,22 @@ def list_producers(
     print_rows(columns, rows, fmt, output, title=title, full=full)
 
 
+def export(
+    out: Annotated[
+        Path, typer.Option("--out", help="The file to write (JSON lines, one registry event each).")
+    ],
+    ledger: LedgerOption = DEFAULT_LEDGER,
+) -> None:
+    """Save the registry and policy events with the points of the log they were made at, for a
+    backup and for `ledger replay --registry-from FILE` (a replay from Kafka alone would lose them)."""
+    from runledger.ledger.admission import registry_entries, write_registry_file
+    from runledger.ledger.store import Ledger
+
+    with user_errors(ledger):
+        count = write_registry_file(registry_entries(Ledger.open(ledger)), out)
+    console.print(f"wrote {count} registry event{'' if count == 1 else 's'} to {out}")
+
+
 def _utc(value: datetime | None) -> datetime | None:
     from datetime import UTC
 

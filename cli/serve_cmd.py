@@ -28,12 +28,22 @@ def serve_webhooks(
         typer.Option("--delivery-db", help="Seen-deliveries file (default: beside the spool)."),
     ] = None,
     max_body_mb: Annotated[int, typer.Option("--max-body-mb", help="Largest accepted payload.")] = 25,
+    producer_key: Annotated[
+        Path | None,
+        typer.Option(
+            "--producer-key",
+            envvar="RUNLEDGER_PRODUCER_KEY",
+            help="The receiver's private producer key (`ledger keys init`): every event is signed "
+            "with it. Register its public key with `ledger producers add`.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Receive GitHub webhooks at POST /webhook (metrics at GET /metrics).
 
     Example: ledger serve webhooks --secret-file webhook.secret --port 8787
     """
-    from runledger.ingest.github_webhook import default_delivery_db, read_secret, serve
+    from runledger.ingest.github_webhook import default_delivery_db, read_secret, receiver_sealer, serve
 
     try:
         read_secret(secret_file)
@@ -41,6 +51,15 @@ def serve_webhooks(
         raise fail(f"secret file not found: {secret_file}", 2) from None
     except (OSError, ValueError) as exc:
         raise fail(str(exc) if isinstance(exc, ValueError) else f"cannot read {secret_file}", 2) from None
+    if producer_key is not None:
+        try:
+            receiver_sealer(producer_key)  # checked here: a bad key is one line, before listening
+        except FileNotFoundError:
+            raise fail(f"producer key file not found: {producer_key}", 2) from None
+        except OSError:
+            raise fail(f"cannot read producer key {producer_key}", 2) from None
+        except ValueError as exc:
+            raise fail(f"producer key {producer_key}: {exc}", 2) from None
     if max_body_mb < 1:
         raise fail("--max-body-mb must be at least 1", 2)
     where = spool if spool is not None else default_spool_dir()
@@ -52,6 +71,7 @@ def serve_webhooks(
             where,
             delivery_db=delivery_db if delivery_db is not None else default_delivery_db(where),
             max_body_bytes=max_body_mb * 1024 * 1024,
+            producer_key_file=producer_key,
         )
     except SpoolLockedError:
         raise fail(f"spool {where} already has a live writer; give the receiver its own --spool", 2) from None

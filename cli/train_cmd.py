@@ -148,6 +148,44 @@ def train(
     raise typer.Exit(result.exit_code)
 
 
+def edit(
+    config: Annotated[
+        Path,
+        typer.Argument(
+            metavar="CONFIG", help="The live run's watched TOML config.", exists=True, dir_okay=False
+        ),
+    ],
+    changes: Annotated[
+        list[str],
+        typer.Argument(metavar="KEY=VALUE...", help="Settings to change, e.g. moe.capacity_factor=1.25."),
+    ],
+    author: Annotated[
+        str | None,
+        typer.Option(
+            "--author",
+            envvar="RUNLEDGER_CHANGE_AUTHOR",
+            help="Who makes the change: recorded on the run's config.changed (default: unknown).",
+        ),
+    ] = None,
+) -> None:
+    """Change a live run's config file; the run applies it at its next step boundary.
+
+    The file's [change] table records the author and time with the edit, so the run's config.changed
+    names who made it; an edit made without an author is recorded as made by unknown.
+
+    Example: ledger edit config.toml moe.capacity_factor=1.25 --author alice
+    """
+    from runledger.trainer.config import ConfigError, edit_config_file, parse_override
+
+    try:
+        parsed = {".".join(keys): value for keys, value in map(parse_override, changes)}
+        edit_config_file(config, parsed, author=author)
+    except ConfigError as exc:
+        raise fail(str(exc), 2) from None
+    who = f" by {author}" if author else " (author unknown)"
+    err_console.print(f"edited {config}: {', '.join(changes)}{who}", highlight=False, markup=False)
+
+
 def _wandb_line(external: dict[str, str]) -> str:
     if "wandb_error" in external:
         return f"W&B mirror off: {external['wandb_error']}"

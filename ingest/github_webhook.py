@@ -34,11 +34,13 @@ event's id is ``delivery/<X-GitHub-Delivery>/<n>``, see ``runledger.ingest.githu
 Refusals are counted by reason (``GET /metrics``, ``GET /healthz``) and logged; the secret is never
 logged.
 
-Given the receiver's producer key (``producer_key``; ``serve`` reads the file named by
-``RUNLEDGER_PRODUCER_KEY``), every event is signed with it and carries ``attested:
-"github-hmac-sha256"``: the receiver checked GitHub's HMAC before signing, so the check travels on
-with the event instead of ending at the edge (``runledger.schemas.signing``; no hash chain: GitHub
-events have no per-source sequence).
+Every event carries ``attested: "github-hmac-sha256 hook:<X-GitHub-Hook-ID>"`` (``hmac_attestation``;
+without a usable hook id header, just ``github-hmac-sha256``): only deliveries whose HMAC verified
+become events, so the check travels on with the event instead of ending at the edge. Given the
+receiver's producer key (``serve``'s ``producer_key_file``, default the file named by
+``RUNLEDGER_PRODUCER_KEY``), its sink signs every event with it, as the trainer's does
+(``open_sink(sealer=)``, ``runledger.schemas.signing``; no hash chain: GitHub events have no
+per-source sequence), and the attestation is part of the signed bytes.
 """
 
 from __future__ import annotations
@@ -49,7 +51,6 @@ import functools
 import hashlib
 import hmac
 import logging
-import os
 import queue
 import re
 import sqlite3
@@ -72,10 +73,9 @@ from starlette.routing import Route
 
 from runledger.ingest.bus import EventSink, default_spool_dir, open_sink
 from runledger.ingest.github_events import webhook_events
-from runledger.ledger.log_checkpoint import NoteSigner
 from runledger.schemas import Envelope, Quarantined, decode_event, encode_event
 from runledger.schemas.codec import MAX_DEPTH
-from runledger.schemas.signing import HMAC_CHECKED, PRODUCER_KEY_ENV, Sealer
+from runledger.schemas.signing import HMAC_CHECKED, Sealer
 
 log = logging.getLogger("runledger.github_webhook")
 
@@ -233,16 +233,11 @@ class WebhookReceiver:
         ack_timeout_s: float = 5.0,
         max_queue: int = 10_000,
         max_depth: int = DEFAULT_MAX_DEPTH,
-        producer_key: NoteSigner | str | None = None,
     ) -> None:
         if not secret:
             raise ValueError("webhook secret must not be empty")
         self._secret = secret
-        self.sink = sink
-        # Only deliveries whose HMAC verified reach the worker, so every sealed event may say so.
-        self.sealer = (
-            Sealer(producer_key, chain=False, attested=HMAC_CHECKED) if producer_key is not None else None
-        )
+        self.sink = sink  # signs what it emits when it has a sealer (``open_sink(sealer=)``)
         self.max_body_bytes = max_body_bytes
         self.max_depth = max_depth
         self.deliveries = delivery_log if delivery_log is not None else DeliveryLog(None)
@@ -284,7 +279,7 @@ class WebhookReceiver:
         for item in batch:
             try:
                 for envelope in item.envelopes:
-                    self.sink.emit(envelope if self.sealer is None else self.sealer.seal(envelope))
+                    self.sink.emit(envelope)
             except Exception:
                 log.exception("sink refused delivery %s", item.delivery)
                 self._finish(item, "sink_error")
@@ -405,6 +400,8 @@ class WebhookReceiver:
             delivery=delivery,
             received_at=datetime.now(UTC),
             max_depth=self.max_depth,
+            # Only deliveries whose HMAC verified get here, so each of their events may say so.
+            attested=hmac_attestation(request.headers.get("x-github-hook-id")),
         )
         try:
             envelopes = await asyncio.to_thread(prepare) if len(body) > _INLINE_BODY_BYTES else prepare()
@@ -527,6 +524,17 @@ def decode_body(body: bytes, content_type: str, *, max_depth: int = DEFAULT_MAX_
 _DOOR_REFUSALS = {"too-large": (413, "too_large"), "too-deep": (400, "too_deep")}
 
 
+_HOOK_ID_RE = re.compile(r"[0-9]{1,20}")  # GitHub's X-GitHub-Hook-ID: the webhook's numeric id
+
+
+def hmac_attestation(hook_id: str | None) -> str:
+    """``attested`` of a delivery whose X-Hub-Signature-256 verified: ``github-hmac-sha256``, and
+    ``hook:<id>`` when the X-GitHub-Hook-ID header is a hook id (anything else is left out)."""
+    if hook_id is not None and _HOOK_ID_RE.fullmatch(hook_id):
+        return f"{HMAC_CHECKED} hook:{hook_id}"
+    return HMAC_CHECKED
+
+
 def delivery_events(
     event: str,
     body: bytes,
@@ -535,11 +543,15 @@ def delivery_events(
     delivery: str,
     received_at: datetime,
     max_depth: int = DEFAULT_MAX_DEPTH,
+    attested: str | None = None,
 ) -> list[Envelope]:
     """The events one signed delivery becomes, each checked at the ledger's door (``decode_event``)
-    before anything is acknowledged: what this receiver accepts, the ledger accepts. ``BadBody`` else."""
+    before anything is acknowledged: what this receiver accepts, the ledger accepts. ``BadBody`` else.
+    ``attested``: what the receiver checked (``hmac_attestation``), set on every event."""
     payload = decode_body(body, content_type, max_depth=max_depth)
     envelopes = webhook_events(event, payload, received_at=received_at, delivery=delivery)
+    if attested is not None:
+        envelopes = [msgspec.structs.replace(envelope, attested=attested) for envelope in envelopes]
     for envelope in envelopes:
         checked = decode_event(encode_event(envelope))
         if isinstance(checked, Quarantined):
@@ -560,7 +572,6 @@ def create_app(
     max_queue: int = 10_000,
     path: str = "/webhook",
     max_depth: int = DEFAULT_MAX_DEPTH,
-    producer_key: NoteSigner | str | None = None,
 ) -> Starlette:
     """The receiver as an ASGI app. ``app.state.receiver`` is its ``WebhookReceiver``."""
     receiver = WebhookReceiver(
@@ -571,7 +582,6 @@ def create_app(
         ack_timeout_s=ack_timeout_s,
         max_queue=max_queue,
         max_depth=max_depth,
-        producer_key=producer_key,
     )
 
     async def webhook(request: Request) -> Response:
@@ -616,6 +626,14 @@ def build_server(
     return _Server(config)
 
 
+def receiver_sealer(producer_key_file: str | Path | None = None) -> Sealer | None:
+    """The receiver's sealer: GitHub events keep no chain (``seq`` is 0). Raises OSError for an
+    unreadable file and ValueError (``CheckpointError``) for one that holds no private key."""
+    if producer_key_file is not None:
+        return Sealer.from_file(producer_key_file, chain=False)
+    return Sealer.from_env(chain=False)
+
+
 def serve(
     host: str,
     port: int,
@@ -625,17 +643,17 @@ def serve(
     delivery_db: str | Path | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     log_level: str = "info",
+    producer_key_file: str | Path | None = None,
 ) -> None:
-    """Run the receiver with uvicorn until interrupted. Events go to ``open_sink(spool_dir)``."""
+    """Run the receiver with uvicorn until interrupted. Events go to ``open_sink(spool_dir)``, signed
+    with the producer key in ``producer_key_file`` (default: the file ``RUNLEDGER_PRODUCER_KEY``
+    names; neither: unsigned)."""
     secret = read_secret(secret_file)
     spool = Path(spool_dir) if spool_dir is not None else default_spool_dir()
+    sealer = receiver_sealer(producer_key_file)
     deliveries = DeliveryLog(delivery_db if delivery_db is not None else default_delivery_db(spool))
-    sink = open_sink(spool)
-    key_file = os.environ.get(PRODUCER_KEY_ENV)
-    producer_key = Path(key_file).read_text() if key_file else None
-    app = create_app(
-        secret, sink, max_body_bytes=max_body_bytes, delivery_log=deliveries, producer_key=producer_key
-    )
+    sink = open_sink(spool, sealer=sealer)
+    app = create_app(secret, sink, max_body_bytes=max_body_bytes, delivery_log=deliveries)
     started = time.monotonic()
     try:
         build_server(app, host, port, log_level=log_level).run()

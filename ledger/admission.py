@@ -26,17 +26,26 @@ it is still stored (never blocking) and a ``ledger.incident`` event is appended 
 ``gap`` (``missing`` seq numbers before it) or ``fork`` (its seq was already taken, or its ``prev``
 is not the last event's hash).
 
-State is rebuilt from the events table when the ledger moved on without this process (another
-writer, a fresh open) and otherwise kept in memory, commit to commit.
+**Authenticated.** Each admitted event's row says how it got in (``Admitted.authenticated``, the
+events table's ``authenticated`` column): True, its signature verified against a registered key;
+False, let in unsigned by the policy (answers show it as unauthenticated); None, the ledger had no
+registry then (nothing was checked).
+
+**State.** The registry, the policy and each source's head are saved with every commit record
+(``"admission"``, ``AdmissionState.to_json``): the commit point that stores the events stores the
+heads they moved, exactly once, and opening a writer reads one record (O(sources)), not the events.
+A ledger written before that is rebuilt once from its events table (``scan_state``).
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -101,6 +110,36 @@ class AdmissionState:
             self, keys=dict(self.keys), unsigned_sources=list(self.unsigned_sources), heads=dict(self.heads)
         )
 
+    def to_json(self) -> dict[str, Any]:
+        """What the commit record keeps (everything but ``commit``, which is the record's own)."""
+        return {
+            "registry": self.registry,
+            "keys": [
+                {
+                    "name": k.name,
+                    "public_key": k.public_key,
+                    "scope": msgspec.to_builtins(k.scope),
+                    "revoked": k.revoked,
+                }
+                for k in self.keys.values()
+            ],
+            "unsigned_sources": list(self.unsigned_sources),
+            "heads": {source: [seq, digest] for source, (seq, digest) in sorted(self.heads.items())},
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any], commit: int) -> AdmissionState:
+        state = cls(commit=commit, registry=bool(obj.get("registry")))
+        for k in obj.get("keys", []):
+            scope = msgspec.json.decode(msgspec.json.encode(k["scope"]), type=p.ProducerScope)
+            key = _key(k["public_key"], k["name"], scope)
+            state.keys[key.key_id] = replace(key, revoked=bool(k.get("revoked")))
+        state.unsigned_sources = list(obj.get("unsigned_sources", []))
+        state.heads = {
+            source: (int(seq), str(digest)) for source, (seq, digest) in obj.get("heads", {}).items()
+        }
+        return state
+
     def apply(self, env_type: str, payload: msgspec.Struct) -> None:
         """Fold one registry or policy event in."""
         self.registry = True
@@ -119,6 +158,19 @@ class AdmissionState:
                 self.keys[old.key_id] = replace(old, revoked=True)
         elif isinstance(payload, p.PolicyChanged):
             self.unsigned_sources = list(payload.unsigned_sources)
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """An event let in, and how: ``authenticated`` True (signature verified), False (unsigned, let
+    in by the policy), None (no registry yet: nothing checked)."""
+
+    authenticated: bool | None
+
+
+SIGNED_IN = Admitted(True)
+UNSIGNED_IN = Admitted(False)
+UNCHECKED = Admitted(None)
 
 
 def _key(public_key: str, name: str, scope: p.ProducerScope) -> ProducerKey:
@@ -164,16 +216,16 @@ class AdmissionRound:
                     step=env.step,
                     subject=env.source,
                     id=f"incident-{position}-{env.id}"[:1000],
+                    time=env.time,  # the cause's: a replay that meets the same cause writes the same bytes
                 )
                 yield SourceRecord(INCIDENT_INGEST, position, encode_event(envelope))
 
-    def check(self, event: Event, record: SourceRecord, leaf: bytes) -> Quarantined | None:
-        """Refuse ``event`` (a ``Quarantined`` with its reason) or admit it (None) and note its
-        place in its source's order. ``leaf``: its Merkle leaf hash (the store has it already)."""
+    def check(self, event: Event, record: SourceRecord, leaf: bytes) -> Quarantined | Admitted:
+        """Refuse ``event`` (a ``Quarantined`` with its reason) or admit it (how: ``Admitted``) and
+        note its place in its source's order. ``leaf``: its Merkle leaf hash (the store has it)."""
         env = event.envelope
         internal = record.source in (REGISTRY_INGEST, INCIDENT_INGEST)
-        own = env.type in c.LEDGER_TYPES or env.source.startswith("ledger:") or env.stream == REGISTRY_STREAM
-        if own or internal:
+        if internal or is_own(env):
             if not internal or env.source != record.source:
                 return _refuse(
                     event, record, RESERVED, f"{env.type} from {env.source} is the ledger's own record"
@@ -183,55 +235,19 @@ class AdmissionRound:
                     self.state.apply(env.type, env.data)
                 except CheckpointError as exc:
                     return _refuse(event, record, RESERVED, f"registry event with a bad key: {exc}")
-            return None
-        refused = self._authenticate(event, record)
-        if refused is not None:
-            return refused
+            return UNCHECKED
+        verdict = authenticate(self.state, env, event.canonical)
+        if isinstance(verdict, tuple):
+            return _refuse(event, record, *verdict)
         self._order(event, leaf)
-        return None
+        return verdict
 
     def keep(self, commit: int) -> None:
         """The commit succeeded: its state is the ledger's."""
         self.state.commit = commit
         self.ledger.admission_state = self.state
 
-    # -- the checks ------------------------------------------------------------------------------
-    def _authenticate(self, event: Event, record: SourceRecord) -> Quarantined | None:
-        state = self.state
-        if not state.registry:
-            return None  # no registry in this ledger: everything is admitted, as before admission
-        env = event.envelope
-        if env.signature is None or env.key_id is None:
-            if _matches(env.source, state.unsigned_sources):
-                return None
-            return _refuse(event, record, UNSIGNED, f"unsigned event from {env.source}, not allowed unsigned")
-        key = state.keys.get(env.key_id)
-        if key is None:
-            return _refuse(
-                event, record, UNKNOWN_KEY, f"signed by {env.key_id}, not a registered producer key"
-            )
-        if key.revoked:
-            return _refuse(event, record, REVOKED_KEY, f"signed by {env.key_id}, revoked before this event")
-        try:
-            verify_canonical(event.canonical, key.verifier)
-        except SignatureError as exc:
-            return _refuse(event, record, BAD_SIGNATURE, str(exc))
-        scope = key.scope
-        problem = None
-        if not _matches(env.source, scope.sources):
-            problem = f"source {env.source}"
-        elif scope.streams and not _matches(env.stream, scope.streams):
-            problem = f"stream {env.stream}"
-        elif scope.types and not _matches(env.type, scope.types):
-            problem = f"type {env.type}"
-        elif scope.valid_from is not None and _utc(env.time) < _utc(scope.valid_from):
-            problem = f"time {env.time.isoformat()} before the key's validity"
-        elif scope.valid_until is not None and _utc(env.time) > _utc(scope.valid_until):
-            problem = f"time {env.time.isoformat()} after the key's validity"
-        if problem is not None:
-            return _refuse(event, record, OUT_OF_SCOPE, f"{problem} is outside key {key.key_id}'s scope")
-        return None
-
+    # -- order -----------------------------------------------------------------------------------
     def _order(self, event: Event, leaf: bytes) -> None:
         env = event.envelope
         if env.prev is None:
@@ -246,6 +262,46 @@ class AdmissionRound:
             self._pending.append((_incident("fork", env, expected_seq, expected_prev, 0), event))
         if head is None or env.seq > head[0]:
             self.state.heads[env.source] = (env.seq, leaf.hex())  # = event_hash(canonical)
+
+
+def is_own(env: Any) -> bool:
+    """An event of the ledger's own record (registry, policy, incidents): never a producer's."""
+    return env.type in c.LEDGER_TYPES or env.source.startswith("ledger:") or env.stream == REGISTRY_STREAM
+
+
+def authenticate(state: AdmissionState, env: Any, canonical: bytes) -> Admitted | tuple[str, str]:
+    """How a producer's event is admitted under the registry and policy of ``state``, or why not
+    (quarantine code, reason). Ingest and ``ledger verify`` both judge events with it."""
+    if not state.registry:
+        return UNCHECKED  # no registry in this ledger yet: everything is admitted, as before admission
+    if env.signature is None or env.key_id is None:
+        if _matches(env.source, state.unsigned_sources):
+            return UNSIGNED_IN
+        return UNSIGNED, f"unsigned event from {env.source}, not allowed unsigned"
+    key = state.keys.get(env.key_id)
+    if key is None:
+        return UNKNOWN_KEY, f"signed by {env.key_id}, not a registered producer key"
+    if key.revoked:
+        return REVOKED_KEY, f"signed by {env.key_id}, revoked before this event"
+    try:
+        verify_canonical(canonical, key.verifier)
+    except SignatureError as exc:
+        return BAD_SIGNATURE, str(exc)
+    scope = key.scope
+    problem = None
+    if not _matches(env.source, scope.sources):
+        problem = f"source {env.source}"
+    elif scope.streams and not _matches(env.stream, scope.streams):
+        problem = f"stream {env.stream}"
+    elif scope.types and not _matches(env.type, scope.types):
+        problem = f"type {env.type}"
+    elif scope.valid_from is not None and _utc(env.time) < _utc(scope.valid_from):
+        problem = f"time {env.time.isoformat()} before the key's validity"
+    elif scope.valid_until is not None and _utc(env.time) > _utc(scope.valid_until):
+        problem = f"time {env.time.isoformat()} after the key's validity"
+    if problem is not None:
+        return OUT_OF_SCOPE, f"{problem} is outside key {key.key_id}'s scope"
+    return SIGNED_IN
 
 
 def _incident(kind: str, env: Any, expected_seq: int, expected_prev: str, missing: int) -> p.LedgerIncident:
@@ -277,10 +333,23 @@ def admission_round(ledger: Ledger, positions: dict[str, int]) -> AdmissionRound
 
 
 def load_state(ledger: Ledger) -> AdmissionState:
-    """The admission state as of the ledger's last commit, from its events table. Only the small
-    columns are read for every event; canonical bytes only from the files that hold a registry
-    event or a source's head (one read per such file)."""
-    state = AdmissionState(commit=ledger.last_commit)
+    """The admission state as of the ledger's last commit, from that commit's record (O(sources));
+    from the events table for a ledger whose records predate it (``scan_state``)."""
+    paths = ledger.commit_paths()
+    if not paths:
+        return AdmissionState()
+    record = msgspec.json.decode(paths[-1].read_bytes())
+    saved = record.get("admission")
+    if saved is not None:
+        return AdmissionState.from_json(saved, record["commit"])
+    return scan_state(ledger, record["commit"])
+
+
+def scan_state(ledger: Ledger, commit: int) -> AdmissionState:
+    """The admission state as of ``commit`` (the last), from the events table: for a ledger written
+    before commit records kept it. Only the small columns are read for every event; canonical bytes
+    only from the files that hold a registry event or a source's head (one read per such file)."""
+    state = AdmissionState(commit=commit)
     files = sorted(str(path) for path in (ledger.root / "events").rglob("*.parquet"))
     if not files:
         return state
@@ -380,3 +449,105 @@ def describe(key: ProducerKey) -> dict[str, Any]:
         **scope,
         "public_key": key.public_key,
     }
+
+
+# ---------------------------------------------------------------------------------- the registry's past
+
+
+class RegistryTimeline:
+    """The registry and policy as they stood at each commit, for judging stored events again
+    (``ledger verify``): an event stored in commit ``n`` was admitted under the registry events of
+    the commits before ``n`` (``append_registry_event`` commits each one alone)."""
+
+    def __init__(self, registry_events: Iterable[tuple[int, str, msgspec.Struct]]) -> None:
+        """``registry_events``: (commit, type, payload) of each registry or policy event, in log order."""
+        self._commits: list[int] = []
+        self._states: list[AdmissionState] = []
+        state = AdmissionState()
+        for commit, env_type, payload in registry_events:
+            with contextlib.suppress(CheckpointError):  # refused when written: never in the table
+                state.apply(env_type, payload)
+            if self._commits and self._commits[-1] == commit:
+                self._states[-1] = state.copy()
+            else:
+                self._commits.append(commit)
+                self._states.append(state.copy())
+
+    def __bool__(self) -> bool:
+        return bool(self._commits)
+
+    def state_at(self, commit: int) -> AdmissionState:
+        """The registry an event stored in ``commit`` was admitted under."""
+        i = bisect.bisect_left(self._commits, commit) - 1
+        return self._states[i] if i >= 0 else AdmissionState()
+
+
+# ---------------------------------------------------------------------------------- keeping it across replay
+
+
+@dataclass(frozen=True)
+class RegistryEntry:
+    """One registry or policy event as a replay must put it back: its bytes, its position in
+    ``REGISTRY_INGEST`` and where every other source stood when it was committed (``after``: next
+    positions), so the rebuilt ledger admits every record under the same registry as the live one."""
+
+    position: int
+    raw: bytes
+    after: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"position": self.position, "after": self.after, "event": self.raw.decode()}
+
+
+def registry_entries(ledger: Ledger) -> list[RegistryEntry]:
+    """The ledger's registry and policy events, in log order, with the positions they came at."""
+    files = sorted(str(path) for path in (ledger.root / "events").rglob("*.parquet"))
+    if not files:
+        return []
+    table = ds.dataset(files, format="parquet").to_table(
+        columns=["commit", "ingest_position", "canonical"],
+        filter=ds.field("ingest_source") == REGISTRY_INGEST,
+    )
+    entries = []
+    for commit, position, text in sorted(
+        zip(*(table.column(n).to_pylist() for n in ("commit", "ingest_position", "canonical")), strict=True)
+    ):
+        positions = ledger.read_commit(commit)["positions"]
+        after = {s: n for s, n in positions.items() if s not in (REGISTRY_INGEST, INCIDENT_INGEST)}
+        entries.append(RegistryEntry(position, text.encode(), after))
+    return entries
+
+
+def write_registry_file(entries: Iterable[RegistryEntry], path: Path) -> int:
+    """Save the registry (``ledger producers export``): JSON lines, one entry each; how many."""
+    lines = [json.dumps(entry.to_json(), sort_keys=True) for entry in entries]
+    path.write_text("".join(line + "\n" for line in lines))
+    return len(lines)
+
+
+def read_registry(path: Path) -> list[RegistryEntry]:
+    """The registry entries kept in a ledger directory or a file ``write_registry_file`` wrote.
+    Raises ValueError naming the line for a file that is not one; each event is checked again by
+    admission when committed (only the ledger's own registry source may carry them)."""
+    from runledger.ledger.store import Ledger
+
+    if path.is_dir():
+        return registry_entries(Ledger.open(path))
+    entries = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            entry = RegistryEntry(
+                int(obj["position"]),
+                str(obj["event"]).encode(),
+                {str(s): int(n) for s, n in dict(obj["after"]).items()},
+            )
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            raise ValueError(f"{path}:{number}: not a registry entry ({type(exc).__name__}: {exc})") from None
+        decoded = decode_event(entry.raw)
+        if not isinstance(decoded, Event) or decoded.envelope.type not in REGISTRY_TYPES:
+            raise ValueError(f"{path}:{number}: not a registry or policy event")
+        entries.append(entry)
+    return sorted(entries, key=lambda e: e.position)

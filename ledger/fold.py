@@ -5,12 +5,18 @@ lineage, to the latest attempt that started below it (``S_b < N``); an earlier a
 a later attempt's resume point are superseded. The config live at step ``N`` is that attempt's launch
 config with its accepted patches of step <= N applied in stream order (a change's step is the first
 step trained with it).
+
+The fold tells the truth about disagreement: each launch's config and each accepted change's result
+is hashed again here and compared with the hash its producer recorded; where they differ the state
+lists it (``hash_mismatches``) and the answers flag it, rather than trusting either side. Events the
+ledger admitted unsigned under its policy (``unauthenticated``: their (source, id)) are marked
+``authenticated: False`` and listed in ``RunState.unauthenticated``, so every answer can say so.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -50,6 +56,8 @@ class Attempt:
     repository: str | None = None
     job_id: str | None = None
     cluster: str | None = None
+    hash_matches: bool = True  # the launch config hashes again to the producer's config_hash
+    authenticated: bool = True  # False: admitted unsigned under the ledger's policy
 
 
 @dataclass
@@ -68,13 +76,19 @@ class RunState:
     annotations: list[dict[str, Any]] = field(default_factory=list)
     github: list[dict[str, Any]] = field(default_factory=list)
     attempts: list[Attempt] = field(default_factory=list)
+    # Where the config recomputed here and the producer's hash disagree: launches and changes so far.
+    hash_mismatches: list[dict[str, Any]] = field(default_factory=list)
+    # The facts of this state that were admitted unsigned (kind, step, attempt, source).
+    unauthenticated: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = msgspec.to_builtins(self.__dict__)
         return out
 
 
-def attempts_of(events: Iterable[Envelope]) -> dict[int, Attempt]:
+def attempts_of(
+    events: Iterable[Envelope], unauthenticated: Collection[tuple[str, str]] = ()
+) -> dict[int, Attempt]:
     out: dict[int, Attempt] = {}
     for e in events:
         if e.type in (c.RUN_STARTED, c.RUN_RESUMED):
@@ -93,6 +107,8 @@ def attempts_of(events: Iterable[Envelope]) -> dict[int, Attempt]:
                 repository=d.repository,
                 job_id=d.job_id,
                 cluster=d.cluster,
+                hash_matches=config_hash(d.config) == d.config_hash,
+                authenticated=(e.source, e.id) not in unauthenticated,
             )
     return out
 
@@ -122,15 +138,17 @@ def fold_run(
     step: int | None = None,
     at: datetime | None = None,
     github: Sequence[dict[str, Any]] = (),
+    unauthenticated: Collection[tuple[str, str]] = (),
 ) -> RunState:
     """State of ``run_id`` at ``step`` (on the final lineage) or as known at time ``at``.
 
     ``events`` are the run's events in stream order; ``github`` the rows of its repository's
-    GitHub events (with a ``time``), of which those up to the cut time are kept.
+    GitHub events (with a ``time``), of which those up to the cut time are kept; ``unauthenticated``
+    the (source, id) of its events admitted unsigned.
     """
     if at is not None:
         events = [e for e in events if e.time <= at]
-    attempts = attempts_of(events)
+    attempts = attempts_of(events, unauthenticated)
     if at is not None:
         live = max(attempts) if attempts else None
         steps = [e.step for e in events if e.attempt == live and e.step is not None]
@@ -144,6 +162,16 @@ def fold_run(
     launch = attempts[live]
     config = copy.deepcopy(launch.config)
     state.git_commit, state.git_dirty = launch.git_commit, launch.git_dirty
+    for a in sorted(attempts.values(), key=lambda a: a.attempt):
+        if a.attempt > live or not on_lineage(attempts, a.attempt, a.start_step):
+            continue
+        fact = {"kind": a.kind, "step": a.start_step, "attempt": a.attempt}
+        if not a.hash_matches:
+            state.hash_mismatches.append(
+                {**fact, "recorded": a.config_hash, "recomputed": config_hash(a.config)}
+            )
+        if not a.authenticated:
+            state.unauthenticated.append(fact)
     cut_time = at or launch.started_at
     for e in events:
         attempt = e.attempt or 1
@@ -155,13 +183,31 @@ def fold_run(
         if in_live and e.time > cut_time:
             cut_time = e.time
         d = e.data
+        authenticated = (e.source, e.id) not in unauthenticated
+        if not authenticated and e.type != c.RUN_STARTED and e.type != c.RUN_RESUMED:
+            state.unauthenticated.append(
+                {"kind": e.type.removeprefix("runledger."), "step": e.step, "attempt": attempt}
+            )
         if e.type == c.CONFIG_CHANGED and in_live:
             config = apply_config_patch(config, d.patch)  # a patch that does not apply raises
-            state.config_changes.append(_change(e, accepted=True))
+            recomputed = config_hash(config)
+            change = _change(e, accepted=True, authenticated=authenticated)
+            change["hash_matches"] = recomputed == d.config_hash
+            if not change["hash_matches"]:
+                state.hash_mismatches.append(
+                    {
+                        "kind": "config.changed",
+                        "step": e.step,
+                        "attempt": attempt,
+                        "recorded": d.config_hash,
+                        "recomputed": recomputed,
+                    }
+                )
+            state.config_changes.append(change)
         elif e.type == c.CONFIG_REJECTED and (in_live or in_past):
-            state.config_changes.append(_change(e, accepted=False))
+            state.config_changes.append(_change(e, accepted=False, authenticated=authenticated))
         elif e.type == c.CONFIG_CHANGED and in_past:
-            state.config_changes.append(_change(e, accepted=True))
+            state.config_changes.append(_change(e, accepted=True, authenticated=authenticated))
         elif e.type == c.CHECKPOINT_SAVED and (in_live or in_past):
             state.last_checkpoint = {"step": e.step, "attempt": attempt, "path": d.path, "time": e.time}
         elif e.type == c.RUN_CRASHED:
@@ -185,7 +231,9 @@ def fold_run(
     return state
 
 
-def _change(e: Envelope, *, accepted: bool) -> dict[str, Any]:
+def _change(e: Envelope, *, accepted: bool, authenticated: bool = True) -> dict[str, Any]:
+    """A change as the state lists it; ``hash_matches`` is set (True/False) only where this fold
+    applied it (the live attempt's accepted changes), None elsewhere."""
     return {
         "step": e.step,
         "attempt": e.attempt,
@@ -194,4 +242,6 @@ def _change(e: Envelope, *, accepted: bool) -> dict[str, Any]:
         "reason": getattr(e.data, "reason", None),
         "cause": msgspec.to_builtins(e.data.cause),
         "time": e.time,
+        "hash_matches": None,
+        "authenticated": authenticated,
     }

@@ -6,8 +6,14 @@ What is checked by ``verify_ledger``:
     and the ledger only grew since (consistency);
   * every event row hashes to the leaf recorded at its ``stream_seq``: a changed event is named
     "modified", a missing one "removed", one the commits never recorded "inserted", rows out of
-    their stream order within a file "reordered";
-  * every typed table equals what the events produce: an edited metric names its event.
+    their stream order within a file "reordered"; its ``commit`` column must be the commit the log
+    says appended it; every column of every file must read (damage anywhere is "unreadable");
+  * every typed table equals what the events produce: an edited metric names its event;
+  * every producer event is admitted again under the registry kept in the log as it stood when the
+    event was stored (``ledger.admission.authenticate``): its key registered, not revoked before it,
+    its scope covering it, its Ed25519 signature over its bytes good, or its source let in unsigned by
+    the policy then; a failure is a ``producer`` problem naming the event. Its row's
+    ``authenticated`` column must say the same.
 Guarantee: tamper-evident, not tamper-proof. Someone who can rewrite the files *and* the commit
 log can make a self-consistent forgery, but not one that matches a checkpoint signed and published
 before the edit; that is why checkpoints must be kept by others.
@@ -32,6 +38,13 @@ import pyarrow.parquet as pq
 
 from runledger.durable import write_durably
 from runledger.ledger import verifier
+from runledger.ledger.admission import (
+    REGISTRY_STREAM,
+    REGISTRY_TYPES,
+    RegistryTimeline,
+    authenticate,
+    is_own,
+)
 from runledger.ledger.log_checkpoint import parse_and_verify_checkpoint, parse_private_key, sign_checkpoint
 from runledger.ledger.merkle import CompactRange, MerkleTree, leaf_hash, root_from_leaf_hashes
 from runledger.ledger.parquet_schemas import TABLES, tables_of
@@ -46,7 +59,7 @@ CHECKPOINTS = "_checkpoints"
 @dataclass(frozen=True)
 class Problem:
     stream: str
-    kind: str  # modified | removed | inserted | reordered | table-mismatch | checkpoint | unreadable | log
+    kind: str  # modified | removed | inserted | reordered | table-mismatch | checkpoint | unreadable | log | producer
     detail: str
     stream_seq: int | None = None
     event_id: str | None = None
@@ -93,6 +106,11 @@ class RecordedIds:
 
     def __len__(self) -> int:
         return self._size
+
+    def commit_of(self, index: int) -> int:
+        """The commit that appended leaf ``index`` (from the log, not from the row's own column)."""
+        run = bisect.bisect_right(self._starts, index) - 1
+        return int(self._where[run][0].stem)
 
     def __getitem__(self, index: int) -> tuple[str, str]:
         if not 0 <= index < self._size:
@@ -170,6 +188,8 @@ class EventRow(NamedTuple):
     canonical: str
     file: str
     envelope: tuple[Any, ...]  # the ENVELOPE_COLUMNS values as stored
+    authenticated: bool | None = None  # the row's admission mark (None in files older than it)
+    commit: int | None = None  # the row's commit column: must be the commit the log says appended it
 
 
 # Event rows read at once: a few MB of canonical bytes, whatever the ledger's size.
@@ -181,13 +201,19 @@ def _event_batches(root: Path, report: Report) -> Iterator[list[tuple[str, Event
     for path in sorted((root / "events").rglob("*.parquet")):
         rel = str(path.relative_to(root))
         try:
-            for batch in pq.ParquetFile(path).iter_batches(
-                batch_size=_BATCH_ROWS, columns=list(_EVENT_COLUMNS)
-            ):
+            parquet = pq.ParquetFile(path)
+            names = parquet.schema_arrow.names
+            # Every column is read, used or not: damage anywhere in the file is "unreadable".
+            for batch in parquet.iter_batches(batch_size=_BATCH_ROWS):
                 cols = [batch.column(c).to_pylist() for c in _EVENT_COLUMNS]
+                nulls = [None] * batch.num_rows
+                marks = batch.column("authenticated").to_pylist() if "authenticated" in names else nulls
+                commits = batch.column("commit").to_pylist() if "commit" in names else nulls
                 yield [
-                    (stream, EventRow(seq, source, ident, canonical, rel, tuple(envelope)))
-                    for stream, seq, source, ident, canonical, *envelope in zip(*cols, strict=True)
+                    (stream, EventRow(seq, source, ident, canonical, rel, tuple(envelope), mark, commit))
+                    for (stream, seq, source, ident, canonical, *envelope), mark, commit in zip(
+                        zip(*cols, strict=True), marks, commits, strict=True
+                    )
                 ]
         except Exception as exc:
             report.problems.append(Problem("?", "unreadable", f"{rel}: {' '.join(str(exc).split())[:200]}"))
@@ -251,6 +277,7 @@ def verify_ledger(root: str | Path, public_key: str | None = None) -> Report:
     ledger = Ledger.open(root)
     report = Report()
     recorded = recorded_streams(ledger, report)
+    timeline = _registry_timeline(ledger.root, recorded.get(REGISTRY_STREAM))
     checks: dict[str, _StreamCheck] = {}
     with tempfile.TemporaryDirectory(prefix="runledger-verify-") as spill:
         tables = _TableCheck(ledger.root, Path(spill))
@@ -264,6 +291,9 @@ def verify_ledger(root: str | Path, public_key: str | None = None) -> Report:
                 event = _check_row(check, stream, row)
                 if event is not None:
                     good.append((row.seq, event))
+                    problem = _check_producer(timeline, check.rec, stream, row, event)
+                    if problem is not None:
+                        check.edited.append(problem)
             tables.add(good)
         for stream in sorted(set(recorded) | set(checks)):
             report.streams += 1
@@ -302,10 +332,58 @@ def _check_row(check: _StreamCheck, stream: str, row: EventRow) -> Event | None:
     if not isinstance(decoded, Event):
         return None
     edited = _envelope_mismatches(row, stream, decoded)
+    if row.commit != check.rec.ids.commit_of(row.seq):
+        detail = f"column commit differs from the commit log ({row.file})"
+        check.edited.append(Problem(stream, "modified", detail, row.seq, decoded.envelope.id))
     if edited:
         detail = f"column {', '.join(edited)} differs from the event's bytes ({row.file})"
         check.edited.append(Problem(stream, "modified", detail, row.seq, decoded.envelope.id))
     return decoded
+
+
+def _registry_timeline(root: Path, rec: RecordedStream | None) -> RegistryTimeline:
+    """The registry's past from its own stream's rows, each one only if its bytes are the leaf the
+    log recorded (a changed registry row is reported "modified" by the main pass, never trusted)."""
+    if rec is None or not rec.leaves:
+        return RegistryTimeline([])
+    found: dict[int, Event] = {}
+    for path in sorted((root / "events").rglob("*.parquet")):
+        try:
+            table = pq.read_table(path, columns=["stream", "stream_seq", "canonical"])
+        except Exception:
+            continue  # named "unreadable" by the main pass
+        table = table.filter(pc.equal(table["stream"], REGISTRY_STREAM))
+        for seq, text in zip(table["stream_seq"].to_pylist(), table["canonical"].to_pylist(), strict=True):
+            canonical = text.encode()
+            if 0 <= seq < len(rec.leaves) and leaf_hash(canonical) == rec.leaves[seq]:
+                decoded = decode_event(canonical)
+                if isinstance(decoded, Event) and decoded.envelope.type in REGISTRY_TYPES:
+                    found[seq] = decoded
+    return RegistryTimeline(
+        (rec.ids.commit_of(seq), event.envelope.type, event.envelope.data)
+        for seq, event in sorted(found.items())
+    )
+
+
+def _check_producer(
+    timeline: RegistryTimeline, rec: RecordedStream, stream: str, row: EventRow, event: Event
+) -> Problem | None:
+    """A stored producer event judged again under the registry of its commit (see the module doc)."""
+    env = event.envelope
+    if is_own(env):
+        return None
+    state = timeline.state_at(rec.ids.commit_of(row.seq))
+    verdict = authenticate(state, env, event.canonical)
+    if isinstance(verdict, tuple):
+        code, reason = verdict
+        return Problem(stream, "producer", f"{code}: {reason} ({row.file})", row.seq, env.id)
+    stored = row.authenticated
+    if stored != verdict.authenticated and not (stored is None and verdict.authenticated):
+        detail = (
+            f"column authenticated is {stored}, admission under the registry says {verdict.authenticated}"
+        )
+        return Problem(stream, "producer", f"{detail} ({row.file})", row.seq, env.id)
+    return None
 
 
 _CONFLICTS_LISTED = 20

@@ -53,6 +53,9 @@ TABLES: dict[str, Table] = {
                 ("ingest_source", pa.string()),
                 ("ingest_position", pa.int64()),
                 ("canonical", pa.string()),
+                # How admission let it in: True signed and verified, False unsigned by the policy,
+                # null no registry then (and every row written before this column existed).
+                ("authenticated", pa.bool_()),
             ),
             "Every accepted event, in stream order, with its canonical JSON (the Merkle leaf).",
         ),

@@ -121,6 +121,17 @@ class Reader:
             out.append(decoded.envelope)
         return out
 
+    def unauthenticated(self, run_id: str) -> frozenset[tuple[str, str]]:
+        """(source, id) of the run's events admitted unsigned under the ledger's policy (the events
+        table's ``authenticated`` column; Parquet statistics skip the row groups with none)."""
+        try:
+            rows = self.sql(
+                "SELECT source, id FROM events WHERE stream = ? AND authenticated = false", [run_id]
+            ).rows
+        except QueryError:  # a ledger from before the column: nothing was admitted unsigned by policy
+            return frozenset()
+        return frozenset((source, ident) for source, ident in rows)
+
     def github_rows(self, repository: str | None) -> list[dict[str, Any]]:
         if not repository:
             return []
@@ -160,7 +171,9 @@ class Reader:
             step = self.last_step(run_id)
         if github is None:
             github = self.github_rows(repository)
-        return fold_run(run_id, events, step=step, at=at, github=github)
+        return fold_run(
+            run_id, events, step=step, at=at, github=github, unauthenticated=self.unauthenticated(run_id)
+        )
 
     def _run_github(self, events: Sequence[Envelope]) -> list[dict[str, Any]]:
         """The GitHub rows of the repository the run's attempts name."""
@@ -199,6 +212,8 @@ class Reader:
             # The patch as history and blame say it: ``moe.capacity_factor 1.0 → 1.25``.
             "changes": [_op_text(op, before.config) for op in patch],
             "events": happened,
+            # Where the recomputed config and the producer's hash disagree, up to the later step.
+            "hash_mismatches": after.hash_mismatches,
         }
 
     def blame(self, run_id: str, key: str, step: int | None = None) -> dict[str, Any]:
@@ -220,15 +235,26 @@ class Reader:
         attempts = attempts_of(events)
         live = attempts[state.attempt]
         found = _last_change(events, attempts, state.attempt, state.step, path)
+        unauthenticated = self.unauthenticated(run_id)
         if found is not None and found.type == c.CONFIG_CHANGED:
             setter_attempt = attempts.get(found.attempt or 1, live)
             cause = msgspec.to_builtins(found.data.cause)
+            change = next(
+                (
+                    ch
+                    for ch in state.config_changes
+                    if ch["accepted"] and (ch["step"], ch["time"]) == (found.step, found.time)
+                ),
+                {},
+            )
             setter: dict[str, Any] = {
                 "kind": "config.changed",
                 "step": found.step,
                 "attempt": found.attempt,
                 "time": found.time,
                 "cause": cause,
+                "hash_matches": change.get("hash_matches"),
+                "authenticated": (found.source, found.id) not in unauthenticated,
             }
         else:  # a launch: the run's start, or a resume that changed the value
             setter_attempt = attempts.get(found.attempt or 1, live) if found is not None else live
@@ -239,6 +265,8 @@ class Reader:
                 "attempt": setter_attempt.attempt,
                 "time": setter_attempt.started_at,
                 "cause": None,
+                "hash_matches": setter_attempt.hash_matches,
+                "authenticated": found is None or (found.source, found.id) not in unauthenticated,
             }
         # The code behind the value: the change's own commit, else what the setting attempt ran.
         commit = (cause or {}).get("commit") or setter_attempt.git_commit
@@ -247,8 +275,15 @@ class Reader:
         )
         info = self.commit_info(commit, repository)
         prs = self.prs_for_commit(info.get("sha") or commit)
-        # The person: who made the change, else who wrote the commit, else who authored its PR.
-        person = (cause or {}).get("actor") or info.get("author") or next((pr["author"] for pr in prs), None)
+        # The person: who made the change. A change is never put on the code's author unless the
+        # change *is* that commit; a change without a known actor is "unknown". A launch: who wrote
+        # the commit it ran, else who authored its PR.
+        if cause is not None and cause.get("kind") != "commit":
+            person = cause.get("actor") or "unknown"
+        else:
+            person = (
+                (cause or {}).get("actor") or info.get("author") or next((pr["author"] for pr in prs), None)
+            )
         return {
             "run_id": run_id,
             "key": key,
@@ -316,10 +351,12 @@ class Reader:
         config: dict[str, Any] | None = None
         causes = [e.data.cause.commit for e in events if e.type == c.CONFIG_CHANGED and e.data.cause.commit]
         prs = self.prs_for_commits(causes)  # one query for every change's commit
+        unauthenticated = self.unauthenticated(run_id)
         for e in events:
-            items.append(
-                history_item(e, config, code.get(e.attempt or 1), lambda sha: prs.get(sha or "", []))
-            )
+            item = history_item(e, config, code.get(e.attempt or 1), lambda sha: prs.get(sha or "", []))
+            if (e.source, e.id) in unauthenticated:
+                item.text += " (unauthenticated)"
+            items.append(item)
             config = _config_after(e, config)
         if events:
             start, end = events[0].time, events[-1].time

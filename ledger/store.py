@@ -384,9 +384,20 @@ class Ledger:
                     head = streams.get(env.stream)
                     stream_seq = head.size if head is not None else 0
                     if refused is None:
-                        refused = admission.check(decoded, record, leaf) or self._add_rows(
-                            decoded, stream_seq, record, number, buf, staging, check
-                        )
+                        verdict = admission.check(decoded, record, leaf)
+                        if isinstance(verdict, Quarantined):
+                            refused = verdict
+                        else:
+                            refused = self._add_rows(
+                                decoded,
+                                stream_seq,
+                                record,
+                                number,
+                                buf,
+                                staging,
+                                check,
+                                verdict.authenticated,
+                            )
                     if refused is None:
                         seen[key] = leaf
                         new_ids.append(key)
@@ -433,6 +444,9 @@ class Ledger:
                     "duplicates": result.duplicates,
                     "quarantined": len(result.quarantined),
                 },
+                # Registry, policy and each source's chain head after this commit: stored at the same
+                # commit point as the events that moved them (ledger.admission.load_state reads it).
+                "admission": admission.state.to_json(),
             }
             write_durably(self.root / COMMITS / f"{number:010d}.json", json.dumps(record_json))
         except BaseException:
@@ -463,6 +477,7 @@ class Ledger:
         buf: RowBuffer,
         staging: _Staging,
         check: _Careful,
+        authenticated: bool | None = None,
     ) -> Quarantined | None:
         """Add every row one event contributes to ``buf``, or none of them and say why not.
 
@@ -474,7 +489,9 @@ class Ledger:
         rows = staging.start()
         try:
             rows_for_event(event, stream_seq, rows, staging.fold)
-            rows.add("events", stream_type(env.stream), _event_row(event, stream_seq, commit, record))
+            row = _event_row(event, stream_seq, commit, record)
+            row["authenticated"] = authenticated
+            rows.add("events", stream_type(env.stream), row)
             touched = rows.touched()
             for key in touched:
                 if key not in self._usable_partitions:
@@ -545,6 +562,10 @@ class Ledger:
                 "streams": {s: h.to_json() for s, h in sorted(self._streams.items())},
                 "counts": {"accepted": 0, "duplicates": 0, "quarantined": 0},
             }
+            last = self.commit_paths()
+            saved = json.loads(last[-1].read_bytes()).get("admission") if last else None
+            if saved is not None:  # the admission state is every record's: carried forward unchanged
+                record["admission"] = saved
             write_durably(self.root / COMMITS / f"{number:010d}.json", json.dumps(record))
             # Old files go first, then the merged ones appear: a racing glob reader may see a
             # partition briefly empty, never doubled.

@@ -246,14 +246,26 @@ def from_dict(tree: dict[str, Any]) -> TrainConfig:
         raise ConfigError(f"invalid config: {exc}") from None
 
 
+# The watched file's ``[change]`` table says who made its latest edit (``author``, ``at``): it is
+# about the edit, not the run, so it is never part of the config (nor of its hash).
+CHANGE_TABLE = "change"
+
+
+def _read_tree(path: str | Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> TrainConfig:
     """Read the TOML file (if any), apply ``section.key=value`` overrides, validate."""
-    tree: dict[str, Any] = {}
-    if path is not None:
-        try:
-            tree = tomllib.loads(Path(path).read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: {exc}") from None
+    tree = _read_tree(path) if path is not None else {}
+    tree.pop(CHANGE_TABLE, None)
+    return _config_from_tree(tree, overrides)
+
+
+def _config_from_tree(tree: dict[str, Any], overrides: Iterable[str]) -> TrainConfig:
     for override in overrides:
         keys, value = parse_override(override)
         _set_path(tree, keys, value)
@@ -334,12 +346,24 @@ class ConfigSource:
         self.overrides = list(overrides)
         self.run_id = run_id
         self._mtime: int | None = None
+        self._change: dict[str, Any] | None = None  # the file's [change] table at the last load
+        self.change_author: str | None = None  # who made the edit just loaded; None: unknown
 
     def load(self) -> TrainConfig:
         self._mtime = self._stat()
-        cfg = finalize(load_config(self.path, self.overrides), self.run_id)
+        tree = _read_tree(self.path) if self.path is not None else {}  # read once: config and its author
+        change = tree.pop(CHANGE_TABLE, None)
+        cfg = finalize(_config_from_tree(tree, self.overrides), self.run_id)
         self.run_id = cfg.run.run_id
+        self._note_change(change if isinstance(change, dict) else None)
         return cfg
+
+    def _note_change(self, change: dict[str, Any] | None) -> None:
+        """An edit's author is the ``[change]`` table's ``author`` only when that table changed with
+        the edit: a table left as it was names the previous edit's author, who did not make this one."""
+        author = change.get("author") if change is not None and change != self._change else None
+        self.change_author = author if isinstance(author, str) and author.strip() else None
+        self._change = change
 
     def _stat(self) -> int | None:
         if self.path is None:
@@ -388,15 +412,23 @@ def _toml_value(value: Any) -> str:
     raise ConfigError(f"cannot write {value!r} as TOML")
 
 
-def edit_config_file(path: str | Path, changes: dict[str, Any]) -> None:
+def edit_config_file(path: str | Path, changes: dict[str, Any], *, author: str | None = None) -> None:
     """Rewrite the watched config file with ``{"moe.capacity_factor": 1.5, ...}`` applied: the way a
     person (or the demo) changes a live run. ``None`` removes a key (its default is None).
+    ``author``: who makes the change, written to the file's ``[change]`` table with the time, so the
+    run records the change as theirs; without it the edit's author is recorded as unknown.
 
     The edit is made line by line so the file keeps its comments and layout; a file whose shape
     that cannot handle (inline tables, dotted keys) is rewritten whole. Atomic either way."""
     target = Path(path)
     text = target.read_text()
     tree = tomllib.loads(text)
+    changes = dict(changes)
+    if author is not None:
+        changes[f"{CHANGE_TABLE}.author"] = author
+        changes[f"{CHANGE_TABLE}.at"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="microseconds")
+    elif isinstance(tree.get(CHANGE_TABLE), dict) and "author" in tree[CHANGE_TABLE]:
+        changes[f"{CHANGE_TABLE}.author"] = None  # a stale author must not be credited with this edit
     for dotted, value in changes.items():
         keys = dotted.split(".")
         if value is None:

@@ -193,6 +193,7 @@ class ConfigEdit:
     allowed: tuple[PatchOpDict, ...] = ()
     refused: tuple[PatchOpDict, ...] = ()
     error: str | None = None
+    actor: str | None = None  # who made the edit (the file's [change] table); None: unknown
 
 
 # (the refused ops' repr, the error): the last refusal, so an unchanged file is not refused twice
@@ -599,13 +600,13 @@ def _read_edit(source: ConfigSource, current: TrainConfig) -> ConfigEdit:
     except ConfigError as exc:
         return ConfigEdit(path=path, error=str(exc))
     allowed, refused = split_patch(diff(current, new))
-    return ConfigEdit(path=path, allowed=tuple(allowed), refused=tuple(refused))
+    return ConfigEdit(path=path, allowed=tuple(allowed), refused=tuple(refused), actor=source.change_author)
 
 
 def _apply_edit(ctx: RunContext, edit: ConfigEdit, step: int) -> None:
     """Apply the allowed part of an edit before ``step`` (config.changed); refuse the rest, with the
     reason (config.rejected). All or nothing: if the allowed part does not validate, all is refused."""
-    cause = ChangeCause(kind="file_edit", detail=edit.path)
+    cause = ChangeCause(kind="file_edit", detail=edit.path, actor=edit.actor)
     refused, error = list(edit.refused), edit.error
     allowed = list(edit.allowed)
     if allowed:
@@ -932,16 +933,19 @@ def _finish_mirror(mirror: mirror_lib.Mirror, result: TrainResult, escaped: bool
 # --- helpers for drivers (the demo, tests) -----------------------------------------------------
 
 
-def schedule_config_change(path: str | Path, at_step: int, changes: dict[str, Any]) -> Progress:
+def schedule_config_change(
+    path: str | Path, at_step: int, changes: dict[str, Any], *, author: str | None = None
+) -> Progress:
     """A progress callback that edits the watched config file once step ``at_step - 1`` is done, so
     the change is picked up at the next boundary and ``at_step`` is the first step trained with it
-    (with the default ``telemetry.config_poll_steps = 1``). ``changes``: {"moe.capacity_factor": 1.5}."""
+    (with the default ``telemetry.config_poll_steps = 1``). ``changes``: {"moe.capacity_factor": 1.5};
+    ``author``: who the change is recorded as made by (None: unknown)."""
     done = False
 
     def callback(report: telemetry.StepReport) -> None:
         nonlocal done
         if not done and report.step >= at_step - 1:
-            edit_config_file(path, changes)
+            edit_config_file(path, changes, author=author)
             done = True
 
     return callback

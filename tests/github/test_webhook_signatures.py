@@ -19,7 +19,7 @@ from runledger.ledger.store import Ledger
 from runledger.ledger.verifier import VerificationError, verify_producer_signature
 from runledger.schemas import Event, decode_event
 from runledger.schemas.payloads import ProducerScope
-from runledger.schemas.signing import HMAC_CHECKED
+from runledger.schemas.signing import HMAC_CHECKED, Sealer
 from tests.support.github import fixture_json, read_events, running_uvicorn
 
 SECRET = b"It's a Secret to Everybody"
@@ -38,8 +38,8 @@ def post(url: str, body: bytes, event: str, secret: bytes = SECRET) -> httpx.Res
 def test_webhook_events_carry_the_receivers_signature_and_the_hmac_check(tmp_path: Path) -> None:
     private, public = write_keypair(tmp_path / "keys", "github-webhook")
     spool = tmp_path / "spool"
-    sink = SpoolSink(spool)
-    app = create_app(SECRET, sink, producer_key=private.read_text())
+    sink = SpoolSink(spool, sealer=Sealer(private.read_text(), chain=False))
+    app = create_app(SECRET, sink)
     body = json.dumps(fixture_json("webhook_issues_edited.json")).encode()
     try:
         with running_uvicorn(app) as url:

@@ -99,3 +99,49 @@ def test_edit_keeps_comments_and_layout(tmp_path: Path) -> None:
     assert "# my run" in text and "# drops on purpose" in text and "capacity_factor = 1.5  # tuned" in text
     cfg = load_config(path)
     assert (cfg.moe.capacity_factor, cfg.optimizer.lr, cfg.moe.top_k) == (1.5, 1e-3, 2)  # top_k: default
+
+
+def test_an_edits_author_is_recorded_only_with_that_edit(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("# my run\n[moe]\ncapacity_factor = 1.0  # tuned\n")
+    source = ConfigSource(path)
+    source.load()
+    assert source.change_author is None
+    edit_config_file(path, {"moe.capacity_factor": 1.25}, author="alice")
+    assert source.load().moe.capacity_factor == 1.25 and source.change_author == "alice"
+    assert "# my run" in path.read_text() and "capacity_factor = 1.25  # tuned" in path.read_text()
+    # A hand edit that leaves [change] as it was is not alice's: it is recorded as unknown.
+    path.write_text(path.read_text().replace("1.25", "1.5"))
+    assert source.load().moe.capacity_factor == 1.5 and source.change_author is None
+    # An edit made without an author removes the stale one rather than crediting it.
+    edit_config_file(path, {"moe.capacity_factor": 2.0})
+    assert "author" not in path.read_text() and source.load().moe.capacity_factor == 2.0
+    assert source.change_author is None
+    edit_config_file(path, {"moe.capacity_factor": 1.0}, author="bob")
+    assert source.load().moe.capacity_factor == 1.0 and source.change_author == "bob"
+
+
+def test_the_change_table_is_not_part_of_the_config(tmp_path: Path) -> None:
+    plain, edited = tmp_path / "a.toml", tmp_path / "b.toml"
+    plain.write_text("[moe]\ncapacity_factor = 1.0\n")
+    edited.write_text('[moe]\ncapacity_factor = 1.0\n[change]\nauthor = "alice"\nat = "2026-12-01"\n')
+    assert config_hash(load_config(plain)) == config_hash(load_config(edited))
+
+
+def test_ledger_edit_records_the_author_through_the_cli(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from runledger.cli.main import app
+
+    path = tmp_path / "c.toml"
+    path.write_text("[moe]\ncapacity_factor = 1.0\n")
+    source = ConfigSource(path)
+    source.load()
+    runner = CliRunner()
+    result = runner.invoke(app, ["edit", str(path), "moe.capacity_factor=1.25", "--author", "alice"])
+    assert (result.exit_code, result.output) == (0, f"edited {path}: moe.capacity_factor=1.25 by alice\n")
+    assert source.load().moe.capacity_factor == 1.25 and source.change_author == "alice"
+    result = runner.invoke(app, ["edit", str(path), "moe.capacity_factor"], env={"COLUMNS": "200"})
+    assert result.exit_code == 2
+    assert result.output == "error: override 'moe.capacity_factor' is not KEY=VALUE\n"
+    assert source.load().moe.capacity_factor == 1.25  # nothing written

@@ -57,6 +57,7 @@ def test_live_change_lands_at_the_step_with_its_patch(tmp_path: Path, sink: List
         {"op": "replace", "path": "/optimizer/lr", "value": 1e-3},
     ]
     assert data(changed)["cause"]["kind"] == "file_edit"
+    assert data(changed)["cause"]["actor"] is None  # edited without an author: unknown, not guessed
     launch = data(sink.of("run.started")[0])
     assert data(changed)["previous_hash"] == launch["config_hash"]
     assert data(changed)["config_hash"] == schemas_hash(
@@ -67,6 +68,14 @@ def test_live_change_lands_at_the_step_with_its_patch(tmp_path: Path, sink: List
     drops = {e.step: sum(layer.dropped for layer in e.data.layers) for e in sink.of("moe.router_stats")}
     assert all(drops[s] == 0 for s in range(1, 7)) and all(drops[s] > 0 for s in range(7, 13))
     assert not sink.of("config.rejected")
+
+
+def test_a_change_made_with_an_author_names_them(tmp_path: Path, sink: ListSink) -> None:
+    path = tiny_config_file(tmp_path, "run.steps=4")
+    train(path, sink, progress=schedule_config_change(path, 3, {"optimizer.lr": 1e-3}, author="alice"))
+    [changed] = sink.of("config.changed")
+    assert changed.step == 3 and data(changed)["cause"]["actor"] == "alice"
+    assert data(changed)["patch"] == [{"op": "replace", "path": "/optimizer/lr", "value": 1e-3}]
 
 
 def _resolved(path: Path) -> dict:
