@@ -39,7 +39,6 @@ import signal
 import sys
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -62,13 +61,12 @@ from runledger.schemas.payloads import (
     ConfigChanged,
     PatchOp,
     RankStats,
-    RunCrashed,
     RunFinished,
     RunResumed,
     RunStarted,
     StepSkipped,
 )
-from runledger.step_payloads import layer_stats_from_arrays, metrics_from_values
+from runledger.step_payloads import crashed, layer_stats_from_arrays, metrics_from_values
 
 log = logging.getLogger("runledger.client")
 
@@ -456,14 +454,11 @@ class Run:
         with self._end_lock:
             if self._ended:
                 return
-            exit_code = 128 + signum if signum is not None else 1
-            payload = RunCrashed(
-                kind=kind,
-                exc_type=type(exc).__qualname__ if exc is not None else None,
-                message=message or (str(exc) if exc is not None else ""),
-                traceback="".join(traceback.format_exception(exc)) if exc is not None else None,
-                signal=signum,
-                exit_code=exit_code,
+            payload = crashed(
+                kind,
+                exc,
+                signum=signum,
+                message=message,
                 rank=self.rank,
                 host=self.host,
                 last_step=self._last_step,

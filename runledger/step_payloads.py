@@ -1,6 +1,6 @@
-"""The per-step payloads (``StepMetrics``, ``MoeRouterStats``) built from host values: one builder for
-runledger's own trainer (``runledger.trainer.telemetry``) and the client library (``runledger.init``),
-so both describe a step with the same fields and the same names.
+"""The per-step payloads (``StepMetrics``, ``MoeRouterStats``) and the crash record, built from host
+values: one builder for runledger's own trainer (``runledger.trainer.telemetry``, ``trainer.loop``) and
+the client library (``runledger.init``), so both describe a step and a crash with the same fields.
 
 Names: ``STEP_FIELDS`` and ``COUNT_FIELDS`` are ``StepMetrics``' typed fields; any other name is a
 named scalar (``StepMetrics.scalars``). ``ALIASES`` maps the names other stacks log the same
@@ -14,13 +14,14 @@ No torch here: host numbers and NumPy arrays only.
 from __future__ import annotations
 
 import math
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from runledger.schemas.payloads import MoeLayerStats, MoeRouterStats, StepMetrics
+from runledger.schemas.payloads import MoeLayerStats, MoeRouterStats, RunCrashed, StepMetrics
 
 STEP_FIELDS = ("loss", "grad_norm", "lr", "tokens_per_second", "mfu", "step_time_s")
 COUNT_FIELDS = ("tokens", "total_tokens")
@@ -116,16 +117,9 @@ class StepReport:
         return sum(layer.token_drop_rate for layer in self.layers) / len(self.layers)
 
 
-def step_metrics(report: StepReport) -> StepMetrics:
-    """The trainer's step: its fields, its own scalars and the router's layer means."""
-    scalars = dict(report.scalars)
-    if report.layers:
-        n = len(report.layers)
-        scalars["token_drop_rate"] = report.token_drop_rate
-        for name in ("aux_loss", "z_loss", "routing_entropy"):
-            values = [getattr(layer, name) for layer in report.layers]
-            scalars[name] = None if None in values else sum(values) / n  # type: ignore[operator]
-    values: dict[str, float | int | None] = {
+def report_fields(report: StepReport) -> dict[str, float | int | None]:
+    """The step's typed quantities by their ledger names (W&B's mirror logs them under the same)."""
+    return {
         "loss": report.loss,
         "grad_norm": report.grad_norm,
         "lr": report.lr,
@@ -135,7 +129,43 @@ def step_metrics(report: StepReport) -> StepMetrics:
         "mfu": report.mfu,
         "step_time_s": report.step_time_s,
     }
-    return metrics_from_values(values | scalars)
+
+
+def crashed(
+    kind: str,
+    exc: BaseException | None,
+    *,
+    signum: int | None,
+    message: str | None,
+    rank: int,
+    host: str,
+    last_step: int,
+) -> RunCrashed:
+    """One rank's crash: the exception (type, message, traceback) or signal, and the exit code a
+    process ends with for it (1, or 128 + the signal's number)."""
+    return RunCrashed(
+        kind=kind,  # type: ignore[arg-type]
+        exc_type=type(exc).__qualname__ if exc is not None else None,
+        message=message or (str(exc) if exc is not None else ""),
+        traceback="".join(traceback.format_exception(exc)) if exc is not None else None,
+        signal=signum,
+        exit_code=128 + signum if signum is not None else 1,
+        rank=rank,
+        host=host,
+        last_step=last_step,
+    )
+
+
+def step_metrics(report: StepReport) -> StepMetrics:
+    """The trainer's step: its fields, its own scalars and the router's layer means."""
+    scalars = dict(report.scalars)
+    if report.layers:
+        n = len(report.layers)
+        scalars["token_drop_rate"] = report.token_drop_rate
+        for name in ("aux_loss", "z_loss", "routing_entropy"):
+            values = [getattr(layer, name) for layer in report.layers]
+            scalars[name] = None if None in values else sum(values) / n  # type: ignore[operator]
+    return metrics_from_values(report_fields(report) | scalars)
 
 
 def router_stats(report: StepReport) -> MoeRouterStats:

@@ -42,7 +42,6 @@ import os
 import signal
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +65,7 @@ from runledger.schemas.payloads import (
     RunStarted,
     StepSkipped,
 )
+from runledger.step_payloads import crashed
 from runledger.trainer import checkpoint as ckpt
 from runledger.trainer import cpu_compat, distributed, provenance, telemetry
 from runledger.trainer import mirror as mirror_lib
@@ -895,18 +895,10 @@ def _crash(
     message: str | None = None,
 ) -> None:
     """Record this rank's crash and make it durable before returning."""
-    exit_code = 128 + signum if signum is not None else 1
-    payload = RunCrashed(
-        kind=kind,
-        exc_type=type(exc).__qualname__ if exc is not None else None,
-        message=message or (str(exc) if exc is not None else ""),
-        traceback="".join(traceback.format_exception(exc)) if exc is not None else None,
-        signal=signum,
-        exit_code=exit_code,
-        rank=ctx.env.rank,
-        host=ctx.env.host,
-        last_step=ctx.step,
+    payload = crashed(
+        kind, exc, signum=signum, message=message, rank=ctx.env.rank, host=ctx.env.host, last_step=ctx.step
     )
+    exit_code = payload.exit_code
     ctx.emitter.submit(payload, step=ctx.step, critical=True)
     ctx.emitter.flush(sync=True, timeout=ctx.emitter.critical_timeout_s)
     ctx.result.status = "signal" if kind == "signal" else "crashed"

@@ -30,6 +30,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from runledger.step_payloads import report_fields
 from runledger.trainer.telemetry import StepReport
 
 log = logging.getLogger(__name__)
@@ -96,16 +97,7 @@ def start(
 def step_values(report: StepReport) -> dict[str, float | int]:
     """One logged step as W&B keys: the step metrics, router stats averaged over layers
     (``router/…``) and per layer (``router/layer{i}/…``), and the trainer's own counters."""
-    values: dict[str, float | int] = {
-        "loss": report.loss,
-        "grad_norm": report.grad_norm,
-        "lr": report.lr,
-        "tokens": report.tokens,
-        "total_tokens": report.total_tokens,
-        "tokens_per_second": report.tokens_per_second,
-        "mfu": report.mfu,
-        "step_time_s": report.step_time_s,
-    }
+    values: dict[str, float | int] = report_fields(report)  # type: ignore[assignment]
     per_layer: dict[str, list[float]] = {}
     for layer in report.layers:
         counts = layer.expert_counts
