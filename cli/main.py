@@ -28,6 +28,7 @@ from runledger.cli import (
     serve_cmd,
     shell_cmd,
     simulate_cmd,
+    study_cmd,
     train_cmd,
 )
 from runledger.cli.output import fail
@@ -122,6 +123,7 @@ app.command("report")(report_cmd.report)
 app.command("plot")(report_cmd.plot)
 # Producing and rebuilding.
 app.command("train")(train_cmd.train)
+app.command("edit")(train_cmd.edit)
 app.command("simulate")(simulate_cmd.simulate)
 app.command("replay")(kafka_cmd.replay)
 # Tamper evidence (a "checkpoint" here is a signed log checkpoint, not a model checkpoint).
@@ -154,6 +156,10 @@ producers_app.command("rotate")(producers_cmd.rotate)
 producers_app.command("revoke")(producers_cmd.revoke)
 producers_app.command("list")(producers_cmd.list_producers)
 producers_app.command("policy")(producers_cmd.policy)
+producers_app.command("export")(producers_cmd.export)
+
+app.add_typer(study_cmd.study_app, name="study")
+study_cmd.study_app.command("token-drop")(study_cmd.token_drop)
 
 app.add_typer(prove_app, name="prove")
 prove_app.command("inclusion")(merkle_cmd.prove_inclusion)
