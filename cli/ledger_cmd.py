@@ -106,8 +106,9 @@ def history(
     """The run's story in order: launches, config changes, checkpoints, crashes, GitHub events.
 
     A long history is summarised to about a screen: launches, config changes, crashes, merges and
-    notes, with routine checkpoints and GitHub events counted between them; --from-step/--to-step
-    show every event of a range, --all every event of the run.
+    notes, with routine checkpoints and GitHub events counted between them (a months-long run: only
+    launches, changes, notes and each crash with its resume); --from-step/--to-step show every event
+    of a range, --all every event of the run.
     Example: ledger history latest --from-step 81000 --to-step 82000
     """
     from runledger.ledger.query import history_counts, history_range, summarise_history

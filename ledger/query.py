@@ -441,8 +441,9 @@ class HistoryItem:
 _MERGE_TEXT = re.compile(r"PR #\d+ merged \(")  # github_item's line for a merge
 
 
-# A history longer than this is summarised unless asked for in full (about a terminal's height).
-SCREEN_LINES = 50
+# A history longer than this is summarised unless asked for in full: what a terminal table shows
+# (cli.output.TABLE_ROWS_DEFAULT), so a summary is never cut by the row limit.
+SCREEN_LINES = 40
 
 
 def history_range(
@@ -465,9 +466,16 @@ def history_range(
 
 def summarise_history(items: Sequence[HistoryItem], max_lines: int = SCREEN_LINES) -> list[HistoryItem]:
     """A history that fits ``max_lines`` as it is; else its notable items (launches, config changes,
-    crashes, merges, notes, ends) with each stretch of routine items between them as one counted line."""
+    crashes, merges, notes, ends) with each stretch of routine items between them as one counted line;
+    if that is still longer than a screen (a months-long run), only what changed the run: launches,
+    config changes, notes, ends, and each crash with the resume that followed it as one line."""
     if len(items) <= max_lines:
         return list(items)
+    notable = _notable(items)
+    return notable if len(notable) <= max_lines else _turning_points(items)
+
+
+def _notable(items: Sequence[HistoryItem]) -> list[HistoryItem]:
     out: list[HistoryItem] = []
     stretch: list[HistoryItem] = []
     for item in [*items, None]:
@@ -478,6 +486,21 @@ def summarise_history(items: Sequence[HistoryItem], max_lines: int = SCREEN_LINE
             out.append(_routine_line(stretch))
             stretch = []
         if item is not None:
+            out.append(item)
+    return out
+
+
+def _turning_points(items: Sequence[HistoryItem]) -> list[HistoryItem]:
+    """No routine lines and no GitHub events (the title counts them); a crash and its resume fused."""
+    kept = [i for i in items if not i.routine and i.kind != "github"]
+    out: list[HistoryItem] = []
+    for item in kept:
+        previous = out[-1] if out else None
+        if item.kind == "run.resumed" and previous is not None and previous.kind == "run.crashed":
+            where = f" from step {item.step:,}" if item.step is not None else ""
+            text = f"resumed as attempt {item.attempt}{where} after {previous.text}"
+            out[-1] = HistoryItem(previous.time, previous.step, previous.attempt, "crash → resume", text)
+        else:
             out.append(item)
     return out
 

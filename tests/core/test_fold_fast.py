@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -131,3 +132,40 @@ def test_a_ledger_made_before_the_state_table_is_read_and_verified_without_it(tm
     assert old.state("run-a", step=150).to_dict() == expected
     assert "state_events" not in {r[0] for r in old.sql("SELECT view_name FROM duckdb_views()").rows}
     assert verify_ledger(root).ok
+
+
+def test_a_months_long_history_fits_a_screen_with_each_crash_beside_its_resume() -> None:
+    t0 = datetime(2026, 2, 1, tzinfo=UTC)
+    items = [HistoryItem(t0, 0, 1, "run.started", "run started at commit abc")]
+    for n in range(1, 31):  # 30 crashes, each resumed 500 steps back, with merges and checkpoints between
+        at = n * 1000
+        items += [
+            HistoryItem(t0 + timedelta(hours=at), None, None, "github", f"PR #{n} merged (abc{n}) by x: fix"),
+            HistoryItem(
+                t0 + timedelta(hours=at), at - 200, n, "checkpoint.saved", "checkpoint saved (interval)"
+            ),
+            HistoryItem(t0 + timedelta(hours=at + 1), at + 99, n, "run.crashed", f"crash (oom): boom {n}"),
+            HistoryItem(
+                t0 + timedelta(hours=at + 2), at - 200, n + 1, "run.resumed", f"attempt {n + 1} resumed"
+            ),
+        ]
+        if n % 10 == 0:
+            items.append(HistoryItem(t0 + timedelta(hours=at + 3), at, n + 1, "config.changed", "lr 1 → 2"))
+    items.append(
+        HistoryItem(t0 + timedelta(hours=40_000), 40_000, 31, "run.crashed", "crash (exception): last")
+    )
+
+    summary = summarise_history(items, max_lines=40)
+    assert len(summary) == 1 + 30 + 3 + 1 <= 40  # start, 30 crash+resume lines, 3 changes, the last crash
+    fused = [i for i in summary if i.kind == "crash → resume"]
+    assert len(fused) == 30
+    assert (fused[0].step, fused[0].attempt) == (1099, 1)  # the crash's step and attempt
+    assert fused[0].text == "resumed as attempt 2 from step 800 after crash (oom): boom 1"
+    assert [i.kind for i in summary if i.kind not in ("crash → resume",)] == [
+        "run.started",
+        "config.changed",
+        "config.changed",
+        "config.changed",
+        "run.crashed",  # a crash nothing resumed stays a crash
+    ]
+    assert not any(i.kind in ("github", "routine", "checkpoint.saved") for i in summary)

@@ -136,7 +136,11 @@ def test_crashes_and_resumes_appear_in_the_history(run: tuple[dict[str, Any], Re
     assert host in {sim.host_of(r) for r in sim.FLAKY_RANKS} and crashes >= 3
     result = runner.invoke(app, ["history", RUN, "--ledger", str(reader.root), "--limit", "0"])
     assert result.exit_code == 0, result.output
-    assert "resumed from checkpoint step" in result.output
+    # Months of history on one screen: each crash beside the resume that followed it.
+    assert result.output.count("crash → resume") == sim.REFERENCE_CRASHES
+    assert "resumed as attempt 2 from step" in result.output
+    full = runner.invoke(app, ["history", RUN, "--ledger", str(reader.root), "--all", "--limit", "0"])
+    assert full.output.count("resumed from checkpoint step") == sim.REFERENCE_CRASHES
 
 
 def test_the_switch_is_blamed_on_its_pr(run: tuple[dict[str, Any], Reader]) -> None:
