@@ -70,6 +70,7 @@ class IngesterStats:
     quarantined: int = 0
     deadlettered: int = 0
     metric_values: int = 0
+    consumer_restarts: int = 0  # consumers replaced after losing the group coordinator for too long
     assignments: list[list[str]] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
 
@@ -307,9 +308,12 @@ class _Ingester:
         except Exception as exc:
             log.error("dead-letter send failed (%s); the ledger's quarantine table still holds them", exc)
 
-    def close(self) -> None:
+    def close_consumer(self) -> None:
         with contextlib.suppress(Exception):
             self.consumer.close(autocommit=False)  # leaves the group: partitions move at once
+
+    def close(self) -> None:
+        self.close_consumer()
         if self._dlq is not None:
             with contextlib.suppress(Exception):
                 self._dlq.close(timeout=10)
@@ -318,6 +322,16 @@ class _Ingester:
 def _ignore_commit_result(offsets: Any, response: Any) -> None:
     if isinstance(response, Exception):
         log.debug("offset hint not committed: %s", response)
+
+
+def _coordinator_unknown(consumer: KafkaConsumer) -> bool:
+    """Whether the consumer knows its group coordinator: kafka-python's own view, which no public API
+    gives (a client without one says nothing)."""
+    coordinator = getattr(consumer, "_coordinator", None)
+    try:
+        return coordinator is not None and bool(coordinator.coordinator_unknown())
+    except Exception:
+        return False
 
 
 def open_consumer(
@@ -356,6 +370,7 @@ def run_ingester(
     connect_timeout_s: float = 15.0,
     on_commit: Callable[[CommitResult], None] | None = None,
     max_event_bytes: int = MAX_EVENT_BYTES,
+    coordinator_lost_s: float = 60.0,
 ) -> IngesterStats:
     """Consume ``topics`` in consumer group ``group`` into the ledger until ``stop_event`` is set
     (or nothing arrived for ``idle_timeout_s`` while partitions were assigned: joining the group and
@@ -366,13 +381,14 @@ def run_ingester(
     partitions back at once instead of after a rebalance (but a stopped one's partitions wait for
     ``session_timeout_ms`` before moving to the others).
     ``max_event_bytes``: longer records are quarantined (``too-large``) without being parsed.
+    ``coordinator_lost_s``: a consumer that has not known its group coordinator for this long is
+    closed and replaced by a new one (``stats.consumer_restarts``).
     """
     topics = list(topics or [events_topic()])
     ledger = Ledger.create(ledger_path) if create else Ledger.open(ledger_path)
     stop_event = stop_event or threading.Event()
     name = f"kafka-ingest:{group}:{socket.gethostname()}:{os.getpid()}"
-    consumer, kwargs = open_consumer(
-        bootstrap,
+    config: dict[str, Any] = dict(
         connect_timeout_s=connect_timeout_s,
         group_id=group,
         group_instance_id=instance_id,
@@ -384,6 +400,7 @@ def run_ingester(
         heartbeat_interval_ms=max(500, session_timeout_ms // 4),
         max_partition_fetch_bytes=4 << 20,
     )
+    consumer, kwargs = open_consumer(bootstrap, **config)
     ingester = _Ingester(
         ledger,
         consumer,
@@ -394,20 +411,43 @@ def run_ingester(
     )
     consumer.subscribe(topics, listener=_Seeker(ingester))
     last_data = time.monotonic()
+    lost_since: float | None = None  # when the consumer last stopped knowing its group coordinator
     try:
         while not stop_event.is_set():
-            batch = consumer.poll(timeout_ms=poll_ms, max_records=batch_max)
+            batch = ingester.consumer.poll(timeout_ms=poll_ms, max_records=batch_max)
             ingester.stats.polls += 1
             if not batch:
                 # Idle means: partitions in hand and nothing on them. Time spent joining the group,
                 # or since a rebalance handed over new partitions, does not count.
-                if not consumer.assignment():
+                if not ingester.consumer.assignment():
                     last_data = time.monotonic()
                 quiet_since = max(last_data, ingester.assigned_at)
                 if idle_timeout_s is not None and time.monotonic() - quiet_since >= idle_timeout_s:
                     break
+                # kafka-python can lose its coordinator for good (a lookup that never completes:
+                # dpkp/kafka-python#2373, #1310); a new consumer rejoins as a restart would.
+                if not _coordinator_unknown(ingester.consumer):
+                    lost_since = None
+                elif lost_since is None:
+                    lost_since = time.monotonic()
+                elif time.monotonic() - lost_since >= coordinator_lost_s:
+                    log.warning("no group coordinator for %.0f s: replacing the consumer", coordinator_lost_s)
+                    try:
+                        fresh, _ = open_consumer(bootstrap, **config)
+                    except BrokerUnavailableError as exc:
+                        log.warning(
+                            "%s; the old consumer stays, tried again in %.0f s", exc, coordinator_lost_s
+                        )
+                        lost_since = time.monotonic()
+                        continue
+                    ingester.close_consumer()
+                    ingester.consumer = fresh
+                    fresh.subscribe(topics, listener=_Seeker(ingester))
+                    ingester.stats.consumer_restarts += 1
+                    lost_since = None
                 continue
             last_data = time.monotonic()
+            lost_since = None
             result = ingester.handle(batch)
             if result is not None and on_commit is not None:
                 on_commit(result)
