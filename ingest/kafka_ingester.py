@@ -324,12 +324,20 @@ def _ignore_commit_result(offsets: Any, response: Any) -> None:
         log.debug("offset hint not committed: %s", response)
 
 
-def _coordinator_unknown(consumer: KafkaConsumer) -> bool:
-    """Whether the consumer knows its group coordinator: kafka-python's own view, which no public API
-    gives (a client without one says nothing)."""
+def _out_of_group(consumer: KafkaConsumer, session_timeout_s: float) -> bool:
+    """Whether the consumer has lost its group: it does not know the group coordinator, or no
+    heartbeat has been answered for two session timeouts (the broker has dropped it by then).
+    kafka-python's own bookkeeping, which no public API gives; a member that merely holds no
+    partitions still heartbeats, so it is never "out"."""
     coordinator = getattr(consumer, "_coordinator", None)
     try:
-        return coordinator is not None and bool(coordinator.coordinator_unknown())
+        if coordinator is None:
+            return False
+        if coordinator.coordinator_unknown():
+            return True
+        heartbeat = coordinator.heartbeat
+        answered = max(heartbeat.last_receive, heartbeat.last_reset)
+        return bool(time.monotonic() - answered > 2 * session_timeout_s)
     except Exception:
         return False
 
@@ -370,7 +378,7 @@ def run_ingester(
     connect_timeout_s: float = 15.0,
     on_commit: Callable[[CommitResult], None] | None = None,
     max_event_bytes: int = MAX_EVENT_BYTES,
-    coordinator_lost_s: float = 60.0,
+    group_lost_s: float = 60.0,
 ) -> IngesterStats:
     """Consume ``topics`` in consumer group ``group`` into the ledger until ``stop_event`` is set
     (or nothing arrived for ``idle_timeout_s`` while partitions were assigned: joining the group and
@@ -381,8 +389,8 @@ def run_ingester(
     partitions back at once instead of after a rebalance (but a stopped one's partitions wait for
     ``session_timeout_ms`` before moving to the others).
     ``max_event_bytes``: longer records are quarantined (``too-large``) without being parsed.
-    ``coordinator_lost_s``: a consumer that has not known its group coordinator for this long is
-    closed and replaced by a new one (``stats.consumer_restarts``).
+    ``group_lost_s``: a consumer out of its group this long (no coordinator known, or no heartbeat
+    answered) is closed and replaced by a new one (``stats.consumer_restarts``).
     """
     topics = list(topics or [events_topic()])
     ledger = Ledger.create(ledger_path) if create else Ledger.open(ledger_path)
@@ -411,7 +419,7 @@ def run_ingester(
     )
     consumer.subscribe(topics, listener=_Seeker(ingester))
     last_data = time.monotonic()
-    lost_since: float | None = None  # when the consumer last stopped knowing its group coordinator
+    lost_since: float | None = None  # since when the consumer has been out of its group
     try:
         while not stop_event.is_set():
             batch = ingester.consumer.poll(timeout_ms=poll_ms, max_records=batch_max)
@@ -424,20 +432,19 @@ def run_ingester(
                 quiet_since = max(last_data, ingester.assigned_at)
                 if idle_timeout_s is not None and time.monotonic() - quiet_since >= idle_timeout_s:
                     break
-                # kafka-python can lose its coordinator for good (a lookup that never completes:
-                # dpkp/kafka-python#2373, #1310); a new consumer rejoins as a restart would.
-                if not _coordinator_unknown(ingester.consumer):
+                # kafka-python 3.0 can drop out of its group for good (no coordinator found again, or
+                # heartbeats stopped after a quick second rebalance; cf. dpkp/kafka-python#2373,
+                # #1310): the loop would spin on empty polls. A new consumer rejoins, as a restart would.
+                if not _out_of_group(ingester.consumer, session_timeout_ms / 1000):
                     lost_since = None
                 elif lost_since is None:
                     lost_since = time.monotonic()
-                elif time.monotonic() - lost_since >= coordinator_lost_s:
-                    log.warning("no group coordinator for %.0f s: replacing the consumer", coordinator_lost_s)
+                elif time.monotonic() - lost_since >= group_lost_s:
+                    log.warning("out of the consumer group for %.0f s: replacing the consumer", group_lost_s)
                     try:
                         fresh, _ = open_consumer(bootstrap, **config)
                     except BrokerUnavailableError as exc:
-                        log.warning(
-                            "%s; the old consumer stays, tried again in %.0f s", exc, coordinator_lost_s
-                        )
+                        log.warning("%s; the old consumer stays, tried again in %.0f s", exc, group_lost_s)
                         lost_since = time.monotonic()
                         continue
                     ingester.close_consumer()
