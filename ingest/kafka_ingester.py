@@ -378,7 +378,7 @@ def run_ingester(
     connect_timeout_s: float = 15.0,
     on_commit: Callable[[CommitResult], None] | None = None,
     max_event_bytes: int = MAX_EVENT_BYTES,
-    group_lost_s: float = 60.0,
+    group_lost_s: float = 10.0,
 ) -> IngesterStats:
     """Consume ``topics`` in consumer group ``group`` into the ledger until ``stop_event`` is set
     (or nothing arrived for ``idle_timeout_s`` while partitions were assigned: joining the group and
