@@ -157,7 +157,7 @@ def edit(
     ],
     changes: Annotated[
         list[str],
-        typer.Argument(metavar="KEY=VALUE...", help="Settings to change, e.g. moe.capacity_factor=1.25."),
+        typer.Argument(metavar="KEY=VALUE", help="Settings to change, e.g. moe.capacity_factor=1.25."),
     ],
     author: Annotated[
         str | None,
@@ -170,7 +170,7 @@ def edit(
 ) -> None:
     """Change a live run's config file; the run applies it at its next step boundary.
 
-    The file's [change] table records the author and time with the edit, so the run's config.changed
+    The author and time go into the file's "change" table with the edit, so the run's config.changed
     names who made it; an edit made without an author is recorded as made by unknown.
 
     Example: ledger edit config.toml moe.capacity_factor=1.25 --author alice
