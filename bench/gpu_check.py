@@ -12,9 +12,10 @@ overhead beside its baseline), peak device memory and the token-drop rates the t
 Grouped GEMM in Megatron-Core 0.16.1 (``megatron.core.transformer.moe.experts``): ``TEGroupedMLP``
 needs Transformer Engine ≥ 1.7 and the Transformer Engine layer spec; the legacy ``GroupedMLP``
 needs the ``grouped_gemm`` package (``pip install git+https://github.com/fanshiqing/grouped_gemm``).
-The trainer's ``model.py`` builds ``SequentialMLP`` (``moe_grouped_gemm=False``, no config key yet),
-so this check swaps the spec and the flag for its own run only (``grouped_gemm_build``) and says
-which expert module ran.
+The trainer's config key ``moe.grouped_gemm`` switches them on; this check sets it true where the
+install can build them (with ``model.spec = "transformer_engine"`` when Transformer Engine is there),
+else false and says why, and reports which expert module ran. ``--dry-run`` (CPU) always sets it
+false: grouped GEMM runs CUDA kernels.
 
 Never run on a GPU by its author (no GPU in that session): the ``--dry-run`` path is tested on CPU.
 """
@@ -22,16 +23,13 @@ Never run on a GPU by its author (no GPU in that session): the ``--dry-run`` pat
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import functools
-import importlib.util
 import resource
 import statistics
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 warnings.filterwarnings("ignore")  # Megatron-Core's notes about Transformer Engine/Apex
@@ -39,7 +37,14 @@ warnings.filterwarnings("ignore")  # Megatron-Core's notes about Transformer Eng
 import torch  # noqa: E402
 
 from runledger.ingest.bus import open_sink  # noqa: E402
-from runledger.trainer.config import edit_config_file, load_config, write_config  # noqa: E402
+from runledger.trainer.config import (  # noqa: E402
+    ModelConfig,
+    MoeConfig,
+    TrainConfig,
+    edit_config_file,
+    load_config,
+    write_config,
+)
 
 SETTLE = 2  # steps after each telemetry switch left out (reload, hooks (un)installed)
 
@@ -87,44 +92,19 @@ class NoCuda(RuntimeError):
     pass
 
 
-def grouped_gemm_support() -> str | None:
-    """Which grouped-GEMM expert module this install can build, or None."""
-    if importlib.util.find_spec("transformer_engine") is not None:
-        return "TEGroupedMLP"
-    if importlib.util.find_spec("grouped_gemm") is not None:
-        return "GroupedMLP"
-    return None
+def grouped_gemm_support(dry_run: bool = False) -> tuple[str | None, str]:
+    """(the expert module the trainer builds with ``moe.grouped_gemm = true`` on this install, or
+    None; a few words on why not). The trainer's own check decides (``cpu_compat``)."""
+    from runledger.trainer.cpu_compat import grouped_gemm_module, grouped_gemm_problem
 
-
-@contextlib.contextmanager
-def grouped_gemm_build(enabled: bool) -> Iterator[None]:
-    """Build the experts with Megatron's grouped GEMM for this process's runs: the layer-spec
-    functions get ``moe_grouped_gemm=True`` and so does the TransformerConfig (re-validated)."""
-    if not enabled:
-        yield
-        return
-    import megatron.core.models.gpt.gpt_layer_specs as specs
-
-    from runledger.trainer import model as model_lib
-
-    saved = (
-        model_lib.transformer_config,
-        specs.get_gpt_layer_local_spec,
-        specs.get_gpt_layer_with_transformer_engine_spec,
-    )
-
-    def transformer_config(cfg, device):  # type: ignore[no-untyped-def]
-        return dataclasses.replace(saved[0](cfg, device), moe_grouped_gemm=True)
-
-    model_lib.transformer_config = transformer_config  # type: ignore[assignment]
-    specs.get_gpt_layer_local_spec = functools.partial(saved[1], moe_grouped_gemm=True)
-    specs.get_gpt_layer_with_transformer_engine_spec = functools.partial(saved[2], moe_grouped_gemm=True)
-    try:
-        yield
-    finally:
-        model_lib.transformer_config = saved[0]  # type: ignore[assignment]
-        specs.get_gpt_layer_local_spec = saved[1]
-        specs.get_gpt_layer_with_transformer_engine_spec = saved[2]
+    te = TrainConfig(model=ModelConfig(spec="transformer_engine"), moe=MoeConfig(grouped_gemm=True))
+    local = TrainConfig(moe=MoeConfig(grouped_gemm=True))
+    module = grouped_gemm_module(te) or grouped_gemm_module(local)
+    if module is None:
+        return None, grouped_gemm_problem(local) or "not buildable"
+    if dry_run:
+        return None, f"{module} is installed, but grouped GEMM runs CUDA kernels and --dry-run is on CPU"
+    return module, ""
 
 
 def overrides(args: argparse.Namespace, work: Path, grouped: str | None) -> list[str]:
@@ -136,6 +116,7 @@ def overrides(args: argparse.Namespace, work: Path, grouped: str | None) -> list
         f"moe.capacity_factor={args.capacity_factor}",
         f"checkpoint.dir={work / 'checkpoints'}",
     ]
+    out.append(f"moe.grouped_gemm={'true' if grouped else 'false'}")
     if grouped == "TEGroupedMLP":
         out.append("model.spec=transformer_engine")
     return out
@@ -150,6 +131,7 @@ class Measured:
     expert_module: str
     peak_memory_gib: float
     device: str
+    grouped_gemm: str = ""  # how moe.grouped_gemm was set, and why
 
 
 def run_check(args: argparse.Namespace) -> Measured:
@@ -158,12 +140,11 @@ def run_check(args: argparse.Namespace) -> Measured:
             "CUDA is not available (torch.cuda.is_available() is False): run this on a CUDA machine, "
             "or pass --dry-run to check the code path on CPU at a tiny shape"
         )
-    support = grouped_gemm_support() if args.grouped_gemm != "off" else None
+    support, why_not = grouped_gemm_support(args.dry_run)
+    if args.grouped_gemm == "off":
+        support, why_not = None, "--grouped-gemm off"
     if args.grouped_gemm == "on" and support is None:
-        raise NoCuda(
-            "--grouped-gemm on: neither Transformer Engine (TEGroupedMLP) nor grouped_gemm (GroupedMLP) "
-            "is installed"
-        )
+        raise NoCuda(f"--grouped-gemm on: {why_not}")
     from runledger.trainer.cpu_compat import check_supported
     from runledger.trainer.loop import train
 
@@ -179,6 +160,9 @@ def run_check(args: argparse.Namespace) -> Measured:
         write_config(path, cfg)
         measured = Measured(
             {True: [], False: []}, {True: [], False: []}, {True: [], False: []}, [], "?", 0.0, ""
+        )
+        measured.grouped_gemm = (
+            f"moe.grouped_gemm = true ({support})" if support else f"moe.grouped_gemm = false: {why_not}"
         )
         model_box: list[torch.nn.Module] = []
 
@@ -200,8 +184,7 @@ def run_check(args: argparse.Namespace) -> Measured:
         if torch.cuda.is_available() and not args.dry_run:
             torch.cuda.reset_peak_memory_stats()
         try:
-            with grouped_gemm_build(support is not None):
-                result = train(path, sink, progress=progress, on_model=model_box.append, handle_signals=False)
+            result = train(path, sink, progress=progress, on_model=model_box.append, handle_signals=False)
         finally:
             sink.close()
         if result.status != "completed":
@@ -235,7 +218,7 @@ def report(args: argparse.Namespace, m: Measured) -> str:
     lines = [
         f"gpu_check on {m.device}: {'tiny dry-run shape' if args.dry_run else 'probe shape'}, "
         f"{args.warmup} warm-up + {args.steps} steps, telemetry on/off in blocks of {args.block}",
-        f"expert module: {m.expert_module} (grouped GEMM available: {grouped_gemm_support() or 'no'})",
+        f"expert module: {m.expert_module} ({m.grouped_gemm})",
         f"   {'':14} {'telemetry on':>14} {'telemetry off':>14} {'on vs off':>10}",
         f"   {'step time':14} {1000 * _median(on):11.1f} ms {1000 * _median(off):11.1f} ms "
         f"{100 * (_median(on) / _median(off) - 1):+9.1f}%",

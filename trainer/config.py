@@ -75,6 +75,10 @@ class MoeConfig(_Section):
     aux_loss_coeff: float = 1e-2
     z_loss_coeff: float = 1e-3
     dispatcher: Literal["allgather", "alltoall"] = "allgather"  # alltoall needs CUDA streams
+    # Megatron's grouped-GEMM experts (TEGroupedMLP with model.spec = "transformer_engine", else
+    # GroupedMLP, which needs the grouped_gemm package) instead of SequentialMLP. CUDA only; an
+    # install that cannot build them is refused at launch (cpu_compat.check_supported).
+    grouped_gemm: bool = False
     score_function: Literal["softmax", "sigmoid"] = "softmax"
 
 
@@ -194,6 +198,7 @@ CHECKPOINT_PINNED: tuple[str, ...] = (
     "/moe/top_k",
     "/moe/ffn_hidden_size",
     "/moe/score_function",
+    "/moe/grouped_gemm",  # GroupedMLP/TEGroupedMLP hold the expert weights under other names
     "/parallel/tp",
     "/parallel/ep",
     "/parallel/dp",

@@ -8,12 +8,15 @@ What does not (checked by ``check_supported``):
   * tensor parallelism with MoE: Megatron refuses MoE + TP without sequence parallelism
     (moe_layer.py), and the local spec's torch LayerNorm refuses sequence parallelism
     (torch_norm.py); the fused norms that allow it come from Transformer Engine or Apex (CUDA);
-  * the Transformer Engine spec, and Megatron's own optimizer/DDP (they allocate on "cuda").
+  * the Transformer Engine spec, and Megatron's own optimizer/DDP (they allocate on "cuda");
+  * grouped-GEMM experts (``moe.grouped_gemm``): CUDA kernels, from Transformer Engine or the
+    ``grouped_gemm`` package (``grouped_gemm_module`` says which one this install would build).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +31,46 @@ def _te_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def _grouped_gemm_package_available() -> bool:
+    return importlib.util.find_spec("grouped_gemm") is not None
+
+
+def _te_grouped_linear_available() -> bool:
+    """Transformer Engine's grouped linears (TE >= 1.7), which ``TEGroupedMLP`` is made of."""
+    try:
+        from megatron.core.extensions.transformer_engine import TEColumnParallelGroupedLinear
+    except ImportError:
+        return False
+    return TEColumnParallelGroupedLinear is not None
+
+
+def grouped_gemm_module(cfg: TrainConfig) -> str | None:
+    """The grouped-GEMM expert module Megatron-Core 0.16 builds for ``cfg.model.spec`` on this
+    install, or None when it cannot build one. The Transformer Engine spec gives ``TEGroupedMLP``
+    (TE >= 1.7), else the legacy ``GroupedMLP``; the local spec always gives ``GroupedMLP``, which
+    needs the ``grouped_gemm`` package (megatron/core/models/backends.py, moe/experts.py)."""
+    if cfg.model.spec == "transformer_engine" and _te_available() and _te_grouped_linear_available():
+        return "TEGroupedMLP"
+    if cfg.model.spec == "transformer_engine" and not _te_available():
+        return None  # the TE spec itself cannot be built
+    return "GroupedMLP" if _grouped_gemm_package_available() else None
+
+
+def grouped_gemm_problem(cfg: TrainConfig) -> str | None:
+    """Why ``moe.grouped_gemm = true`` cannot be built on this install (one line), or None."""
+    if not cfg.moe.grouped_gemm or grouped_gemm_module(cfg) is not None:
+        return None
+    te, gg = _te_available(), _grouped_gemm_package_available()
+    if not te and not gg:
+        return "moe.grouped_gemm = true needs Transformer Engine or the grouped_gemm package; neither is installed"
+    if cfg.model.spec == "local":  # TE is installed, the grouped_gemm package is not
+        return (
+            "moe.grouped_gemm = true with model.spec = 'local' needs the grouped_gemm package, which is "
+            "not installed; Transformer Engine is: set model.spec = 'transformer_engine'"
+        )
+    return "moe.grouped_gemm = true with model.spec = 'transformer_engine' needs Transformer Engine installed"
 
 
 class CpuCompat:
@@ -151,6 +194,8 @@ def causal_attention_mask(seq_length: int, device: torch.device) -> torch.Tensor
 
 def check_supported(cfg: TrainConfig, device: torch.device) -> None:
     """Refuse, with the reason, the settings that cannot run on this device."""
+    if problem := grouped_gemm_problem(cfg):  # on any device: this install cannot build the experts
+        raise ConfigError(problem)
     if device.type == "cuda":
         if cfg.model.spec == "transformer_engine" and not _te_available():
             raise ConfigError("model.spec = 'transformer_engine' needs Transformer Engine installed")
@@ -167,5 +212,7 @@ def check_supported(cfg: TrainConfig, device: torch.device) -> None:
         problems.append("model.spec 'transformer_engine' needs CUDA")
     if cfg.parallel.backend == "nccl":
         problems.append("parallel.backend 'nccl' needs CUDA; use 'gloo'")
+    if cfg.moe.grouped_gemm:
+        problems.append("moe.grouped_gemm = true runs CUDA kernels (grouped GEMM); set it to false on CPU")
     if problems:
         raise ConfigError("not possible on CPU: " + "; ".join(problems))

@@ -2,7 +2,8 @@
 
 Built from ``TrainConfig`` alone. On CPU it uses the local (pure-PyTorch) layer spec and the
 adaptations in ``runledger.trainer.cpu_compat``; on GPU the same code can use the Transformer Engine spec,
-bf16 (Megatron's Float16Module) and the alltoall dispatcher, all chosen by config.
+bf16 (Megatron's Float16Module), the alltoall dispatcher and grouped-GEMM experts, all chosen by
+config.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from runledger.trainer import cpu_compat
-from runledger.trainer.config import MoeConfig, TrainConfig
+from runledger.trainer.config import ConfigError, MoeConfig, TrainConfig
 
 
 def transformer_config(cfg: TrainConfig, device: torch.device):  # -> TransformerConfig
@@ -46,7 +47,7 @@ def transformer_config(cfg: TrainConfig, device: torch.device):  # -> Transforme
         # Always the aux-loss router so that a live change of the coefficient from 0 takes effect.
         moe_router_load_balancing_type="aux_loss",
         moe_token_dispatcher_type=moe.dispatcher,
-        moe_grouped_gemm=False,
+        moe_grouped_gemm=moe.grouped_gemm,
         **_live_moe_kwargs(moe),
         **cpu_compat.transformer_config_kwargs(device),
     )
@@ -72,12 +73,17 @@ def build_model(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
     )
     from megatron.core.models.gpt.gpt_model import GPTModel
 
+    if problem := cpu_compat.grouped_gemm_problem(cfg):  # one line, not an assert deep in Megatron
+        raise ConfigError(problem)
     tcfg = transformer_config(cfg, device)
+    grouped = cfg.moe.grouped_gemm
     if cfg.model.spec == "transformer_engine":
-        spec = get_gpt_layer_with_transformer_engine_spec(num_experts=cfg.moe.num_experts)
+        spec = get_gpt_layer_with_transformer_engine_spec(
+            num_experts=cfg.moe.num_experts, moe_grouped_gemm=grouped
+        )
     else:
         spec = get_gpt_layer_local_spec(
-            num_experts=cfg.moe.num_experts, normalization=cfg.model.normalization
+            num_experts=cfg.moe.num_experts, moe_grouped_gemm=grouped, normalization=cfg.model.normalization
         )
     model: torch.nn.Module = GPTModel(
         config=tcfg,

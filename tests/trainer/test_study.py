@@ -208,7 +208,7 @@ def test_gpu_check_dry_run_trains_the_path_on_cpu(capsys: pytest.CaptureFixture[
     assert gpu_check.main(["--dry-run", "--steps", "6", "--block", "3", "--warmup", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("gpu_check on cpu (dry run): tiny dry-run shape, 1 warm-up + 6 steps")
-    assert lines[1].startswith("expert module: SequentialMLP")
+    assert lines[1].startswith("expert module: SequentialMLP (moe.grouped_gemm = false: ")
     assert lines[2].split() == ["telemetry", "on", "telemetry", "off", "on", "vs", "off"]
     assert lines[3].startswith("   step time") and lines[4].startswith("   tokens/s")
     assert lines[-1].startswith(
@@ -237,19 +237,20 @@ def test_gpu_check_probe_config_is_valid_and_cuda_is_required(capsys: pytest.Cap
     assert len(err) == 1 and err[0].startswith("gpu_check: CUDA is not available")
 
 
-def test_grouped_gemm_build_sets_and_restores_the_flag() -> None:
-    import torch
-
+def test_gpu_check_sets_the_grouped_gemm_config_key() -> None:
+    """The check decides grouped GEMM through the trainer's key ``moe.grouped_gemm``, never behind
+    the trainer's back; on CPU (--dry-run) it is false and the report says why."""
     from bench import gpu_check
-    from runledger.trainer import model as model_lib
     from runledger.trainer.config import load_config
 
-    cfg = load_config(None, ["run.device=cpu"])
-    before = model_lib.transformer_config
-    with gpu_check.grouped_gemm_build(True):
-        assert model_lib.transformer_config(cfg, torch.device("cpu")).moe_grouped_gemm is True
-    assert model_lib.transformer_config is before
-    assert model_lib.transformer_config(cfg, torch.device("cpu")).moe_grouped_gemm is False
+    args = gpu_check.parse_args(["--dry-run"])
+    off = load_config(None, gpu_check.overrides(args, Path("/tmp"), None))
+    assert off.moe.grouped_gemm is False and off.model.spec == "local"
+    on = load_config(None, gpu_check.overrides(args, Path("/tmp"), "TEGroupedMLP"))
+    assert on.moe.grouped_gemm is True and on.model.spec == "transformer_engine"
+    module, why_not = gpu_check.grouped_gemm_support(dry_run=True)
+    assert module is None and why_not
+    assert not hasattr(gpu_check, "grouped_gemm_build")  # no private switch left
 
 
 def test_the_expert_bias_steers_routing_and_is_updated(tmp_path: Path) -> None:
