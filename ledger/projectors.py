@@ -197,12 +197,17 @@ def _step_metrics(env: Envelope, stream_seq: int, state: FoldState) -> list[Row 
     return [Columns("metrics", _run(env), columns)]
 
 
+_LAYER_FIELDS = p.MoeLayerStats.__struct_fields__
+
+
 def _moe_router_stats(env: Envelope, stream_seq: int, state: FoldState) -> list[Row | Columns]:
-    key = _key(env, stream_seq)
-    return [
-        Row("moe_layer_stats", _run(env), {**key, **msgspec.structs.asdict(layer)})
-        for layer in env.data.layers
-    ]
+    # Column-wise: a reference-shape step has 48 layers, and a row at a time is most of ingest's cost.
+    layers = env.data.layers
+    n = len(layers)
+    columns: dict[str, list[Any]] = {name: [value] * n for name, value in _key(env, stream_seq).items()}
+    for name, values in zip(_LAYER_FIELDS, zip(*map(msgspec.structs.astuple, layers)), strict=False):
+        columns[name] = list(values)
+    return [Columns("moe_layer_stats", _run(env), columns)]
 
 
 _LAUNCH_COLUMNS = frozenset(TABLES["launches"].schema.names)
