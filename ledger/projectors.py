@@ -9,13 +9,15 @@ partitioning) are in ``runledger.ledger.parquet_schemas``.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 
 from runledger.ledger.config_patch import ConfigPatchError, apply_config_patch
@@ -57,8 +59,42 @@ class RowBuffer:
     def tables(self) -> list[tuple[str, str, pa.Table]]:
         out = []
         for (table, partition), cols in self.columns.items():
-            out.append((table, partition, pa.table(cols, schema=TABLES[table].schema)))
+            schema = TABLES[table].schema
+            arrays = [
+                _arrow(cols[name], field.type) for name, field in zip(schema.names, schema, strict=True)
+            ]
+            out.append((table, partition, pa.Table.from_arrays(arrays, schema=schema)))
         return out
+
+
+def _arrow(values: list[Any], type_: pa.DataType) -> pa.Array:
+    """One column as Arrow. A string column given as UTF-8 ``bytes`` (the events' canonical JSON,
+    KBs per row) becomes one buffer and its offsets: converting each str costs ~15 µs an event."""
+    if type_ == pa.string() and values and all(type(v) is bytes for v in values):
+        offsets = np.zeros(len(values) + 1, dtype=np.int64)
+        np.cumsum([len(v) for v in values], out=offsets[1:])
+        if offsets[-1] < 2**31:
+            data = pa.py_buffer(b"".join(values))
+            array = pa.StringArray.from_buffers(len(values), pa.py_buffer(offsets.astype(np.int32)), data)
+            array.validate(full=True)  # UTF-8 checked once, in C
+            return array
+    if type_ == _COUNTS and values and all(type(v) is list for v in values):
+        # Expert counts (48 × 384 a step): flattened through NumPy, 3x quicker than nested lists.
+        offsets = np.zeros(len(values) + 1, dtype=np.int64)
+        np.cumsum([len(v) for v in values], out=offsets[1:])
+        if offsets[-1] < 2**31:
+            try:
+                flat = np.fromiter(
+                    itertools.chain.from_iterable(values), dtype=np.int64, count=int(offsets[-1])
+                )
+            except (OverflowError, TypeError, ValueError):
+                pass  # not all int64: Arrow's own conversion says why
+            else:
+                return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(flat))
+    return pa.array(values, type_)
+
+
+_COUNTS = pa.list_(pa.int64())
 
 
 @dataclass
@@ -101,7 +137,7 @@ def rows_for_event(event: Event, stream_seq: int, buf: RowBuffer, state: FoldSta
     """Append the typed rows one accepted event contributes."""
     env = event.envelope
     if env.type in STATE_TYPES:  # the fold's input, apart from the run's metrics (query.Reader.events)
-        row = {**_key(env, stream_seq), "type": env.type, "canonical": event.canonical.decode()}
+        row = {**_key(env, stream_seq), "type": env.type, "canonical": event.canonical}
         buf.add("state_events", _run(env), row)
     projector = PROJECTORS.get(env.type)
     if projector is None:
@@ -182,13 +218,23 @@ def _change_row(key: dict[str, Any], data: Any, accepted: bool, hash_matches: bo
 # --------------------------------------------------------------------------------- projectors
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _micros(time: datetime) -> int:
+    """A time as microseconds since the epoch: Arrow converts these ~6x faster than datetimes, and
+    the per-step tables repeat one event's time on every row."""
+    return (time - _EPOCH) // _MICROSECOND
+
+
 def _step_metrics(env: Envelope, stream_seq: int, state: FoldState) -> list[Row | Columns]:
     names, values = _flatten_metrics(env.data)
     n = len(names)
     columns = {
         "attempt": [env.attempt] * n,
         "step": [env.step] * n,
-        "time": [env.time] * n,
+        "time": [_micros(env.time)] * n,
         "name": names,
         "value": values,
         "stream": [env.stream] * n,
@@ -205,7 +251,10 @@ def _moe_router_stats(env: Envelope, stream_seq: int, state: FoldState) -> list[
     layers = env.data.layers
     n = len(layers)
     columns: dict[str, list[Any]] = {name: [value] * n for name, value in _key(env, stream_seq).items()}
-    for name, values in zip(_LAYER_FIELDS, zip(*map(msgspec.structs.astuple, layers)), strict=False):
+    columns["time"] = [_micros(env.time)] * n
+    for name, values in zip(
+        _LAYER_FIELDS, zip(*map(msgspec.structs.astuple, layers), strict=True), strict=False
+    ):
         columns[name] = list(values)
     return [Columns("moe_layer_stats", _run(env), columns)]
 

@@ -40,7 +40,7 @@ import os
 import re
 import uuid
 from collections import ChainMap
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,6 +53,7 @@ import pyarrow.parquet as pq
 
 from runledger.durable import fsync_dir, write_durably
 from runledger.ledger.admission import ADMISSION_REASONS, admission_round
+from runledger.ledger.compaction import merge_parts, tail_to_merge
 from runledger.ledger.merkle import CompactRange, leaf_hash
 from runledger.ledger.parquet_schemas import TABLES
 from runledger.ledger.projectors import FoldState, RowBuffer, rows_for_event
@@ -175,6 +176,9 @@ class Ledger:
         self._usable_partitions: set[tuple[str, str]] = set()
         self.ledger_id = "ledger"
         self.admission_state: Any = None  # ledger.admission's state as of a commit (it loads and keeps it)
+        # Merge each partition's newest small files after a commit (ledger.compaction): on for every
+        # writer; a test that needs one file per commit turns it off.
+        self.auto_compact = True
 
     # ----------------------------------------------------------------- opening
     @classmethod
@@ -339,7 +343,10 @@ class Ledger:
             check: _Careful = frozenset()  # the usual round: no event's rows converted on their own
             while True:
                 try:
-                    return self._commit_locked(records, writer, max_event_bytes, check)
+                    result = self._commit_locked(records, writer, max_event_bytes, check)
+                    if result.commit is not None and self.auto_compact:
+                        self._compact_tails()
+                    return result
                 except _UnencodableBatch as exc:
                     # Again, converting on their own the rows of the groups that failed; and if
                     # that is not enough, every event's rows. The last round raises what it meets.
@@ -529,54 +536,70 @@ class Ledger:
 
     # ----------------------------------------------------------------- compaction
     def compact(self, *, min_files: int = 2) -> dict[str, int]:
-        """Merge each partition's small files into one. No query's answer changes."""
-        merged = 0
-        removed = 0
+        """Merge each partition's files into one. No query's answer changes."""
         with self._writer_lock():
-            number = self._last_commit + 1
-            added: list[str] = []
-            dropped: list[str] = []
-            for table in TABLES.values():
-                for partition_dir in sorted((self.root / table.name).glob(f"{table.partition}=*")):
-                    parts = sorted(partition_dir.glob("*.parquet"))
-                    if len(parts) < min_files:
-                        continue
-                    rel = str(
-                        (partition_dir / f"part-{number:010d}-c{merged:03d}.parquet").relative_to(self.root)
-                    )
-                    _merge_parts(parts, table.schema, self.root / (rel + ".tmp"))
-                    added.append(rel)
-                    dropped.extend(str(p.relative_to(self.root)) for p in parts)
-                    merged += 1
-            if not added:
-                return {"merged_partitions": 0, "removed_files": 0}
-            _fsync_dirs(self.root, added)
-            record = {
-                "commit": number,
-                "time": datetime.now(UTC).isoformat(),
-                "writer": "compact",
-                "covers": {},
-                "positions": self._positions,
-                "files": added,
-                "removed": dropped,
-                "streams": {s: h.to_json() for s, h in sorted(self._streams.items())},
-                "counts": {"accepted": 0, "duplicates": 0, "quarantined": 0},
-            }
-            last = self.commit_paths()
-            saved = json.loads(last[-1].read_bytes()).get("admission") if last else None
-            if saved is not None:  # the admission state is every record's: carried forward unchanged
-                record["admission"] = saved
-            write_durably(self.root / COMMITS / f"{number:010d}.json", json.dumps(record))
-            # Old files go first, then the merged ones appear: a racing glob reader may see a
-            # partition briefly empty, never doubled.
-            for rel in dropped:
-                (self.root / rel).unlink(missing_ok=True)
-            for rel in added:
-                os.replace(self.root / (rel + ".tmp"), self.root / rel)
-            _fsync_dirs(self.root, added)
-            removed = len(dropped)
-            self._last_commit = self._folded_commit = number
-        return {"merged_partitions": merged, "removed_files": removed}
+            return self._compact_locked(lambda sizes: len(sizes) if len(sizes) >= min_files else 0)
+
+    def _compact_tails(self) -> None:
+        """After a commit: merge each partition's newest small files (``compaction.tail_to_merge``),
+        so that a ledger ingesting for months keeps a few files per partition, not one per commit.
+        The commit is durable already: a failure here is logged, and the next commit tries again."""
+        try:
+            self._compact_locked(tail_to_merge)
+        except Exception as exc:
+            log.warning(
+                "compaction after commit %d failed (%s); left for the next commit", self._last_commit, exc
+            )
+            for tmp in self._own_tmp_files():
+                if tmp.name.startswith(f"part-{self._last_commit + 1:010d}-c"):
+                    tmp.unlink(missing_ok=True)
+
+    def _compact_locked(self, how_many: Callable[[list[int]], int]) -> dict[str, int]:
+        """Merge, in each partition, the newest ``how_many(sizes)`` part files (sizes in commit
+        order) into one, as one commit of their own."""
+        number = self._last_commit + 1
+        added: list[str] = []
+        dropped: list[str] = []
+        for table in TABLES.values():
+            for partition_dir in sorted((self.root / table.name).glob(f"{table.partition}=*")):
+                parts = sorted(partition_dir.glob("*.parquet"))
+                n = how_many([p.stat().st_size for p in parts]) if len(parts) > 1 else 0
+                if n < 2:
+                    continue
+                rel = str(
+                    (partition_dir / f"part-{number:010d}-c{len(added):03d}.parquet").relative_to(self.root)
+                )
+                merge_parts(parts[-n:], table.name, table.schema, self.root / (rel + ".tmp"))
+                added.append(rel)
+                dropped.extend(str(p.relative_to(self.root)) for p in parts[-n:])
+        if not added:
+            return {"merged_partitions": 0, "removed_files": 0}
+        _fsync_dirs(self.root, added)
+        record = {
+            "commit": number,
+            "time": datetime.now(UTC).isoformat(),
+            "writer": "compact",
+            "covers": {},
+            "positions": self._positions,
+            "files": added,
+            "removed": dropped,
+            "streams": {s: h.to_json() for s, h in sorted(self._streams.items())},
+            "counts": {"accepted": 0, "duplicates": 0, "quarantined": 0},
+        }
+        last = self.commit_paths()
+        saved = json.loads(last[-1].read_bytes()).get("admission") if last else None
+        if saved is not None:  # the admission state is every record's: carried forward unchanged
+            record["admission"] = saved
+        write_durably(self.root / COMMITS / f"{number:010d}.json", json.dumps(record))
+        # Old files go first, then the merged ones appear: a racing glob reader may see a
+        # partition briefly without those rows, never doubled.
+        for rel in dropped:
+            (self.root / rel).unlink(missing_ok=True)
+        for rel in added:
+            os.replace(self.root / (rel + ".tmp"), self.root / rel)
+        _fsync_dirs(self.root, added)
+        self._last_commit = self._folded_commit = number
+        return {"merged_partitions": len(added), "removed_files": len(dropped)}
 
 
 def _covered(records: Sequence[SourceRecord], before: dict[str, int]) -> dict[str, list[int]]:
@@ -609,7 +632,7 @@ def _event_row(event: Event, stream_seq: int, commit: int, record: SourceRecord)
         "commit": commit,
         "ingest_source": record.source,
         "ingest_position": record.position,
-        "canonical": event.canonical.decode(),
+        "canonical": event.canonical,  # UTF-8 bytes: RowBuffer.tables() makes them one string column
     }
 
 
@@ -764,30 +787,6 @@ def _write_empty(root: Path, table: str) -> None:
 def _write_part(data: pa.Table, tmp: Path) -> None:
     """A part file under its ``.tmp`` name, fsynced; the commit protocol renames it later."""
     pq.write_table(data, tmp, compression="zstd")
-    with open(tmp, "rb+") as handle:
-        os.fsync(handle.fileno())
-
-
-_MERGE_ROW_GROUP_BYTES = 64 << 20
-
-
-def _merge_parts(parts: Sequence[Path], schema: pa.Schema, tmp: Path) -> None:
-    """``parts`` copied into one part file, batch by batch, in their order (commit order: each stream's
-    rows stay in ``stream_seq`` order). Memory is a row group, whatever the partition's size: a
-    reference-size run's events (GBs of canonical JSON) never sit in memory or in one Arrow array."""
-    pending: list[pa.RecordBatch] = []
-    pending_bytes = 0
-    with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
-        for part in parts:
-            # Read under the table's schema (as queries do): an older file's missing column is null.
-            for batch in ds.dataset(part, schema=schema, format="parquet").to_batches(batch_size=8192):
-                pending.append(batch)
-                pending_bytes += batch.nbytes
-                if pending_bytes >= _MERGE_ROW_GROUP_BYTES:
-                    writer.write_table(pa.Table.from_batches(pending, schema))
-                    pending, pending_bytes = [], 0
-        if pending:
-            writer.write_table(pa.Table.from_batches(pending, schema))
     with open(tmp, "rb+") as handle:
         os.fsync(handle.fileno())
 
