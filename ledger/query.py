@@ -22,12 +22,13 @@ import msgspec
 from runledger.ledger.config_patch import ConfigPatchError, apply_config_patch
 from runledger.ledger.fold import STATE_TYPES, RunState, attempts_of, fold_run, on_lineage
 from runledger.ledger.parquet_schemas import tables_of
-from runledger.ledger.store import Ledger, LedgerError
+from runledger.ledger.store import Ledger, LedgerError, settled_merges
 from runledger.ledger.views import connect
 from runledger.schemas import Envelope, decode_event
 from runledger.schemas import catalogue as c
 
 READ_ONLY_STATEMENTS = {"SELECT", "EXPLAIN"}
+_MERGE_RETRIES = 3  # a query that overlapped a compaction runs again, this many times at most
 _PIVOT = re.compile(r"\s*(PIVOT|PIVOT_WIDER)\b", re.IGNORECASE)
 
 
@@ -52,6 +53,9 @@ class Reader:
         self.ledger = Ledger.open(root)
         self.root = Path(root)
         self.con = connect(self.root)
+        # Commits from this number on may be compactions a query overlaps (only the newest can be
+        # unfinished when the reader opens).
+        self._watch = self.ledger.last_commit
         # The fold's events are read from their own small table where the ledger keeps one.
         self._state_table = "state_events" in tables_of(self.root)
 
@@ -79,13 +83,25 @@ class Reader:
             raise QueryError(
                 f"{len(statements)} statements given; run one at a time (or several in `ledger shell`)"
             )
-        try:
-            (st,) = statements
-            rel = self.con.execute(st.query, params) if params else self.con.execute(st.query)
-            columns = [d[0] for d in rel.description or []]
-            return Result(columns, rel.fetchall())
-        except duckdb.Error as exc:
-            raise QueryError(str(exc).strip()) from None
+        (st,) = statements
+        watch, _ = settled_merges(self.root, self._watch)
+        for _ in range(_MERGE_RETRIES):
+            try:
+                rel = self.con.execute(st.query, params) if params else self.con.execute(st.query)
+                columns = [d[0] for d in rel.description or []]
+                rows = rel.fetchall()
+            except duckdb.Error as exc:
+                # A file a compaction removed after the glob listed it: settled below, then again.
+                error: duckdb.Error | None = exc
+            else:
+                error = None
+            self._watch, merged = settled_merges(self.root, watch)
+            if not merged:
+                break
+            watch = self._watch
+        if error is not None:
+            raise QueryError(str(error).strip()) from None
+        return Result(columns, rows)
 
     def runs(self) -> Result:
         return self.sql("SELECT * FROM runs ORDER BY started_at")

@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import re
+import time
 import uuid
 from collections import ChainMap
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -600,6 +601,30 @@ class Ledger:
         _fsync_dirs(self.root, added)
         self._last_commit = self._folded_commit = number
         return {"merged_partitions": len(added), "removed_files": len(dropped)}
+
+
+def settled_merges(root: Path, since: int, *, wait_s: float = 5.0) -> tuple[int, bool]:
+    """For a glob reader: (the next commit number to watch, whether a compaction numbered ``since``
+    or later exists). Waits (up to ``wait_s``) until such a compaction's files are in place: between
+    its removal of the old files and the rename of the merged one, a glob misses those rows, so a
+    query that overlapped one is run again (``query.Reader.sql``)."""
+    paths = sorted((root / COMMITS).glob("*.json"))
+    merged = False
+    for path in paths:
+        if int(path.stem) < since:
+            continue
+        with open(path, "rb") as handle:
+            if b'"writer": "compact"' not in handle.read(256):  # json.dumps puts it first-ish
+                continue
+        merged = True
+        record = json.loads(path.read_bytes())
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and not (
+            all((root / rel).exists() for rel in record["files"])
+            and not any((root / rel).exists() for rel in record["removed"])
+        ):
+            time.sleep(0.005)
+    return (int(paths[-1].stem) + 1 if paths else since), merged
 
 
 def _covered(records: Sequence[SourceRecord], before: dict[str, int]) -> dict[str, list[int]]:

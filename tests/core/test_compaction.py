@@ -3,7 +3,10 @@ answer, proof or verification changes when a ledger that commits one event at a 
 
 from __future__ import annotations
 
+import os
 import random
+import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -198,3 +201,30 @@ def test_sorted_merge_in_small_chunks_keeps_every_row_and_fills_missing_columns(
 
     assert got == sorted(got, key=key)
     assert sorted(repr(sorted(r.items())) for r in got) == sorted(repr(sorted(r.items())) for r in every)
+
+
+def test_a_query_during_a_merge_waits_for_the_merged_file_instead_of_missing_its_rows(
+    tmp_path: Path, monkeypatch
+) -> None:
+    run = _story(20)
+    ledger = _one_event_per_commit(tmp_path / "l", run, auto=False)
+    reader = Reader(tmp_path / "l")
+    count = "SELECT count(*) FROM metrics_all"
+    expected = reader.sql(count).rows
+    real_replace = os.replace
+    removed = threading.Event()
+
+    def slow_replace(src, dst) -> None:  # the writer pauses between removing old files and the rename
+        if "-c" in Path(dst).name:
+            removed.set()
+            time.sleep(0.5)
+        real_replace(src, dst)
+
+    monkeypatch.setattr("runledger.ledger.store.os.replace", slow_replace)
+    merging = threading.Thread(target=ledger.compact)
+    merging.start()
+    assert removed.wait(10)
+    assert not any("-c" in p.name for p in (tmp_path / "l" / "metrics").rglob("*.parquet"))
+    assert reader.sql(count).rows == expected  # without waiting: only the rows of unmerged files
+    merging.join()
+    assert reader.sql(count).rows == expected
