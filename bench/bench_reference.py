@@ -129,6 +129,13 @@ class Plain:
             [RUN_ID, name],
         )
 
+    def series_arrow(self, name: str) -> Any:
+        return self.con.sql(
+            f"SELECT step, arg_max(value, attempt) FROM {self.t('metrics')} WHERE run_id = $1 AND name = $2 "
+            "GROUP BY step ORDER BY step",
+            params=[RUN_ID, name],
+        ).to_arrow_table()
+
     def drop_window(self, lo: int, hi: int) -> list[tuple[Any, ...]]:
         return self.rows(
             f"SELECT layer, avg(rate) FROM (SELECT step, layer, arg_max(token_drop_rate, attempt) AS rate "
@@ -187,7 +194,15 @@ def questions(ledger: Path, steps: int, switch_step: int) -> dict[str, tuple[flo
         lambda a, b: (a.config_hash, a.attempt) == b,
     )
     both(
-        "one metric's full series (ms)",
+        "one metric's full series, as Arrow (ms)",
+        lambda: reader.arrow(
+            "SELECT step, value FROM metrics WHERE run_id = ? AND name = 'loss' ORDER BY step", [RUN_ID]
+        ),
+        lambda: plain.series_arrow("loss"),
+        lambda a, b: a.column("step").equals(b.column(0)) and a.column("value").equals(b.column(1)),
+    )
+    both(
+        "one metric's full series, as Python tuples (ms)",
         lambda: (
             reader.sql(
                 "SELECT step, value FROM metrics WHERE run_id = ? AND name = 'loss' ORDER BY step", [RUN_ID]

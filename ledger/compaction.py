@@ -23,17 +23,16 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 COMPACT_FANOUT = 8
 LEVEL_FLOOR_BYTES = 1 << 20  # files up to this size are all level 0
-MERGE_ROW_GROUP_BYTES = 64 << 20
+MERGE_ROW_GROUP_BYTES = 16 << 20  # Arrow bytes per merged row group: what a reader (verify) holds at once
 
 # Tables whose merged files are sorted, and by what. Rows of one metric lie together, in step order.
 SORTED_TABLES: dict[str, tuple[str, ...]] = {"metrics": ("name", "attempt", "step", "stream", "stream_seq")}
 SORTED_ROW_GROUP_ROWS = 128 * 1024
-_SORT_CHUNK_ROWS = 1 << 20  # rows sorted in memory at once (~60 MB of metric rows)
+_SORT_CHUNK_ROWS = 512 * 1024  # rows sorted in memory at once (~30 MB of metric rows)
 _SORTED_WRITE_OPTIONS = {
     # Sorted by name, a step's time and seq no longer repeat row after row: deltas encode them in a
     # few bits, and a metric's floats split into byte streams compress ~30% better.
@@ -88,22 +87,26 @@ def merge_parts(parts: Sequence[Path], table: str, schema: pa.Schema, tmp: Path)
 
 
 def _copy_in_order(parts: Sequence[Path], schema: pa.Schema, tmp: Path) -> None:
-    """Copied batch by batch, in commit order (each stream's rows stay in ``stream_seq`` order).
-    Memory is a row group: a reference-size run's events (GBs of canonical JSON) never sit in
-    memory or in one Arrow array."""
-    pending: list[pa.RecordBatch] = []
+    """Copied row group by row group, in commit order (each stream's rows stay in ``stream_seq``
+    order). Memory is about one output row group: a reference-size run's events (GBs of canonical
+    JSON) never sit in memory at once. (A dataset scan over a big file reads many row groups ahead:
+    over 1 GB of Arrow memory on a reference-size events partition.)"""
+    pending: list[pa.Table] = []
     pending_bytes = 0
     with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
         for part in parts:
-            # Read under the table's schema (as queries do): an older file's missing column is null.
-            for batch in ds.dataset(part, schema=schema, format="parquet").to_batches(batch_size=8192):
-                pending.append(batch)
-                pending_bytes += batch.nbytes
+            f = pq.ParquetFile(part)
+            for group in range(f.metadata.num_row_groups):
+                # Under the table's schema (as queries read it): an older file's missing column is null.
+                rows = _conform(f.read_row_group(group), schema)
+                pending.append(rows)
+                pending_bytes += rows.nbytes
                 if pending_bytes >= MERGE_ROW_GROUP_BYTES:
-                    writer.write_table(pa.Table.from_batches(pending, schema))
+                    writer.write_table(pa.concat_tables(pending))
                     pending, pending_bytes = [], 0
         if pending:
-            writer.write_table(pa.Table.from_batches(pending, schema))
+            writer.write_table(pa.concat_tables(pending))
+    pa.default_memory_pool().release_unused()
 
 
 def _merge_sorted(parts: Sequence[Path], schema: pa.Schema, tmp: Path, keys: Sequence[str]) -> None:
@@ -129,6 +132,8 @@ def _merge_sorted(parts: Sequence[Path], schema: pa.Schema, tmp: Path, keys: Seq
             if pieces:
                 merged = pa.concat_tables(pieces).sort_by(order)
                 writer.write_table(merged, row_group_size=SORTED_ROW_GROUP_ROWS)
+                del merged, pieces
+    pa.default_memory_pool().release_unused()
 
 
 def _chunks(counts: Counter[str | None]) -> list[list[str | None]]:

@@ -12,12 +12,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import jsonpatch
 import jsonpointer
 import msgspec
+import pyarrow as pa
 
 from runledger.ledger.config_patch import ConfigPatchError, apply_config_patch
 from runledger.ledger.fold import STATE_TYPES, RunState, attempts_of, fold_run, on_lineage
@@ -28,6 +29,7 @@ from runledger.schemas import Envelope, decode_event
 from runledger.schemas import catalogue as c
 
 READ_ONLY_STATEMENTS = {"SELECT", "EXPLAIN"}
+_T = TypeVar("_T")
 _MERGE_RETRIES = 3  # a query that overlapped a compaction runs again, this many times at most
 _PIVOT = re.compile(r"\s*(PIVOT|PIVOT_WIDER)\b", re.IGNORECASE)
 
@@ -65,6 +67,27 @@ class Reader:
 
         DuckDB's errors keep their line breaks, so a parser error's caret points at the mistake.
         """
+
+        def rows(query: str, params: Sequence[Any] | None) -> Result:
+            rel = self.con.execute(query, params) if params else self.con.execute(query)
+            return Result([d[0] for d in rel.description or []], rel.fetchall())
+
+        return self._run(statement, params, rows)
+
+    def arrow(self, statement: str, params: Sequence[Any] | None = None) -> pa.Table:
+        """``sql``, answered as an Arrow table: a long series without a Python object per value
+        (390,000 points: ~40 ms, against ~115 ms as tuples)."""
+
+        def table(query: str, params: Sequence[Any] | None) -> pa.Table:
+            return self.con.sql(query, params=params or None).to_arrow_table()
+
+        return self._run(statement, params, table)
+
+    def _run(
+        self, statement: str, params: Sequence[Any] | None, fetch: Callable[[str, Sequence[Any] | None], _T]
+    ) -> _T:
+        """One read-only statement, answered by ``fetch(query, params)``; run again if it overlapped
+        a compaction (the rows of the files it merged are briefly missing from a glob)."""
         try:
             statements = self.con.extract_statements(statement)
         except duckdb.Error as exc:
@@ -87,9 +110,7 @@ class Reader:
         watch, _ = settled_merges(self.root, self._watch)
         for _ in range(_MERGE_RETRIES):
             try:
-                rel = self.con.execute(st.query, params) if params else self.con.execute(st.query)
-                columns = [d[0] for d in rel.description or []]
-                rows = rel.fetchall()
+                answer = fetch(st.query, params)
             except duckdb.Error as exc:
                 # A file a compaction removed after the glob listed it: settled below, then again.
                 error: duckdb.Error | None = exc
@@ -101,7 +122,7 @@ class Reader:
             watch = self._watch
         if error is not None:
             raise QueryError(str(error).strip()) from None
-        return Result(columns, rows)
+        return answer
 
     def runs(self) -> Result:
         return self.sql("SELECT * FROM runs ORDER BY started_at")

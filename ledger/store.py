@@ -34,6 +34,7 @@ import base64
 import contextlib
 import copy
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -171,7 +172,7 @@ class Ledger:
         self._streams: dict[str, StreamHead] = {}
         # (source, id) -> the Merkle leaf hash of the event stored under it: a repeat with the same
         # hash is a duplicate, with another hash a conflict.
-        self._seen: dict[tuple[str, str], bytes] | None = None
+        self._seen: dict[bytes, bytes] | None = None
         self._fold = FoldState(load_config=self._load_config)
         self._swept = False
         self._usable_partitions: set[tuple[str, str]] = set()
@@ -256,11 +257,11 @@ class Ledger:
         self._load_head()
         self._folded_commit = self._last_commit
 
-    def _seen_ids(self) -> dict[tuple[str, str], bytes]:
-        """Every stored (source, id) and its leaf hash, from the commit log (which records both for
-        each appended event): no event bytes are read or hashed again."""
+    def _seen_ids(self) -> dict[bytes, bytes]:
+        """Every stored (source, id), as ``seen_key``, and its leaf hash, from the commit log (which
+        records both for each appended event): no event bytes are read or hashed again."""
         if self._seen is None:
-            seen: dict[tuple[str, str], bytes] = {}
+            seen: dict[bytes, bytes] = {}
             for path in self.commit_paths():
                 _add_appended(seen, msgspec.json.decode(path.read_bytes()))  # ~1.5x json's speed
             self._seen = seen
@@ -369,7 +370,7 @@ class Ledger:
         buf = RowBuffer()
         now = datetime.now(UTC)
         day = now.strftime("%Y-%m-%d")
-        new_ids: list[tuple[str, str]] = []
+        new_ids: list[bytes] = []
         added: dict[str, dict[str, Any]] = {}  # per stream: first seq, leaf hashes and ids appended
         fold_before = dict(self._fold.configs)
         staging = _Staging(self._fold)
@@ -383,7 +384,7 @@ class Ledger:
                 decoded = _decode_record(record, max_event_bytes)
                 if isinstance(decoded, Event):
                     env = decoded.envelope
-                    key = (env.source, env.id)
+                    key = seen_key(env.source, env.id)
                     leaf = leaf_hash(decoded.canonical)
                     refused = _refusal(decoded, record.raw, seen.get(key), leaf)
                     if refused is None and key in seen:
@@ -608,11 +609,11 @@ def settled_merges(root: Path, since: int, *, wait_s: float = 5.0) -> tuple[int,
     or later exists). Waits (up to ``wait_s``) until such a compaction's files are in place: between
     its removal of the old files and the rename of the merged one, a glob misses those rows, so a
     query that overlapped one is run again (``query.Reader.sql``)."""
-    paths = sorted((root / COMMITS).glob("*.json"))
+    # Names are zero-padded commit numbers: compared as strings, without parsing every one.
+    names = sorted(n for n in os.listdir(root / COMMITS) if n.endswith(".json") and n >= f"{since:010d}")
     merged = False
-    for path in paths:
-        if int(path.stem) < since:
-            continue
+    for name in names:
+        path = root / COMMITS / name
         with open(path, "rb") as handle:
             if b'"writer": "compact"' not in handle.read(256):  # json.dumps puts it first-ish
                 continue
@@ -624,7 +625,7 @@ def settled_merges(root: Path, since: int, *, wait_s: float = 5.0) -> tuple[int,
             and not any((root / rel).exists() for rel in record["removed"])
         ):
             time.sleep(0.005)
-    return (int(paths[-1].stem) + 1 if paths else since), merged
+    return (int(names[-1].removesuffix(".json")) + 1 if names else since), merged
 
 
 def _covered(records: Sequence[SourceRecord], before: dict[str, int]) -> dict[str, list[int]]:
@@ -773,12 +774,21 @@ def _quarantine_row(record: SourceRecord, q: Quarantined, now: datetime, commit:
     }
 
 
-def _add_appended(seen: dict[tuple[str, str], bytes], record: dict[str, Any]) -> None:
+def seen_key(source: str, event_id: str) -> bytes:
+    """The dedupe index's key for (source, id): 16 bytes of BLAKE2b, not the two strings. The index
+    holds every event the ledger has (1.1M for the reference run): ~110 B an entry instead of ~330,
+    which kept the ingester's memory growing by 240 MB over a run. A collision (2^-64 odds at 2^32
+    events) would refuse one event as a conflict, never drop it silently: it is quarantined."""
+    return hashlib.blake2b(f"{source}\x00{event_id}".encode(), digest_size=16).digest()
+
+
+def _add_appended(seen: dict[bytes, bytes], record: dict[str, Any]) -> None:
     """Add the (source, id) -> leaf hash of every event one commit record appended."""
     for added in record.get("appended", {}).values():
         leaves = base64.b64decode(added["leaves"])
         hashes = [leaves[i : i + 32] for i in range(0, len(leaves), 32)]
-        seen.update(zip(map(tuple, added["ids"]), hashes, strict=True))
+        keys = [seen_key(source, event_id) for source, event_id in added["ids"]]
+        seen.update(zip(keys, hashes, strict=True))
 
 
 def _refusal(event: Event, raw: bytes, stored_leaf: bytes | None, leaf: bytes) -> Quarantined | None:

@@ -241,3 +241,18 @@ def test_spool_ingest_end_to_end(tmp_path: Path) -> None:
     stats = ingest_spool(ledger, tmp_path / "spool", batch_size=7)
     assert (stats.accepted, stats.quarantined) == (len(run.events), 1)
     assert ingest_spool(ledger, tmp_path / "spool").accepted == 0
+
+
+def test_arrow_answers_what_sql_answers_and_refuses_the_same(tmp_path: Path) -> None:
+    run = _story()
+    Ledger.create(tmp_path / "l").commit(_records(run.events))
+    reader = Reader(tmp_path / "l")
+    q = "SELECT step, value FROM metrics WHERE run_id = ? AND name = 'loss' ORDER BY step"
+    table = reader.arrow(q, ["run-a"])
+    assert table.column_names == ["step", "value"]
+    assert [tuple(r.values()) for r in table.to_pylist()] == reader.sql(q, ["run-a"]).rows
+    assert table.num_rows == 30  # the canonical series: attempt 1's steps past the resume are superseded
+    with pytest.raises(QueryError, match="read-only"):
+        reader.arrow("DELETE FROM metrics")
+    with pytest.raises(QueryError, match="2 statements"):
+        reader.arrow("SELECT 1; SELECT 2")
