@@ -68,7 +68,14 @@ def replay(
     to: Annotated[Path, typer.Option("--to", help="The new ledger to build (a new or empty directory).")],
     bootstrap: BootstrapOption = None,
     topic: TopicOption = None,
-    batch_max: Annotated[int, typer.Option("--batch-max", help="Most records per ledger commit.")] = 20000,
+    batch_max: Annotated[
+        int | None,
+        typer.Option(
+            "--batch-max",
+            help="Most records per ledger commit (default 20,000).",
+            show_default=False,
+        ),
+    ] = None,
     connect_timeout: ConnectTimeoutOption = 15.0,
     ledger_id: Annotated[
         str | None,
@@ -104,7 +111,7 @@ def replay(
             bootstrap,
             to,
             topic or None,
-            batch_max=batch_max,
+            batch_max=batch_max or kafka_replay.REPLAY_BATCH_MAX,
             connect_timeout_s=connect_timeout,
             ledger_id=ledger_id,
             registry=registry,

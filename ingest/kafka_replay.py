@@ -74,12 +74,16 @@ def _target(path: Path, ledger_id: str | None) -> tuple[Ledger, bool]:
     return Ledger.create(path, ledger_id), False
 
 
+# Records per commit. (At the reference run's full size, 10,000 did not lower replay's peak RSS: 965 MB vs 923.)
+REPLAY_BATCH_MAX = 20_000
+
+
 def replay(
     bootstrap: str | None,
     to: str | Path,
     topics: Sequence[str] | None = None,
     *,
-    batch_max: int = 20000,
+    batch_max: int = REPLAY_BATCH_MAX,
     connect_timeout_s: float = 15.0,
     stall_timeout_s: float = 120.0,
     on_commit: Callable[[CommitResult], None] | None = None,
