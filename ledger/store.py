@@ -552,8 +552,11 @@ class Ledger:
             log.warning(
                 "compaction after commit %d failed (%s); left for the next commit", self._last_commit, exc
             )
+            number = self._last_commit + 1
+            if (self.root / COMMITS / f"{number:010d}.json").exists():
+                return  # past its commit point: the next writer lock finishes its renames (_recover)
             for tmp in self._own_tmp_files():
-                if tmp.name.startswith(f"part-{self._last_commit + 1:010d}-c"):
+                if tmp.name.startswith(f"part-{number:010d}-c"):
                     tmp.unlink(missing_ok=True)
 
     def _compact_locked(self, how_many: Callable[[list[int]], int]) -> dict[str, int]:

@@ -228,3 +228,28 @@ def test_a_query_during_a_merge_waits_for_the_merged_file_instead_of_missing_its
     assert reader.sql(count).rows == expected  # without waiting: only the rows of unmerged files
     merging.join()
     assert reader.sql(count).rows == expected
+
+
+def test_a_merge_that_fails_after_its_commit_point_is_finished_by_the_next_commit(
+    tmp_path: Path, monkeypatch
+) -> None:
+    run = _story(20)
+    plain = _one_event_per_commit(tmp_path / "plain", run, auto=False)
+    ledger = Ledger.create(tmp_path / "l")
+    real_replace = os.replace
+    failed: list[str] = []
+
+    def failing_replace(src, dst) -> None:  # the first merged file cannot be renamed into place
+        if "-c" in Path(dst).name and not failed:
+            failed.append(str(dst))
+            raise OSError("I/O error")
+        real_replace(src, dst)
+
+    monkeypatch.setattr("runledger.ledger.store.os.replace", failing_replace)
+    for i, raw in enumerate(run.events):
+        assert ledger.commit([SourceRecord("spool:t", i, raw)]).accepted == 1
+    assert failed
+    assert not list((tmp_path / "l").rglob("*.tmp"))  # finished by the commits that followed
+    for q in QUERIES:
+        assert Reader(tmp_path / "l").sql(q).rows == Reader(plain.root).sql(q).rows, q
+    assert verify_ledger(tmp_path / "l").ok
