@@ -637,7 +637,10 @@ class _Hooks:
             sys.excepthook = self._excepthook
         if signals and threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGINT):
-                self.previous_signals[signum] = signal.signal(signum, self._on_signal)
+                # An ignored signal (nohup, a background job's SIGINT) stays ignored: it would not
+                # end the process, so it is not a crash either.
+                if signal.getsignal(signum) != signal.SIG_IGN:
+                    self.previous_signals[signum] = signal.signal(signum, self._on_signal)
         atexit.register(self._at_exit)
 
     def _excepthook(self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:

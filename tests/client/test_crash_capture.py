@@ -76,7 +76,14 @@ def test_a_signal_is_recorded_then_does_what_it_would_have_done(
     ready = tmp_path / "ready"
     script = PRELUDE + f"open({str(ready)!r}, 'w').close()\ntime.sleep(60)\n"
     proc = subprocess.Popen(
-        [sys.executable, "-c", script], cwd=tmp_path, env=client_env, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=client_env,
+        stderr=subprocess.PIPE,
+        text=True,
+        # As from a terminal: a suite started in the background (nohup, `&`) hands its children
+        # SIGINT ignored, and an ignored signal stays ignored (the next test).
+        preexec_fn=_default_signals,
     )
     deadline = time.monotonic() + 60
     while not ready.exists() and time.monotonic() < deadline:
@@ -91,6 +98,44 @@ def test_a_signal_is_recorded_then_does_what_it_would_have_done(
     crash = _crash(client_env)
     assert (crash.data.kind, crash.data.signal, crash.data.exit_code) == ("signal", signum, 128 + signum)
     assert crash.data.last_step == 3
+
+
+def _default_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def test_an_ignored_signal_stays_ignored_and_is_no_crash(client_env: dict[str, str], tmp_path: Path) -> None:
+    ready, go_on = tmp_path / "ready", tmp_path / "go-on"
+    script = PRELUDE + (
+        f"open({str(ready)!r}, 'w').close()\n"
+        f"while not __import__('os').path.exists({str(go_on)!r}):\n    time.sleep(0.05)\n"
+        "run.log({'loss': 0.1}, step=4)\nrun.finish()\n"
+    )
+
+    def ignore_sigint() -> None:  # as nohup or a non-interactive shell's `&` start a process
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=client_env,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=ignore_sigint,
+    )
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    go_on.touch()
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    spool = Path(client_env["RUNLEDGER_SPOOL"])
+    assert of_type(spool, "run.crashed") == []
+    [finished] = of_type(spool, "run.finished")
+    assert finished.step == 4
 
 
 def test_non_finite_loss_stop_and_skip(client_env: dict[str, str], tmp_path: Path) -> None:
