@@ -14,6 +14,9 @@ change every 500 steps. Figures, all from the same run and topic:
   (scalar rows; and with the expert counts);
 * ingester alone: a fresh ledger ingesting the full topic (no producer competing for the 2 cores);
 * ceiling: a bare kafka-python consumer reading the same topic and doing nothing;
+* validation floor: the same consumer also validating each record (``decode_event``: JSON, envelope,
+  payload schema, canonical bytes) and nothing else: what any ingester that refuses bad records
+  pays before it stores anything;
 * replay: ``runledger.ingest.kafka_replay.replay`` into a new ledger, metric values/s;
 * freshness: a paced producer (``--rate`` events/s) with the ingester running; time from emit until
   ``Reader.sql`` sees the event, p50/p99 (polled every 20 ms, so add up to that).
@@ -46,6 +49,7 @@ from runledger.ingest.kafka_sink import KafkaSink  # noqa: E402
 from runledger.ledger.query import Reader  # noqa: E402
 from runledger.schemas import Envelope, make_event  # noqa: E402
 from runledger.schemas.canonical import config_hash  # noqa: E402
+from runledger.schemas.codec import decode_event  # noqa: E402
 from runledger.schemas.payloads import (  # noqa: E402
     ChangeCause,
     ConfigChanged,
@@ -187,7 +191,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(60)
 
 
-def bare_consume(bootstrap: str, topic: str) -> tuple[int, float]:
+def bare_consume(bootstrap: str, topic: str, *, validate: bool = False) -> tuple[int, float]:
     consumer = KafkaConsumer(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
@@ -203,6 +207,9 @@ def bare_consume(bootstrap: str, topic: str) -> tuple[int, float]:
     while any(consumer.position(tp) < ends[tp] for tp in tps):
         for batch in consumer.poll(timeout_ms=500).values():
             n += len(batch)
+            if validate:
+                for record in batch:
+                    decode_event(record.value)
     elapsed = time.perf_counter() - start
     consumer.close()
     return n, elapsed
@@ -348,6 +355,8 @@ def main() -> None:
             "events_per_s": n / secs,
             "metric_values_per_s": scalars * n / len(events) / secs,
         }
+        n, secs = bare_consume(bootstrap, topic, validate=True)
+        figures["validating_consumer"] = {"events_per_s": n / secs}
 
         # ---- replay
         rs = replay(bootstrap, work / "replayed", [topic])
@@ -377,9 +386,15 @@ def main() -> None:
         f"ingester alone (topic already full): {a['events_per_s']:,.0f} events/s, "
         f"{a['metric_values_per_s']:,.0f} metric values/s, {a['commits']} commits"
     )
+    v = figures["validating_consumer"]
     print(
         f"bare kafka-python consumer (ceiling): {b['events_per_s']:,.0f} events/s "
-        f"(≙ {b['metric_values_per_s']:,.0f} metric values/s)"
+        f"(≙ {b['metric_values_per_s']:,.0f} metric values/s); the ingester reached "
+        f"{a['events_per_s'] / b['events_per_s']:.0%} of it"
+    )
+    print(
+        f"the same consumer validating each record and storing nothing: {v['events_per_s']:,.0f} events/s "
+        f"({v['events_per_s'] / b['events_per_s']:.0%} of the bare consumer)"
     )
     print(
         f"ledger replay: {r['metric_values_per_s']:,.0f} metric values/s, {r['events_per_s']:,.0f} events/s "

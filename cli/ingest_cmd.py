@@ -39,6 +39,7 @@ from runledger.cli.output import (
     user_errors,
 )
 from runledger.ingest.bus import EventSink, default_spool_dir, open_sink
+from runledger.ingest.kafka_config import COMMIT_BATCH_MAX
 from runledger.ingest.spool import SpoolLockedError
 from runledger.schemas.signing import PRODUCER_KEY_ENV, Sealer
 
@@ -81,7 +82,9 @@ def ingest_kafka(
             show_default=False,
         ),
     ] = None,
-    batch_max: Annotated[int, typer.Option("--batch-max", help="Most records per ledger commit.")] = 5000,
+    batch_max: Annotated[
+        int, typer.Option("--batch-max", help="Most records per ledger commit.")
+    ] = COMMIT_BATCH_MAX,
     poll_ms: Annotated[int, typer.Option("--poll-ms", help="Longest wait for records per poll.")] = 200,
     session_timeout_ms: Annotated[
         int,

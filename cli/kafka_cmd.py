@@ -103,6 +103,7 @@ def replay(
     Example: ledger replay --bootstrap localhost:9092 --to /tmp/rebuilt
     """
     from runledger.ingest import kafka_replay
+    from runledger.ingest.kafka_config import COMMIT_BATCH_MAX
     from runledger.ledger.admission import read_registry
 
     with kafka_errors():
@@ -111,7 +112,7 @@ def replay(
             bootstrap,
             to,
             topic or None,
-            batch_max=batch_max or kafka_replay.REPLAY_BATCH_MAX,
+            batch_max=batch_max or COMMIT_BATCH_MAX,
             connect_timeout_s=connect_timeout,
             ledger_id=ledger_id,
             registry=registry,

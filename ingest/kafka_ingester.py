@@ -42,6 +42,7 @@ from kafka.errors import KafkaError, KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
 from runledger.ingest.kafka_config import (
+    COMMIT_BATCH_MAX,
     BrokerUnavailableError,
     client_kwargs,
     deadletter_topic,
@@ -367,7 +368,7 @@ def run_ingester(
     group: str,
     topics: Sequence[str] | None = None,
     *,
-    batch_max: int = 5000,
+    batch_max: int = COMMIT_BATCH_MAX,
     poll_ms: int = 200,
     stop_event: threading.Event | None = None,
     idle_timeout_s: float | None = None,

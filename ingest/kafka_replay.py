@@ -34,7 +34,7 @@ from typing import Any
 
 from kafka import TopicPartition
 
-from runledger.ingest.kafka_config import events_topic
+from runledger.ingest.kafka_config import COMMIT_BATCH_MAX, events_topic
 from runledger.ingest.kafka_ingester import open_consumer, source_name
 from runledger.ledger.admission import REGISTRY_INGEST, RegistryEntry
 from runledger.ledger.store import CommitResult, Ledger, LedgerError, SourceRecord
@@ -74,16 +74,12 @@ def _target(path: Path, ledger_id: str | None) -> tuple[Ledger, bool]:
     return Ledger.create(path, ledger_id), False
 
 
-# Records per commit. (At the reference run's full size, 10,000 did not lower replay's peak RSS: 965 MB vs 923.)
-REPLAY_BATCH_MAX = 20_000
-
-
 def replay(
     bootstrap: str | None,
     to: str | Path,
     topics: Sequence[str] | None = None,
     *,
-    batch_max: int = REPLAY_BATCH_MAX,
+    batch_max: int = COMMIT_BATCH_MAX,
     connect_timeout_s: float = 15.0,
     stall_timeout_s: float = 120.0,
     on_commit: Callable[[CommitResult], None] | None = None,

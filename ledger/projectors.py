@@ -186,16 +186,10 @@ STEP_SCALARS = (
 
 
 def _flatten_metrics(m: p.StepMetrics) -> tuple[list[str], list[float | None]]:
-    names: list[str] = []
-    values: list[float | None] = []
-    for name in STEP_SCALARS:
-        value = getattr(m, name)
-        if value is not None:
-            names.append(name)
-            values.append(float(value))
-    for name, value in m.scalars.items():
-        names.append(name)
-        values.append(value)
+    names = [name for name in STEP_SCALARS if getattr(m, name) is not None]
+    values: list[float | None] = [float(getattr(m, name)) for name in names]
+    names.extend(m.scalars)
+    values.extend(m.scalars.values())
     return names, values
 
 

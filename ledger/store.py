@@ -175,6 +175,11 @@ class Ledger:
         self._seen: dict[bytes, bytes] | None = None
         self._fold = FoldState(load_config=self._load_config)
         self._swept = False
+        # Commit records never change once written: the newest one, parsed, is kept (a commit of
+        # 20,000 events has a ~2 MB record, and each commit would otherwise parse it three times).
+        self._newest_record: dict[str, Any] | None = None
+        self._head_commit = -1  # the commit whose positions and stream heads are in memory
+        self._recovered_commit = -1  # the newest commit whose files are known to be in place
         self._usable_partitions: set[tuple[str, str]] = set()
         self.ledger_id = "ledger"
         self.admission_state: Any = None  # ledger.admission's state as of a commit (it loads and keeps it)
@@ -223,12 +228,19 @@ class Ledger:
     def read_commit(self, number: int) -> dict[str, Any]:
         return json.loads((self.root / COMMITS / f"{number:010d}.json").read_bytes())
 
+    def _newest(self, paths: list[Path]) -> dict[str, Any]:
+        """The newest commit record of ``paths`` (a sorted listing), parsed once."""
+        number = int(paths[-1].stem)
+        if self._newest_record is None or self._newest_record["commit"] != number:
+            self._newest_record = json.loads(paths[-1].read_bytes())
+        return self._newest_record
+
     def _load_head(self) -> None:
         paths = self.commit_paths()
-        if not paths:
+        if not paths or int(paths[-1].stem) == self._head_commit:
             return
-        record = json.loads(paths[-1].read_bytes())
-        self._last_commit = record["commit"]
+        record = self._newest(paths)
+        self._last_commit = self._head_commit = record["commit"]
         self._positions = dict(record["positions"])
         self._streams = {s: StreamHead.from_json(h) for s, h in record["streams"].items()}
 
@@ -305,8 +317,8 @@ class Ledger:
         """
         paths = self.commit_paths()
         listed: set[Path] = set()
-        if paths:
-            record = json.loads(paths[-1].read_bytes())
+        if paths and int(paths[-1].stem) != self._recovered_commit:
+            record = self._newest(paths)
             for rel in record.get("removed", []):  # a compaction: old files go before new appear
                 (self.root / rel).unlink(missing_ok=True)
             for rel in record["files"]:
@@ -315,6 +327,7 @@ class Ledger:
                 listed.add(tmp)
                 if not final.exists() and tmp.exists():
                     os.replace(tmp, final)
+            self._recovered_commit = record["commit"]
         if not self._swept:  # strays from writers that died before their commit point
             for tmp in self._own_tmp_files():
                 if tmp not in listed:
@@ -458,6 +471,7 @@ class Ledger:
                 "admission": admission.state.to_json(),
             }
             write_durably(self.root / COMMITS / f"{number:010d}.json", json.dumps(record_json))
+            self._newest_record = record_json
         except BaseException:
             for key in new_ids:
                 seen.pop(key, None)
@@ -467,7 +481,7 @@ class Ledger:
             final = self.root / rel
             os.replace(final.with_name(final.name + ".tmp"), final)
         _fsync_dirs(self.root, files)
-        self._last_commit = self._folded_commit = number
+        self._last_commit = self._folded_commit = self._head_commit = self._recovered_commit = number
         self._positions = positions
         admission.keep(number)
         self._streams = streams
@@ -592,10 +606,11 @@ class Ledger:
             "counts": {"accepted": 0, "duplicates": 0, "quarantined": 0},
         }
         last = self.commit_paths()
-        saved = json.loads(last[-1].read_bytes()).get("admission") if last else None
+        saved = self._newest(last).get("admission") if last else None
         if saved is not None:  # the admission state is every record's: carried forward unchanged
             record["admission"] = saved
         write_durably(self.root / COMMITS / f"{number:010d}.json", json.dumps(record))
+        self._newest_record = record
         # Old files go first, then the merged ones appear: a racing glob reader may see a
         # partition briefly without those rows, never doubled.
         for rel in dropped:
@@ -603,7 +618,7 @@ class Ledger:
         for rel in added:
             os.replace(self.root / (rel + ".tmp"), self.root / rel)
         _fsync_dirs(self.root, added)
-        self._last_commit = self._folded_commit = number
+        self._last_commit = self._folded_commit = self._head_commit = self._recovered_commit = number
         return {"merged_partitions": len(added), "removed_files": len(dropped)}
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import msgspec
 
@@ -23,7 +24,7 @@ class EventType:
     upcasters: dict[int, Callable[[msgspec.Struct], msgspec.Struct]] = field(default_factory=dict)
     doc: str = ""
 
-    @property
+    @cached_property  # read once per event decoded: a max() each time was ~6 µs an event
     def latest(self) -> int:
         return max(self.versions)
 
