@@ -1,12 +1,15 @@
-"""What the ledger's dedupe index costs: the (source, id) of every stored event, now with its leaf hash
-(so a record with a stored id but other bytes is a conflict, not a silent duplicate; issue 16).
+"""What the ledger's dedupe index costs: the (source, id) and leaf hash of every stored event, kept in
+SQLite beside the commit log (``ledger.seen_index``), so that a writer's memory does not grow with
+the ledger.
 
 Figures, over one ledger built here, each beside its baseline from the same run:
 
-* rebuilding the index when a writer opens the ledger: from the commit log's recorded leaves and ids
-  (what ``Ledger`` does) vs. the former way, a set of (source, id) read from the ``events`` Parquet
-  files (no hashes, so no conflict detection);
-* the memory the index holds (tracemalloc, Python objects) and bytes per event, for both;
+* a new writer's first commit on the ledger, with the index on disk (nothing to read) vs. after the
+  index is deleted (rebuilt from the commit log: what a writer did on every open before the index
+  moved to disk, and what a lost index costs once);
+* memory: the writer process's peak RSS for that first commit, with the index on disk vs. the dict
+  of the same entries that writers used to hold (its Python objects, tracemalloc), and bytes per
+  event on disk;
 * a commit of all-duplicate records (every one looked up, hashed and compared) vs. the same batch's
   decode alone.
 
@@ -18,6 +21,8 @@ from __future__ import annotations
 import argparse
 import gc
 import random
+import subprocess
+import sys
 import tempfile
 import time
 import tracemalloc
@@ -25,8 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
+import msgspec
 
+from runledger.ledger.seen_index import INDEX_DIR, appended_entries
 from runledger.ledger.store import Ledger, SourceRecord
 from runledger.schemas import decode_event, encode_event, make_event
 from runledger.schemas import payloads as p
@@ -73,13 +79,26 @@ def _measured(build: Callable[[], Any]) -> tuple[int, float, int, int]:
     return size, seconds, retained, peak
 
 
-def _parquet_ids(root: Path) -> set[tuple[str, str]]:
-    """The former index: (source, id) pairs read from every events file."""
-    seen: set[tuple[str, str]] = set()
-    for path in (root / "events").rglob("*.parquet"):
-        table = pq.read_table(path, columns=["source", "id"])
-        seen.update(zip(table.column("source").to_pylist(), table.column("id").to_pylist(), strict=True))
+def _dict_index(root: Path) -> dict[bytes, bytes]:
+    """The former index: every entry in a dict, rebuilt from the commit log on open."""
+    seen: dict[bytes, bytes] = {}
+    for path in sorted((root / "_commits").glob("*.json")):
+        seen.update(appended_entries(msgspec.json.decode(path.read_bytes())))
     return seen
+
+
+def _first_commit(root: Path, probe: bytes) -> tuple[float, float]:
+    """(seconds, peak RSS MiB) of a new writer process opening the ledger and committing one record."""
+    code = (
+        "import resource, sys, time; from pathlib import Path; "
+        "from runledger.ledger.store import Ledger, SourceRecord; "
+        "t = time.perf_counter(); "
+        f"Ledger.open(Path({str(root)!r})).commit([SourceRecord('spool:probe', 0, {probe!r})]); "
+        "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    seconds, rss = out.split()
+    return float(seconds), float(rss)
 
 
 def main() -> None:
@@ -96,18 +115,21 @@ def main() -> None:
         n = len(raws)
         print(f"ledger: {n:,} events in {len(ledger.commit_paths()):,} commits")
 
-        size, t_new, mem_new, peak_new = _measured(lambda: Ledger.open(root)._seen_ids())
+        probe = raws[0]  # a duplicate: looked up, nothing stored
+        t_disk, rss_disk = _first_commit(root, probe)
+        for path in (root / INDEX_DIR).iterdir():
+            path.unlink()
+        t_rebuild, rss_rebuild = _first_commit(root, probe)
+        index_bytes = sum(path.stat().st_size for path in (root / INDEX_DIR).iterdir())
+        size, t_dict, mem_dict, _peak = _measured(lambda: _dict_index(root))
         assert size == n
-        size, t_old, mem_old, peak_old = _measured(lambda: _parquet_ids(root))
-        assert size == n
-        print("index rebuild on open (commit log, id -> leaf hash)   vs  baseline (Parquet ids, set)")
-        print(f"  time                {t_new:8.2f} s                        {t_old:8.2f} s")
+        print("a new writer's first commit     index on disk        vs  index rebuilt from the commit log")
+        print(f"  time                         {t_disk:8.2f} s                {t_rebuild:8.2f} s")
+        print(f"  peak RSS of the process      {rss_disk:8.0f} MiB              {rss_rebuild:8.0f} MiB")
         print(
-            f"  memory retained     {mem_new / 2**20:8.1f} MiB ({mem_new / n:5.0f} B/event)  "
-            f"{mem_old / 2**20:8.1f} MiB ({mem_old / n:5.0f} B/event)"
-        )
-        print(
-            f"  peak while building {peak_new / 2**20:8.1f} MiB                      {peak_old / 2**20:8.1f} MiB"
+            f"index size: {index_bytes / 2**20:.1f} MiB on disk ({index_bytes / n:.0f} B/event); "
+            f"the same entries in a dict (the former in-memory index): {mem_dict / 2**20:.1f} MiB "
+            f"({mem_dict / n:.0f} B/event), {t_dict:.2f} s to build"
         )
 
         # Every record again from another source position: all duplicates (hash + compare each).

@@ -34,7 +34,6 @@ import base64
 import contextlib
 import copy
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -48,7 +47,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
@@ -59,6 +57,7 @@ from runledger.ledger.compaction import merge_parts, tail_to_merge
 from runledger.ledger.merkle import CompactRange, leaf_hash
 from runledger.ledger.parquet_schemas import TABLES
 from runledger.ledger.projectors import FoldState, RowBuffer, rows_for_event
+from runledger.ledger.seen_index import SeenIndex, record_digest, seen_key
 from runledger.schemas.codec import (
     CONFLICT,
     CORRUPT,
@@ -171,8 +170,8 @@ class Ledger:
         self._positions: dict[str, int] = {}
         self._streams: dict[str, StreamHead] = {}
         # (source, id) -> the Merkle leaf hash of the event stored under it: a repeat with the same
-        # hash is a duplicate, with another hash a conflict.
-        self._seen: dict[bytes, bytes] | None = None
+        # hash is a duplicate, with another hash a conflict. On disk (ledger.seen_index).
+        self._index = SeenIndex(root)
         self._fold = FoldState(load_config=self._load_config)
         self._swept = False
         # Commit records never change once written: the newest one, parsed, is kept (a commit of
@@ -260,25 +259,17 @@ class Ledger:
     def _catch_up(self) -> None:
         """Fold in commits other writers made since we last folded. Only under the writer lock,
         after ``_recover``: then every committed file has its final name."""
-        paths = self.commit_paths()
-        newer = [p for p in paths if int(p.stem) > self._folded_commit]
-        if self._seen is not None and newer:
-            for path in newer:
-                _add_appended(self._seen, msgspec.json.decode(path.read_bytes()))
-            self._fold.configs.clear()  # another writer may have moved a run's config on
         self._load_head()
+        if self._last_commit > self._folded_commit:
+            self._fold.configs.clear()  # another writer may have moved a run's config on
+        self._index.catch_up(self._last_commit, self._commit_bytes)
         self._folded_commit = self._last_commit
 
-    def _seen_ids(self) -> dict[bytes, bytes]:
-        """Every stored (source, id), as ``seen_key``, and its leaf hash, from the commit log (which
-        records both for each appended event): no event bytes are read or hashed again."""
-        if self._seen is None:
-            seen: dict[bytes, bytes] = {}
-            for path in self.commit_paths():
-                _add_appended(seen, msgspec.json.decode(path.read_bytes()))  # ~1.5x json's speed
-            self._seen = seen
-            self._folded_commit = self._last_commit
-        return self._seen
+    def _commit_bytes(self, number: int) -> bytes | None:
+        try:
+            return (self.root / COMMITS / f"{number:010d}.json").read_bytes()
+        except FileNotFoundError:
+            return None
 
     def _load_config(self, run_id: str, attempt: int) -> dict[str, Any] | None:
         """The latest config of an attempt already in the ledger (for a change that follows it)."""
@@ -375,7 +366,8 @@ class Ledger:
         max_event_bytes: int,
         check: _Careful,
     ) -> CommitResult:
-        seen = self._seen_ids()
+        index = self._index
+        appended: dict[bytes, bytes] = {}  # this commit's (source, id) keys and leaf hashes
         number = self._last_commit + 1
         result = CommitResult(commit=None)
         positions = dict(self._positions)
@@ -383,7 +375,6 @@ class Ledger:
         buf = RowBuffer()
         now = datetime.now(UTC)
         day = now.strftime("%Y-%m-%d")
-        new_ids: list[bytes] = []
         added: dict[str, dict[str, Any]] = {}  # per stream: first seq, leaf hashes and ids appended
         fold_before = dict(self._fold.configs)
         staging = _Staging(self._fold)
@@ -399,8 +390,9 @@ class Ledger:
                     env = decoded.envelope
                     key = seen_key(env.source, env.id)
                     leaf = leaf_hash(decoded.canonical)
-                    refused = _refusal(decoded, record.raw, seen.get(key), leaf)
-                    if refused is None and key in seen:
+                    stored = appended.get(key) or index.get(key)
+                    refused = _refusal(decoded, record.raw, stored, leaf)
+                    if refused is None and stored is not None:
                         result.duplicates += 1
                         continue
                     head = streams.get(env.stream)
@@ -421,8 +413,7 @@ class Ledger:
                                 verdict.authenticated,
                             )
                     if refused is None:
-                        seen[key] = leaf
-                        new_ids.append(key)
+                        appended[key] = leaf
                         if head is None:
                             head = streams[env.stream] = StreamHead(0, CompactRange())
                         head.size += 1
@@ -470,11 +461,10 @@ class Ledger:
                 # commit point as the events that moved them (ledger.admission.load_state reads it).
                 "admission": admission.state.to_json(),
             }
-            write_durably(self.root / COMMITS / f"{number:010d}.json", json.dumps(record_json))
+            record_text = json.dumps(record_json)
+            write_durably(self.root / COMMITS / f"{number:010d}.json", record_text)
             self._newest_record = record_json
         except BaseException:
-            for key in new_ids:
-                seen.pop(key, None)
             self._fold.configs = fold_before
             raise
         for rel in files:
@@ -485,6 +475,7 @@ class Ledger:
         self._positions = positions
         admission.keep(number)
         self._streams = streams
+        self._index_commit(number, record_text, appended.items())
         result.commit = number
         result.metric_values = sum(
             len(cols["name"]) for (t, _), cols in buf.columns.items() if t == "metrics"
@@ -538,6 +529,16 @@ class Ledger:
             raise _UnencodableBatch(f"{type(exc).__name__}: {exc}", None) from exc
         staging.keep(self._fold)
         return None
+
+    def _index_commit(self, number: int, record_text: str, entries: Iterable[tuple[bytes, bytes]]) -> None:
+        """Add a durable commit's events to the dedupe index. A failure is only logged: the index
+        is behind the log then, and the next writer lock adds them from the commit record."""
+        try:
+            self._index.add(number, record_digest(record_text.encode()), entries)
+        except Exception as exc:
+            log.warning(
+                "dedupe index not updated for commit %d (%s); the next commit catches up", number, exc
+            )
 
     def _write_files(self, tables: list[tuple[str, str, pa.Table]], number: int) -> list[str]:
         files: list[str] = []
@@ -609,7 +610,8 @@ class Ledger:
         saved = self._newest(last).get("admission") if last else None
         if saved is not None:  # the admission state is every record's: carried forward unchanged
             record["admission"] = saved
-        write_durably(self.root / COMMITS / f"{number:010d}.json", json.dumps(record))
+        record_text = json.dumps(record)
+        write_durably(self.root / COMMITS / f"{number:010d}.json", record_text)
         self._newest_record = record
         # Old files go first, then the merged ones appear: a racing glob reader may see a
         # partition briefly without those rows, never doubled.
@@ -619,6 +621,7 @@ class Ledger:
             os.replace(self.root / (rel + ".tmp"), self.root / rel)
         _fsync_dirs(self.root, added)
         self._last_commit = self._folded_commit = self._head_commit = self._recovered_commit = number
+        self._index_commit(number, record_text, ())
         return {"merged_partitions": len(added), "removed_files": len(dropped)}
 
 
@@ -790,23 +793,6 @@ def _quarantine_row(record: SourceRecord, q: Quarantined, now: datetime, commit:
         "raw": bytes(record.raw),
         "commit": commit,
     }
-
-
-def seen_key(source: str, event_id: str) -> bytes:
-    """The dedupe index's key for (source, id): 16 bytes of BLAKE2b, not the two strings. The index
-    holds every event the ledger has (1.1M for the reference run): ~110 B an entry instead of ~330,
-    which kept the ingester's memory growing by 240 MB over a run. A collision (2^-64 odds at 2^32
-    events) would refuse one event as a conflict, never drop it silently: it is quarantined."""
-    return hashlib.blake2b(f"{source}\x00{event_id}".encode(), digest_size=16).digest()
-
-
-def _add_appended(seen: dict[bytes, bytes], record: dict[str, Any]) -> None:
-    """Add the (source, id) -> leaf hash of every event one commit record appended."""
-    for added in record.get("appended", {}).values():
-        leaves = base64.b64decode(added["leaves"])
-        hashes = [leaves[i : i + 32] for i in range(0, len(leaves), 32)]
-        keys = [seen_key(source, event_id) for source, event_id in added["ids"]]
-        seen.update(zip(keys, hashes, strict=True))
 
 
 def _refusal(event: Event, raw: bytes, stored_leaf: bytes | None, leaf: bytes) -> Quarantined | None:

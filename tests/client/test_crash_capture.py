@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -75,19 +76,9 @@ def test_a_signal_is_recorded_then_does_what_it_would_have_done(
 ) -> None:
     ready = tmp_path / "ready"
     script = PRELUDE + f"open({str(ready)!r}, 'w').close()\ntime.sleep(60)\n"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script],
-        cwd=tmp_path,
-        env=client_env,
-        stderr=subprocess.PIPE,
-        text=True,
-        # As from a terminal: a suite started in the background (nohup, `&`) hands its children
-        # SIGINT ignored, and an ignored signal stays ignored (the next test).
-        preexec_fn=_default_signals,
-    )
-    deadline = time.monotonic() + 60
-    while not ready.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    # As from a terminal: a suite started in the background (nohup, `&`) hands its children SIGINT
+    # ignored, and an ignored signal stays ignored (the next test).
+    proc = _started(script, client_env, tmp_path, ready, _default_signals)
     proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=60)
     # SIGTERM: the default death by the signal; SIGINT: KeyboardInterrupt, after which Python
@@ -98,6 +89,24 @@ def test_a_signal_is_recorded_then_does_what_it_would_have_done(
     crash = _crash(client_env)
     assert (crash.data.kind, crash.data.signal, crash.data.exit_code) == ("signal", signum, 128 + signum)
     assert crash.data.last_step == 3
+
+
+def _started(
+    script: str, env: dict[str, str], cwd: Path, ready: Path, preexec: Callable[[], None]
+) -> subprocess.Popen[str]:
+    """The script running in a child (``preexec`` sets its signals up), once it has made ``ready``."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=cwd,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=preexec,
+    )
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return proc
 
 
 def _default_signals() -> None:
@@ -116,17 +125,7 @@ def test_an_ignored_signal_stays_ignored_and_is_no_crash(client_env: dict[str, s
     def ignore_sigint() -> None:  # as nohup or a non-interactive shell's `&` start a process
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script],
-        cwd=tmp_path,
-        env=client_env,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=ignore_sigint,
-    )
-    deadline = time.monotonic() + 60
-    while not ready.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    proc = _started(script, client_env, tmp_path, ready, ignore_sigint)
     proc.send_signal(signal.SIGINT)
     time.sleep(0.5)
     go_on.touch()

@@ -16,7 +16,6 @@ import pytest
 from runledger.ingest.bus import SpoolSink
 from runledger.ingest.spool_ingester import ingest_spool
 from runledger.ledger import admission
-from runledger.ledger.log_checkpoint import write_keypair
 from runledger.ledger.store import Ledger, SourceRecord
 from runledger.ledger.verifier import verify_producer_signature
 from runledger.schemas import Envelope, Event, decode_event, encode_event, make_event
@@ -30,32 +29,7 @@ from runledger.schemas.payloads import (
 )
 from runledger.schemas.signing import GENESIS, Sealer
 from runledger.trainer.telemetry import Emitter
-
-SOURCE = "trainer/r/a1/rank0"
-
-
-class Keys:
-    def __init__(self, directory: Path, name: str) -> None:
-        private, public = write_keypair(directory, name)
-        self.private = private.read_text()
-        self.public = public.read_text().strip()
-
-    def sealer(self, *, chain: bool = True) -> Sealer:
-        return Sealer(self.private, chain=chain)
-
-
-def metric(seq: int, *, source: str = SOURCE, id: str | None = None, loss: float = 1.0) -> Envelope:
-    return make_event(
-        StepMetrics(loss=loss), source=source, stream="r", run_id="r", attempt=1, step=seq, seq=seq, id=id
-    )
-
-
-def commit(ledger: Ledger, envelopes: list[Envelope | bytes], feed: str = "spool:test") -> dict[str, str]:
-    """Commit events at the next positions of ``feed``; returns {event id: quarantine code} refused."""
-    start = ledger.positions().get(feed, 0)
-    raws = [e if isinstance(e, bytes) else encode_event(e) for e in envelopes]
-    result = ledger.commit([SourceRecord(feed, start + i, raw) for i, raw in enumerate(raws)])
-    return {q.id or "": q.code for _, q in result.quarantined}
+from tests.support.producers import SOURCE, Keys, commit, metric
 
 
 def stored(root: Path) -> list[dict]:

@@ -21,7 +21,6 @@ from typer.testing import CliRunner
 from runledger.cli.main import app
 from runledger.ledger import admission
 from runledger.ledger.integrity import verify_ledger
-from runledger.ledger.log_checkpoint import write_keypair
 from runledger.ledger.store import Ledger, SourceRecord
 from runledger.schemas import Envelope, encode_event, make_event
 from runledger.schemas.payloads import (
@@ -29,39 +28,13 @@ from runledger.schemas.payloads import (
     PolicyChanged,
     ProducerRevoked,
     ProducerScope,
-    StepMetrics,
 )
-from runledger.schemas.signing import GENESIS, Sealer
-
-SOURCE = "trainer/r/a1/rank0"
-
-
-class Keys:
-    def __init__(self, directory: Path, name: str) -> None:
-        private, public = write_keypair(directory, name)
-        self.private_path, self.public_path = private, public
-        self.private = private.read_text()
-        self.public = public.read_text().strip()
-
-    def sealer(self, *, chain: bool = True) -> Sealer:
-        return Sealer(self.private, chain=chain)
-
-
-def metric(seq: int, *, source: str = SOURCE, loss: float = 1.0) -> Envelope:
-    return make_event(
-        StepMetrics(loss=loss), source=source, stream="r", run_id="r", attempt=1, step=seq, seq=seq
-    )
+from runledger.schemas.signing import GENESIS
+from tests.support.producers import SOURCE, Keys, commit, metric
 
 
 def note(text: str, *, source: str = "people/ann") -> Envelope:
     return make_event(Annotation(author="ann", text=text), source=source, stream="r", run_id="r", seq=0)
-
-
-def commit(ledger: Ledger, envelopes: list[Envelope], feed: str = "spool:test") -> dict[str, str]:
-    """Commit at the next positions of ``feed``; {event id: quarantine code} of those refused."""
-    start = ledger.positions().get(feed, 0)
-    records = [SourceRecord(feed, start + i, encode_event(e)) for i, e in enumerate(envelopes)]
-    return {q.id or "": q.code for _, q in ledger.commit(records).quarantined}
 
 
 def rows(root: Path) -> list[dict]:

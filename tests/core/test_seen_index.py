@@ -1,0 +1,140 @@
+"""The writer's dedupe index on disk (ledger.seen_index): it answers like the commit log it is
+derived from, whatever happened to its file, and its size does not follow the writer's memory."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from runledger.ledger.seen_index import INDEX_DIR, INDEX_FILE, SeenIndex
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas.codec import CONFLICT
+from tests.support.factory import RunBuilder
+
+
+def _events(n: int, run_id: str = "r1") -> list[bytes]:
+    run = RunBuilder(run_id=run_id)
+    run.start()
+    for step in range(1, n):
+        run.step(step, loss=2.0 - step * 0.01)
+    return run.events
+
+
+def _forged(raw: bytes) -> bytes:
+    value = json.loads(raw)
+    value["data"]["loss"] = 0.01
+    return json.dumps(value).encode()
+
+
+def _commit(ledger: Ledger, source: str, raws: list[bytes], first: int = 0):  # type: ignore[no-untyped-def]
+    return ledger.commit([SourceRecord(source, first + i, raw) for i, raw in enumerate(raws)])
+
+
+def _index_path(root: Path) -> Path:
+    return root / INDEX_DIR / INDEX_FILE
+
+
+def _index_rows(root: Path) -> int:
+    with sqlite3.connect(_index_path(root)) as db:
+        return db.execute("SELECT count(*) FROM seen").fetchone()[0]
+
+
+def _assert_all_known(root: Path, raws: list[bytes]) -> None:
+    """A fresh writer finds every event stored: each is a duplicate, one forged copy a conflict."""
+    result = _commit(Ledger.open(root), "spool:again", [*raws, _forged(raws[1])])
+    assert result.duplicates == len(raws) and result.accepted == 0
+    [(_record, q)] = result.quarantined
+    assert q.code == CONFLICT
+
+
+def _through(root: Path) -> int:
+    with sqlite3.connect(_index_path(root)) as db:
+        return int(db.execute("SELECT value FROM meta WHERE name = 'through'").fetchone()[0])
+
+
+def test_the_index_is_kept_on_disk_and_follows_every_commit(tmp_path: Path) -> None:
+    root = tmp_path / "l"
+    raws = _events(40)
+    _commit(Ledger.create(root), "spool:a", raws[:25])
+    ledger = Ledger.open(root)
+    _commit(ledger, "spool:a", raws[25:], first=25)
+    assert _index_rows(root) == 40
+    assert _through(root) == ledger.last_commit  # compactions included
+    _assert_all_known(root, raws)
+
+
+@pytest.mark.parametrize("damage", ["deleted", "garbage", "foreign", "ahead of the log"])
+def test_a_lost_or_wrong_index_is_rebuilt_from_the_commit_log(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "l"
+    raws = _events(30)
+    ledger = Ledger.create(root)
+    _commit(ledger, "spool:a", raws[:20])
+    ledger._index.close()
+    backup = tmp_path / "backup"
+    shutil.copytree(root, backup)  # commit 1 only
+    _commit(ledger, "spool:a", raws[20:], first=20)
+    ledger._index.close()
+    path = _index_path(root)
+    if damage == "deleted":
+        path.unlink()
+    elif damage == "garbage":
+        path.write_bytes(b"not a database\x00" * 100)
+    elif damage == "foreign":  # another ledger's index, with the same commit numbers
+        theirs = Ledger.create(tmp_path / "other")
+        _commit(theirs, "spool:a", _events(20, run_id="r9"))
+        _commit(theirs, "spool:a", _events(10, run_id="r8"))
+        theirs._index.close()
+        shutil.copy(_index_path(tmp_path / "other"), path)
+    else:  # the ledger restored from its backup (commit 1), beside the newer index (commit 2)
+        shutil.copy(path, tmp_path / "newer.sqlite")
+        shutil.rmtree(root)
+        shutil.copytree(backup, root)
+        shutil.copy(tmp_path / "newer.sqlite", path)
+    known = raws[:20] if damage == "ahead of the log" else raws
+    with caplog.at_level(logging.WARNING, logger="runledger.ledger.seen_index"):
+        _assert_all_known(root, known)
+    if damage != "deleted":
+        assert "rebuilding it from the commit log" in caplog.text
+    assert _index_rows(root) == len(known)
+    if damage == "ahead of the log":  # the events of the commit this log never had are new here
+        assert _commit(Ledger.open(root), "spool:b", raws[20:]).accepted == 10
+
+
+def test_an_index_left_behind_by_a_crash_after_the_commit_point_catches_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "l"
+    raws = _events(30)
+    ledger = Ledger.create(root)
+    _commit(ledger, "spool:a", raws[:10])
+
+    def crash(*_args: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(SeenIndex, "add", crash)
+    result = _commit(ledger, "spool:a", raws[10:], first=10)  # durable: only the index missed it
+    assert result.accepted == 20
+    monkeypatch.undo()
+    assert _index_rows(root) == 10
+    # The same writer's next commit adds commit 2's events from its record before looking anything up.
+    again = _commit(ledger, "spool:b", raws[10:15])
+    assert again.duplicates == 5 and again.accepted == 0
+    assert _index_rows(root) == 30
+    _assert_all_known(root, raws)
+
+
+def test_two_writers_share_one_index(tmp_path: Path) -> None:
+    root = tmp_path / "l"
+    raws = _events(30)
+    first, second = Ledger.create(root), Ledger.open(root)
+    _commit(first, "spool:a", raws[:10])
+    assert _commit(second, "spool:b", raws[:15]).duplicates == 10  # sees the other's events
+    assert _commit(first, "spool:c", raws[:30]).duplicates == 15
+    assert _index_rows(root) == 30
