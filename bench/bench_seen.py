@@ -90,11 +90,13 @@ def _dict_index(root: Path) -> dict[bytes, bytes]:
 def _first_commit(root: Path, probe: bytes) -> tuple[float, float]:
     """(seconds, peak RSS MiB) of a new writer process opening the ledger and committing one record."""
     code = (
-        "import resource, sys, time; from pathlib import Path; "
+        "import sys, time; from pathlib import Path; "
         "from runledger.ledger.store import Ledger, SourceRecord; "
         "t = time.perf_counter(); "
         f"Ledger.open(Path({str(root)!r})).commit([SourceRecord('spool:probe', 0, {probe!r})]); "
-        "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
+        # VmHWM, not getrusage: ru_maxrss survives exec and would hold this (forked) process's peak.
+        "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]; "
+        "print(time.perf_counter() - t, int(hwm) / 1024)"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     seconds, rss = out.split()

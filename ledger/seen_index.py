@@ -17,11 +17,12 @@ Layout: ``_index/seen.sqlite`` (WAL mode) beside ``_commits/``; not part of the 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import logging
 import os
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,13 +81,11 @@ class SeenIndex:
 
     def add(self, number: int, digest: bytes, entries: Iterable[tuple[bytes, bytes]]) -> None:
         """Entries appended by commit ``number`` (its record's ``digest``), in one transaction."""
-        assert self._db is not None
-        with self._db:  # one transaction: the entries and ``through`` together
+        with self._transaction() as db:  # the entries and ``through`` together
             # Sorted keys touch the B-tree's pages in order.
-            self._db.executemany("INSERT OR IGNORE INTO seen VALUES (?, ?)", sorted(entries))
-            self._db.executemany(
-                "INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                [("through", number), ("through_digest", digest)],
+            db.executemany("INSERT OR IGNORE INTO seen VALUES (?, ?)", sorted(entries))
+            db.executemany(
+                "INSERT OR REPLACE INTO meta VALUES (?, ?)", [("through", number), ("through_digest", digest)]
             )
         self.through, self._digest = number, digest
 
@@ -111,6 +110,20 @@ class SeenIndex:
             self._db = None
 
     # ----------------------------------------------------------------- internals
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One explicit transaction (the connection is in autocommit mode: without it, every row
+        of an ``executemany`` would be a transaction of its own)."""
+        db = self._db
+        assert db is not None
+        db.execute("BEGIN")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
     def _open(self) -> None:
         """Connect (again if the file was replaced by another writer's rebuild)."""
         try:
@@ -156,9 +169,8 @@ class SeenIndex:
 
     def _start_over(self, why: str) -> None:
         log.warning("dedupe index %s: %s; rebuilding it from the commit log", self.path, why)
-        assert self._db is not None
-        with self._db:
-            self._db.execute("DELETE FROM seen")
-            self._db.execute("DELETE FROM meta")
+        with self._transaction() as db:
+            db.execute("DELETE FROM seen")
+            db.execute("DELETE FROM meta")
         self.through = -1
         self._digest = None

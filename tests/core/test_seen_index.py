@@ -138,3 +138,17 @@ def test_two_writers_share_one_index(tmp_path: Path) -> None:
     assert _commit(second, "spool:b", raws[:15]).duplicates == 10  # sees the other's events
     assert _commit(first, "spool:c", raws[:30]).duplicates == 15
     assert _index_rows(root) == 30
+
+
+def test_an_add_that_fails_midway_leaves_nothing_of_it(tmp_path: Path) -> None:
+    index = SeenIndex(tmp_path)
+    index.catch_up(-1, lambda n: None)
+    index.add(0, b"d" * 16, [(b"a" * 16, b"h" * 32)])
+    with pytest.raises(sqlite3.Error):  # the second entry cannot be stored: the first must not stay
+        index.add(1, b"e" * 16, [(b"b" * 16, b"h" * 32), (b"c" * 16, object())])  # type: ignore[list-item]
+    assert index.through == 0
+    assert index.get(b"b" * 16) is None and index.get(b"a" * 16) == b"h" * 32
+    index.close()
+    with sqlite3.connect(tmp_path / INDEX_DIR / INDEX_FILE) as db:
+        assert db.execute("SELECT count(*) FROM seen").fetchone()[0] == 1
+        assert db.execute("SELECT value FROM meta WHERE name = 'through'").fetchone()[0] == 0
