@@ -20,7 +20,6 @@ Ledgers are built once under ``--work`` (default /tmp/runledger-bench-fold) and 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import subprocess
@@ -34,6 +33,7 @@ from typing import Any
 
 import jsonpatch
 
+from bench.measure import run_measured
 from runledger.durable import write_durably
 from runledger.ingest.bus import SpoolSink
 from runledger.ingest.spool_ingester import ingest_spool
@@ -305,21 +305,9 @@ def verify_in_child(ledger_dir: Path, *, baseline: bool) -> tuple[float, float, 
     else:
         load = "from runledger.ledger.integrity import verify_ledger"
     root = Path(__file__).resolve().parent.parent
-    t = time.perf_counter()
-    child = subprocess.Popen(
-        [sys.executable, "-c", _VERIFY.format(load=load), str(ledger_dir)],
-        cwd=root,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    out = child.stdout.read() if child.stdout else ""
-    _pid, _status, usage = os.wait4(child.pid, 0)  # this child's own rusage (RUSAGE_CHILDREN, one child)
-    return (
-        time.perf_counter() - t,
-        usage.ru_maxrss / 1024,
-        out.strip().splitlines()[-1] if out.strip() else "",
-    )
+    child = run_measured([sys.executable, "-c", _VERIFY.format(load=load), str(ledger_dir)], cwd=root)
+    out = child.stdout
+    return child.seconds, child.peak_rss_mb, out.strip().splitlines()[-1] if out.strip() else ""
 
 
 def _history_rows(items: Sequence[Any]) -> list[tuple[Any, ...]]:

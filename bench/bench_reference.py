@@ -3,8 +3,8 @@
 For each size (a fraction of ``--steps``, 390,000 by default), in one run:
 
 * emit: ``ledger simulate reference-535b`` into a fresh spool (a subprocess: seconds, peak RSS);
-* ingest: ``ledger ingest spool`` into a fresh ledger (a subprocess: seconds, values/s, events/s, peak
-  RSS from ``os.wait4``, the child's own ``getrusage``);
+* ingest: ``ledger ingest spool`` into a fresh ledger (a subprocess: seconds, values/s, events/s, its
+  own peak RSS, from GNU time: ``bench.measure``);
 * bytes: spool, ledger, ledger bytes per value;
 * the analysts' questions through the public API (``runledger.ledger.query.Reader``), each beside the
   same answer from a plain DuckDB scan of the ledger's Parquet files (which must agree): state at
@@ -29,7 +29,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +40,8 @@ from typing import Any
 
 import duckdb
 
+from bench import measure
+from bench.measure import Measured
 from runledger.ledger.fold import STATE_TYPES
 from runledger.ledger.query import Reader
 from runledger.trainer.simulate import REFERENCE_STEPS, RUN_ID
@@ -48,27 +49,12 @@ from runledger.trainer.simulate import REFERENCE_STEPS, RUN_ID
 LEDGER_CLI = [sys.executable, "-m", "runledger.cli.main"]
 
 
-@dataclass
-class Proc:
-    seconds: float
-    cpu_s: float  # user + system: the machine is shared, so wall time alone overstates the work
-    peak_rss_mb: float
-    stdout: str
-
-
-def run_measured(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> Proc:
-    """Run ``cmd`` to completion; its wall time and its own peak RSS (``wait4``'s rusage)."""
-    started = time.perf_counter()
-    with open(log, "ab") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env)
-        assert proc.stdout is not None
-        out = proc.stdout.read()
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    elapsed = time.perf_counter() - started
+def run_measured(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> Measured:
+    """Run ``cmd`` to completion: its wall time, CPU time and its own peak RSS (``bench.measure``)."""
+    proc = measure.run_measured(cmd, stderr=log, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}; see {log}")
-    return Proc(elapsed, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, out.decode())
+    return proc
 
 
 def tree_bytes(path: Path, pattern: str = "*") -> int:
