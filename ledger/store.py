@@ -141,6 +141,7 @@ class CommitResult:
     skipped: int = 0  # at positions an earlier commit already covered
     quarantined: list[tuple[SourceRecord, Quarantined]] = field(default_factory=list)
     metric_values: int = 0
+    files: list[str] = field(default_factory=list)  # the part files it wrote, relative to the root
 
 
 @dataclass
@@ -351,7 +352,7 @@ class Ledger:
                 try:
                     result = self._commit_locked(records, writer, max_event_bytes, check)
                     if result.commit is not None and self.auto_compact:
-                        self._compact_tails()
+                        self._compact_tails(result.files)
                     return result
                 except _UnencodableBatch as exc:
                     # Again, converting on their own the rows of the groups that failed; and if
@@ -477,6 +478,7 @@ class Ledger:
         self._streams = streams
         self._index_commit(number, record_text, appended.items())
         result.commit = number
+        result.files = files
         result.metric_values = sum(
             len(cols["name"]) for (t, _), cols in buf.columns.items() if t == "metrics"
         )
@@ -557,12 +559,13 @@ class Ledger:
         with self._writer_lock():
             return self._compact_locked(lambda sizes: len(sizes) if len(sizes) >= min_files else 0)
 
-    def _compact_tails(self) -> None:
+    def _compact_tails(self, written: Sequence[str]) -> None:
         """After a commit: merge each partition's newest small files (``compaction.tail_to_merge``),
         so that a ledger ingesting for months keeps a few files per partition, not one per commit.
         The commit is durable already: a failure here is logged, and the next commit tries again."""
         try:
-            self._compact_locked(tail_to_merge)
+            # Only the partitions this commit added a file to can have a new tail to merge.
+            self._compact_locked(tail_to_merge, {str(Path(rel).parent) for rel in written})
         except Exception as exc:
             log.warning(
                 "compaction after commit %d failed (%s); left for the next commit", self._last_commit, exc
@@ -574,14 +577,20 @@ class Ledger:
                 if tmp.name.startswith(f"part-{number:010d}-c"):
                     tmp.unlink(missing_ok=True)
 
-    def _compact_locked(self, how_many: Callable[[list[int]], int]) -> dict[str, int]:
+    def _compact_locked(
+        self, how_many: Callable[[list[int]], int], partitions: set[str] | None = None
+    ) -> dict[str, int]:
         """Merge, in each partition, the newest ``how_many(sizes)`` part files (sizes in commit
         order) into one, as one commit of their own."""
         number = self._last_commit + 1
         added: list[str] = []
         dropped: list[str] = []
         for table in TABLES.values():
-            for partition_dir in sorted((self.root / table.name).glob(f"{table.partition}=*")):
+            if partitions is None:
+                dirs = sorted((self.root / table.name).glob(f"{table.partition}=*"))
+            else:
+                dirs = [self.root / rel for rel in sorted(partitions) if Path(rel).parts[0] == table.name]
+            for partition_dir in dirs:
                 parts = sorted(partition_dir.glob("*.parquet"))
                 n = how_many([p.stat().st_size for p in parts]) if len(parts) > 1 else 0
                 if n < 2:
