@@ -8,7 +8,7 @@ they cover (``through``) in one transaction, and whoever holds the writer lock b
 from the commit records after ``through`` (each lists the (source, id) and leaf of what it appended).
 So it never needs to be right on its own: a missing, unreadable or foreign index (one whose
 ``through`` record is not this log's) is rebuilt from the log. It lives on disk so that a writer's
-memory does not grow with the ledger (a dict of the reference run's 1.1M events held ~165 MB, and a
+memory does not grow with the ledger (a dict of the reference run's 1.1M events held ~185 MB, and a
 writer opening the ledger read every commit record before its first commit).
 
 Layout: ``_index/seen.sqlite`` (WAL mode) beside ``_commits/``; not part of the verified record.
