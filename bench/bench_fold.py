@@ -306,8 +306,8 @@ def verify_in_child(ledger_dir: Path, *, baseline: bool) -> tuple[float, float, 
         load = "from runledger.ledger.integrity import verify_ledger"
     root = Path(__file__).resolve().parent.parent
     child = run_measured([sys.executable, "-c", _VERIFY.format(load=load), str(ledger_dir)], cwd=root)
-    out = child.stdout
-    return child.seconds, child.peak_rss_mb, out.strip().splitlines()[-1] if out.strip() else ""
+    lines = child.stdout.strip().splitlines()
+    return child.seconds, child.peak_rss_mb, lines[-1] if lines else ""
 
 
 def _history_rows(items: Sequence[Any]) -> list[tuple[Any, ...]]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import gc
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ from typing import Any
 
 import msgspec
 
+from bench.measure import run_measured
 from runledger.ledger.seen_index import INDEX_DIR, appended_entries
 from runledger.ledger.store import Ledger, SourceRecord
 from runledger.schemas import decode_event, encode_event, make_event
@@ -88,19 +88,19 @@ def _dict_index(root: Path) -> dict[bytes, bytes]:
 
 
 def _first_commit(root: Path, probe: bytes) -> tuple[float, float]:
-    """(seconds, peak RSS MiB) of a new writer process opening the ledger and committing one record."""
+    """(seconds, peak RSS MiB) of a new writer process opening the ledger and committing one record
+    (the seconds exclude the interpreter's start)."""
     code = (
-        "import sys, time; from pathlib import Path; "
+        "import time; from pathlib import Path; "
         "from runledger.ledger.store import Ledger, SourceRecord; "
         "t = time.perf_counter(); "
         f"Ledger.open(Path({str(root)!r})).commit([SourceRecord('spool:probe', 0, {probe!r})]); "
-        # VmHWM, not getrusage: ru_maxrss survives exec and would hold this (forked) process's peak.
-        "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]; "
-        "print(time.perf_counter() - t, int(hwm) / 1024)"
+        "print(time.perf_counter() - t)"
     )
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
-    seconds, rss = out.split()
-    return float(seconds), float(rss)
+    child = run_measured([sys.executable, "-c", code])
+    if child.returncode != 0:
+        raise RuntimeError(child.stdout)
+    return float(child.stdout.split()[-1]), child.peak_rss_mb
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ from typing import Annotated
 import typer
 
 from runledger.cli.kafka_cmd import (
+    BatchMaxOption,
     BootstrapOption,
     ConnectTimeoutOption,
     TopicOption,
@@ -82,9 +83,7 @@ def ingest_kafka(
             show_default=False,
         ),
     ] = None,
-    batch_max: Annotated[
-        int, typer.Option("--batch-max", help="Most records per ledger commit.")
-    ] = COMMIT_BATCH_MAX,
+    batch_max: BatchMaxOption = COMMIT_BATCH_MAX,
     poll_ms: Annotated[int, typer.Option("--poll-ms", help="Longest wait for records per poll.")] = 200,
     session_timeout_ms: Annotated[
         int,

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from runledger.cli.output import console, fail, plural, user_errors
+from runledger.ingest.kafka_config import COMMIT_BATCH_MAX
 
 BootstrapOption = Annotated[
     str | None,
@@ -24,6 +25,7 @@ BootstrapOption = Annotated[
         show_default=False,
     ),
 ]
+BatchMaxOption = Annotated[int, typer.Option("--batch-max", help="Most records per ledger commit.")]
 TopicOption = Annotated[
     list[str] | None,
     typer.Option("--topic", help="Topic to read (repeatable). Default: <prefix>events.", show_default=False),
@@ -68,14 +70,7 @@ def replay(
     to: Annotated[Path, typer.Option("--to", help="The new ledger to build (a new or empty directory).")],
     bootstrap: BootstrapOption = None,
     topic: TopicOption = None,
-    batch_max: Annotated[
-        int | None,
-        typer.Option(
-            "--batch-max",
-            help="Most records per ledger commit (default 20,000).",
-            show_default=False,
-        ),
-    ] = None,
+    batch_max: BatchMaxOption = COMMIT_BATCH_MAX,
     connect_timeout: ConnectTimeoutOption = 15.0,
     ledger_id: Annotated[
         str | None,
@@ -103,7 +98,6 @@ def replay(
     Example: ledger replay --bootstrap localhost:9092 --to /tmp/rebuilt
     """
     from runledger.ingest import kafka_replay
-    from runledger.ingest.kafka_config import COMMIT_BATCH_MAX
     from runledger.ledger.admission import read_registry
 
     with kafka_errors():
@@ -112,7 +106,7 @@ def replay(
             bootstrap,
             to,
             topic or None,
-            batch_max=batch_max or COMMIT_BATCH_MAX,
+            batch_max=batch_max,
             connect_timeout_s=connect_timeout,
             ledger_id=ledger_id,
             registry=registry,

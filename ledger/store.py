@@ -178,7 +178,6 @@ class Ledger:
         # Commit records never change once written: the newest one, parsed, is kept (a commit of
         # 20,000 events has a ~2 MB record, and each commit would otherwise parse it three times).
         self._newest_record: dict[str, Any] | None = None
-        self._head_commit = -1  # the commit whose positions and stream heads are in memory
         self._recovered_commit = -1  # the newest commit whose files are known to be in place
         self._usable_partitions: set[tuple[str, str]] = set()
         self.ledger_id = "ledger"
@@ -235,12 +234,13 @@ class Ledger:
             self._newest_record = json.loads(paths[-1].read_bytes())
         return self._newest_record
 
-    def _load_head(self) -> None:
-        paths = self.commit_paths()
-        if not paths or int(paths[-1].stem) == self._head_commit:
-            return
+    def _load_head(self, paths: list[Path] | None = None) -> None:
+        """Positions and stream heads as of the newest commit in ``paths`` (default: listed now)."""
+        paths = self.commit_paths() if paths is None else paths
+        if not paths or int(paths[-1].stem) == self._last_commit:
+            return  # in memory already: this writer made or read that commit
         record = self._newest(paths)
-        self._last_commit = self._head_commit = record["commit"]
+        self._last_commit = record["commit"]
         self._positions = dict(record["positions"])
         self._streams = {s: StreamHead.from_json(h) for s, h in record["streams"].items()}
 
@@ -257,10 +257,10 @@ class Ledger:
     def last_commit(self) -> int:
         return self._last_commit
 
-    def _catch_up(self) -> None:
+    def _catch_up(self, paths: list[Path]) -> None:
         """Fold in commits other writers made since we last folded. Only under the writer lock,
         after ``_recover``: then every committed file has its final name."""
-        self._load_head()
+        self._load_head(paths)
         if self._last_commit > self._folded_commit:
             self._fold.configs.clear()  # another writer may have moved a run's config on
         self._index.catch_up(self._last_commit, self._commit_bytes)
@@ -296,18 +296,18 @@ class Ledger:
         with open(self.root / ".writer.lock", "a+b") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
-                self._recover()
-                self._catch_up()
+                paths = self.commit_paths()  # recovery renames part files, never commit records
+                self._recover(paths)
+                self._catch_up(paths)
                 yield
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
-    def _recover(self) -> None:
+    def _recover(self, paths: list[Path]) -> None:
         """Finish a commit whose writer died after its commit point; drop uncommitted tmp files.
 
         Writers hold the lock for a whole commit, so only the latest commit can be unfinished.
         """
-        paths = self.commit_paths()
         listed: set[Path] = set()
         if paths and int(paths[-1].stem) != self._recovered_commit:
             record = self._newest(paths)
@@ -472,7 +472,7 @@ class Ledger:
             final = self.root / rel
             os.replace(final.with_name(final.name + ".tmp"), final)
         _fsync_dirs(self.root, files)
-        self._last_commit = self._folded_commit = self._head_commit = self._recovered_commit = number
+        self._last_commit = self._folded_commit = self._recovered_commit = number
         self._positions = positions
         admission.keep(number)
         self._streams = streams
@@ -615,8 +615,8 @@ class Ledger:
             "streams": {s: h.to_json() for s, h in sorted(self._streams.items())},
             "counts": {"accepted": 0, "duplicates": 0, "quarantined": 0},
         }
-        last = self.commit_paths()
-        saved = self._newest(last).get("admission") if last else None
+        # The writer lock left the newest record parsed in memory.
+        saved = self._newest_record.get("admission") if self._newest_record else None
         if saved is not None:  # the admission state is every record's: carried forward unchanged
             record["admission"] = saved
         record_text = json.dumps(record)
@@ -629,7 +629,7 @@ class Ledger:
         for rel in added:
             os.replace(self.root / (rel + ".tmp"), self.root / rel)
         _fsync_dirs(self.root, added)
-        self._last_commit = self._folded_commit = self._head_commit = self._recovered_commit = number
+        self._last_commit = self._folded_commit = self._recovered_commit = number
         self._index_commit(number, record_text, ())
         return {"merged_partitions": len(added), "removed_files": len(dropped)}
 
