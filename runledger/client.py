@@ -454,6 +454,7 @@ class Run:
         with self._end_lock:
             if self._ended:
                 return
+            self._ended = True  # first: a signal handler entering here now finds the run over
             payload = crashed(
                 kind,
                 exc,
@@ -479,6 +480,7 @@ class Run:
         with self._end_lock:
             if self._ended:
                 return
+            self._ended = True
             if self.is_main:
                 payload = RunFinished(
                     status=status,
@@ -491,9 +493,6 @@ class Run:
 
     def _close(self) -> None:
         """Drain, sync and stop the emitter (bounded), close our sink, take our hooks off."""
-        if self._ended:
-            return
-        self._ended = True
         if self._hooks is not None:
             self._hooks.remove()
             self._hooks = None

@@ -139,13 +139,17 @@ class TrainResult:
 
 class _StopFlag:
     """SIGTERM/SIGINT handler: the first asks the loop to stop at the next step boundary (with a
-    checkpoint); a second one stops at once."""
+    checkpoint); a second one stops at once. Once the attempt's end is being recorded, further
+    signals change nothing: raising then would interrupt that record's flush and record the end twice."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
         self.forced: int | None = None  # the second signal, once it has been raised as SignalStop
+        self.ending = False  # set by ``_crash``: the stop is already on its way to the sink
 
     def __call__(self, signum: int, frame: object) -> None:
+        if self.ending:
+            return
         if self.signum is not None:
             self.forced = signum
             raise SignalStop(signum)
@@ -895,6 +899,7 @@ def _crash(
     message: str | None = None,
 ) -> None:
     """Record this rank's crash and make it durable before returning."""
+    ctx.flag.ending = True
     payload = crashed(
         kind, exc, signum=signum, message=message, rank=ctx.env.rank, host=ctx.env.host, last_step=ctx.step
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from runledger.schemas.canonical import config_hash as schemas_hash
+from runledger.schemas.envelope import Envelope
 from runledger.trainer.config import load_config
 from runledger.trainer.loop import RunExistsError, chain, schedule_config_change, train
 from runledger.trainer.telemetry import StepReport
@@ -183,6 +184,34 @@ def test_sigterm_records_the_stop_and_checkpoints_once(
     assert (second.status, second.start_step, second.final_step) == ("stopped", at_step, at_step + 1)
     [resumed] = again.of("run.resumed")
     assert data(resumed)["from_checkpoint_step"] == at_step
+
+
+class _SignalOnCrashSink(ListSink):
+    """Sends SIGTERM again when the crash record arrives, i.e. while the trainer waits for it to be
+    durable: the moment a user's second Ctrl-C most often lands."""
+
+    def emit(self, envelope: Envelope) -> None:
+        super().emit(envelope)
+        if envelope.type == "runledger.run.crashed":
+            signal.raise_signal(signal.SIGTERM)
+
+
+def test_a_second_signal_while_the_stop_is_recorded_records_it_once(tmp_path: Path) -> None:
+    """CI once saw two ``run.crashed`` events for one Ctrl-C Ctrl-C: the second signal interrupted the
+    flush of the first's record, and the handler recorded the stop again."""
+    cfg = tiny_config(tmp_path, "run.steps=20", "checkpoint.interval=5", "checkpoint.final=false")
+    sink = _SignalOnCrashSink()
+
+    def sigterm(report: StepReport) -> None:
+        if report.step == 7:
+            signal.raise_signal(signal.SIGTERM)
+
+    result = train(cfg, sink, progress=sigterm)
+    assert (result.status, result.exit_code, result.final_step) == ("signal", 143, 7)
+    [crash] = sink.of("run.crashed")
+    assert data(crash)["message"].startswith("SIGTERM: stopped at a step boundary after step 7")
+    assert sink.syncs >= 1
+    assert_gap_free(sink.events)
 
 
 def test_resume_continues_the_same_trajectory_and_records_lineage(tmp_path: Path) -> None:
