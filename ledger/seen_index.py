@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 INDEX_DIR = "_index"
 INDEX_FILE = "seen.sqlite"
+_KEYS_PER_QUERY = 500  # under SQLite's oldest limit of 999 bound parameters
 _CACHE_KIB = 16 * 1024  # SQLite's page cache: the index's whole share of the writer's memory
 
 _SCHEMA = (
@@ -44,6 +45,24 @@ def seen_key(source: str, event_id: str) -> bytes:
     """The index's key for (source, id): 16 bytes of BLAKE2b. A collision (2^-64 odds at 2^32
     events) would refuse one event as a conflict, never drop it silently: it is quarantined."""
     return hashlib.blake2b(f"{source}\x00{event_id}".encode(), digest_size=16).digest()
+
+
+class _Identity(msgspec.Struct):
+    source: str
+    id: str
+
+
+_identity_decoder = msgspec.json.Decoder(_Identity)  # skips every other member unread
+
+
+def record_key(raw: bytes) -> bytes | None:
+    """The key of the (source, id) a raw record names, read without validating the rest (~1 µs for a
+    small event); None if it names none. Only for fetching keys ahead: the full decode decides."""
+    try:
+        identity = _identity_decoder.decode(raw)
+    except Exception:  # not JSON, nested too deep, no source: the full decode says why
+        return None
+    return seen_key(identity.source, identity.id)
 
 
 def appended_entries(record: dict[str, Any]) -> list[tuple[bytes, bytes]]:
@@ -78,6 +97,18 @@ class SeenIndex:
         assert self._db is not None
         row = self._db.execute("SELECT leaf FROM seen WHERE key = ?", (key,)).fetchone()
         return None if row is None else row[0]
+
+    def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
+        """The leaf hashes stored under any of ``keys`` (absent keys are left out). A query per
+        ``_KEYS_PER_QUERY`` keys: one ``get`` per record was ~13 µs, a sixth of a commit's time."""
+        assert self._db is not None
+        ordered = sorted(set(keys))  # in key order, the B-tree's pages are visited once each
+        found: dict[bytes, bytes] = {}
+        for start in range(0, len(ordered), _KEYS_PER_QUERY):
+            chunk = ordered[start : start + _KEYS_PER_QUERY]
+            marks = ",".join("?" * len(chunk))
+            found.update(self._db.execute(f"SELECT key, leaf FROM seen WHERE key IN ({marks})", chunk))
+        return found
 
     def add(self, number: int, digest: bytes, entries: Iterable[tuple[bytes, bytes]]) -> None:
         """Entries appended by commit ``number`` (its record's ``digest``), in one transaction."""

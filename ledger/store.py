@@ -57,7 +57,7 @@ from runledger.ledger.compaction import merge_parts, tail_to_merge
 from runledger.ledger.merkle import CompactRange, leaf_hash
 from runledger.ledger.parquet_schemas import TABLES
 from runledger.ledger.projectors import FoldState, RowBuffer, rows_for_event
-from runledger.ledger.seen_index import SeenIndex, record_digest, seen_key
+from runledger.ledger.seen_index import SeenIndex, record_digest, record_key, seen_key
 from runledger.schemas.codec import (
     CONFLICT,
     CORRUPT,
@@ -380,6 +380,7 @@ class Ledger:
         fold_before = dict(self._fold.configs)
         staging = _Staging(self._fold)
         admission = admission_round(self, positions)  # producer identity and order: ledger.admission
+        asked, known = _stored_leaves(index, records, max_event_bytes)
         try:
             for record in admission.records(records):  # the records, and the incidents they cause
                 if record.position < positions.get(record.source, 0):
@@ -391,7 +392,7 @@ class Ledger:
                     env = decoded.envelope
                     key = seen_key(env.source, env.id)
                     leaf = leaf_hash(decoded.canonical)
-                    stored = appended.get(key) or index.get(key)
+                    stored = appended.get(key) or (known.get(key) if key in asked else index.get(key))
                     refused = _refusal(decoded, record.raw, stored, leaf)
                     if refused is None and stored is not None:
                         result.duplicates += 1
@@ -690,6 +691,20 @@ def _event_row(event: Event, stream_seq: int, commit: int, record: SourceRecord)
         "ingest_position": record.position,
         "canonical": event.canonical,  # UTF-8 bytes: RowBuffer.tables() makes them one string column
     }
+
+
+def _stored_leaves(
+    index: SeenIndex, records: Sequence[SourceRecord], max_event_bytes: int
+) -> tuple[set[bytes], dict[bytes, bytes]]:
+    """The keys the records name (as far as a glance tells), and the leaf hash of those stored
+    already: fetched together before the records are read one by one."""
+    asked = set()
+    for record in records:
+        if not (record.tombstone or record.corrupt or len(record.raw) > max_event_bytes):
+            key = record_key(record.raw)
+            if key is not None:
+                asked.add(key)
+    return asked, index.get_many(asked)
 
 
 def _decode_record(record: SourceRecord, max_event_bytes: int) -> Event | Quarantined:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runledger.ledger.seen_index import INDEX_DIR, INDEX_FILE, SeenIndex
+from runledger.ledger.seen_index import INDEX_DIR, INDEX_FILE, SeenIndex, record_key, seen_key
 from runledger.ledger.store import Ledger, SourceRecord
 from runledger.schemas.codec import CONFLICT
 from tests.support.factory import RunBuilder
@@ -152,3 +152,38 @@ def test_an_add_that_fails_midway_leaves_nothing_of_it(tmp_path: Path) -> None:
     with sqlite3.connect(tmp_path / INDEX_DIR / INDEX_FILE) as db:
         assert db.execute("SELECT count(*) FROM seen").fetchone()[0] == 1
         assert db.execute("SELECT value FROM meta WHERE name = 'through'").fetchone()[0] == 0
+
+
+def test_a_commit_looks_its_records_up_in_a_few_queries_and_still_finds_each(tmp_path: Path) -> None:
+    """A commit fetches the stored leaves of its whole batch ahead (500 keys a query); every
+    duplicate and conflict across those chunks is still found, and a record whose identity the
+    glance could not read is looked up on its own."""
+    root = tmp_path / "l"
+    raws = _events(1200)
+    _commit(Ledger.create(root), "spool:a", raws)
+    ledger = Ledger.open(root)
+    lookups: list[str] = []
+    ledger.commit([])  # opens the index
+    ledger._index._db.set_trace_callback(lambda sql: lookups.append(sql) if "FROM seen" in sql else None)  # type: ignore[union-attr]
+    more = _events(1210)[1200:]
+    forged = _forged(raws[700])
+    batch = [*raws, *more, forged, b"not json", b"[" * 5000]
+    result = _commit(ledger, "spool:again", batch)
+    assert (result.duplicates, result.accepted) == (1200, 10)
+    assert sorted(q.code for _record, q in result.quarantined) == sorted([CONFLICT, "decode", "too-deep"])
+    assert len(lookups) == 3  # 1,211 keys in chunks of 500: not one query per record
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"not json", b"[" * 100_000, b'{"id": "x"}', b'{"source": 1, "id": "x"}', b"\xff\xfe{}", b"null"],
+    ids=["empty", "not json", "deep", "no source", "source not a string", "not utf-8", "null"],
+)
+def test_a_glance_at_a_hostile_record_names_no_key(raw: bytes) -> None:
+    assert record_key(raw) is None
+
+
+def test_a_glance_names_the_key_the_full_decode_does() -> None:
+    raw = _events(2)[1]
+    value = json.loads(raw)
+    assert record_key(raw) == seen_key(value["source"], value["id"])
