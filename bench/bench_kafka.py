@@ -14,6 +14,8 @@ change every 500 steps. Figures, all from the same run and topic:
   (scalar rows; and with the expert counts);
 * ingester alone: a fresh ledger ingesting the full topic (no producer competing for the 2 cores);
 * ceiling: a bare kafka-python consumer reading the same topic and doing nothing;
+* storing alone: ``Ledger.commit`` of the records the bare consumer read, no Kafka at all (decode
+  included, in the ingester's batches): what a storing process fed by a reading one could reach;
 * validation floor: the same consumer also validating each record (``decode_event``: JSON, envelope,
   payload schema, canonical bytes) and nothing else: what any ingester that refuses bad records
   pays before it stores anything;
@@ -43,10 +45,12 @@ REPO = Path(__file__).resolve().parents[1]
 from kafka import KafkaConsumer, TopicPartition  # noqa: E402
 from kafka.admin import KafkaAdminClient, NewTopic  # noqa: E402
 
-from runledger.ingest.kafka_ingester import run_ingester  # noqa: E402
+from runledger.ingest.kafka_config import COMMIT_BATCH_MAX  # noqa: E402
+from runledger.ingest.kafka_ingester import run_ingester, source_name  # noqa: E402
 from runledger.ingest.kafka_replay import replay  # noqa: E402
 from runledger.ingest.kafka_sink import KafkaSink  # noqa: E402
 from runledger.ledger.query import Reader  # noqa: E402
+from runledger.ledger.store import Ledger, SourceRecord  # noqa: E402
 from runledger.schemas import Envelope, make_event  # noqa: E402
 from runledger.schemas.canonical import config_hash  # noqa: E402
 from runledger.schemas.codec import decode_event  # noqa: E402
@@ -191,7 +195,9 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(60)
 
 
-def bare_consume(bootstrap: str, topic: str, *, validate: bool = False) -> tuple[int, float]:
+def bare_consume(
+    bootstrap: str, topic: str, *, validate: bool = False, keep: list[SourceRecord] | None = None
+) -> tuple[int, float]:
     consumer = KafkaConsumer(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
@@ -207,12 +213,24 @@ def bare_consume(bootstrap: str, topic: str, *, validate: bool = False) -> tuple
     while any(consumer.position(tp) < ends[tp] for tp in tps):
         for batch in consumer.poll(timeout_ms=500).values():
             n += len(batch)
+            if keep is not None:  # outside the timed figure's purpose: only the bare run keeps them
+                keep.extend(SourceRecord(source_name(r.topic, r.partition), r.offset, r.value) for r in batch)
             if validate:
                 for record in batch:
                     decode_event(record.value)
     elapsed = time.perf_counter() - start
     consumer.close()
     return n, elapsed
+
+
+def store_alone(records: list[SourceRecord], root: Path) -> float:
+    """Seconds for the ledger to store ``records`` with no Kafka at all (decode included), in
+    batches as the ingester commits them: what a storing process fed by a reading one could reach."""
+    ledger = Ledger.create(root)
+    start = time.perf_counter()
+    for i in range(0, len(records), COMMIT_BATCH_MAX):
+        ledger.commit(records[i : i + COMMIT_BATCH_MAX], writer="bench")
+    return time.perf_counter() - start
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -350,6 +368,8 @@ def main() -> None:
         }
 
         # ---- ceiling: a bare consumer doing nothing
+        kept: list[SourceRecord] = []
+        n, _ = bare_consume(bootstrap, topic, keep=kept)  # the records, for "storing alone"
         n, secs = bare_consume(bootstrap, topic)
         figures["bare_consumer"] = {
             "events_per_s": n / secs,
@@ -357,6 +377,9 @@ def main() -> None:
         }
         n, secs = bare_consume(bootstrap, topic, validate=True)
         figures["validating_consumer"] = {"events_per_s": n / secs}
+        secs = store_alone(kept, work / "stored")
+        figures["storing_alone"] = {"events_per_s": len(kept) / secs}
+        del kept
 
         # ---- replay
         rs = replay(bootstrap, work / "replayed", [topic])
@@ -395,6 +418,12 @@ def main() -> None:
     print(
         f"the same consumer validating each record and storing nothing: {v['events_per_s']:,.0f} events/s "
         f"({v['events_per_s'] / b['events_per_s']:.0%} of the bare consumer)"
+    )
+    print(
+        f"the ledger storing the records the bare consumer read, with no Kafka at all (decode included, "
+        f"batches of {COMMIT_BATCH_MAX:,}): {figures['storing_alone']['events_per_s']:,.0f} events/s "
+        f"({figures['storing_alone']['events_per_s'] / b['events_per_s']:.0%} of the bare consumer): the most "
+        f"a reading process feeding a storing one could reach"
     )
     print(
         f"ledger replay: {r['metric_values_per_s']:,.0f} metric values/s, {r['events_per_s']:,.0f} events/s "
