@@ -480,9 +480,7 @@ class Ledger:
         self._index_commit(number, record_text, appended.items())
         result.commit = number
         result.files = files
-        result.metric_values = sum(
-            len(cols["name"]) for (t, _), cols in buf.columns.items() if t == "metrics"
-        )
+        result.metric_values = buf.rows("metrics")
         return result
 
     def _add_rows(

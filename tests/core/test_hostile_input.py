@@ -157,9 +157,15 @@ def test_a_record_that_fails_half_way_leaves_nothing_behind(tmp_path: Path) -> N
     assert rows == [("healthy", True), ("poisoned", None)]
 
 
-def test_an_unstorable_event_among_good_ones_of_the_same_table(tmp_path: Path) -> None:
-    """Rows beyond int64 fail only when the batch becomes Arrow tables: the commit goes round again
-    and quarantines exactly the culprits, the events sharing their table and partition land."""
+@pytest.mark.parametrize("chunk_rows", [None, 2], ids=["at the commit", "in a chunk as rows come"])
+def test_an_unstorable_event_among_good_ones_of_the_same_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk_rows: int | None
+) -> None:
+    """Rows beyond int64 fail only when the batch becomes Arrow tables (at the commit, or when a
+    group's rows are made Arrow in chunks as they come): the commit goes round again and quarantines
+    exactly the culprits, the events sharing their table and partition land."""
+    if chunk_rows is not None:
+        monkeypatch.setattr("runledger.ledger.projectors.CHUNK_ROWS", chunk_rows)
 
     def stats(step: int, tokens: int) -> bytes:
         layer = p.MoeLayerStats(layer=0, tokens=tokens, top_k=1, dropped=0, token_drop_rate=0.0)

@@ -256,3 +256,25 @@ def test_arrow_answers_what_sql_answers_and_refuses_the_same(tmp_path: Path) -> 
         reader.arrow("DELETE FROM metrics")
     with pytest.raises(QueryError, match="2 statements"):
         reader.arrow("SELECT 1; SELECT 2")
+
+
+def test_rows_made_arrow_in_chunks_store_what_one_conversion_stores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit turns each group's rows into Arrow every CHUNK_ROWS rows (memory); with a chunk of 3
+    rows, every table holds the same rows in the same order as with one conversion at the commit."""
+    raws = _story().events
+    Ledger.create(tmp_path / "whole").commit(_records(raws))
+    monkeypatch.setattr("runledger.ledger.projectors.CHUNK_ROWS", 3)
+    result = Ledger.create(tmp_path / "chunked").commit(_records(raws))
+    assert result.accepted == len(raws) and result.metric_values == 35 * 4  # loss, lr, tokens, aux
+    files = sorted(p.relative_to(tmp_path / "whole") for p in (tmp_path / "whole").rglob("*.parquet"))
+    assert files == sorted(
+        p.relative_to(tmp_path / "chunked") for p in (tmp_path / "chunked").rglob("*.parquet")
+    )
+    filled = set()
+    for file in files:
+        expected = pq.read_table(tmp_path / "whole" / file).to_pylist()
+        assert pq.read_table(tmp_path / "chunked" / file).to_pylist() == expected, file
+        filled |= {file.parts[0]} if expected else set()
+    assert filled >= {"events", "metrics", "configs", "config_changes", "launches", "state_events"}
