@@ -145,7 +145,7 @@ class _StopFlag:
     def __init__(self) -> None:
         self.signum: int | None = None
         self.forced: int | None = None  # the second signal, once it has been raised as SignalStop
-        self.ending = False  # set by ``_crash``: the stop is already on its way to the sink
+        self.ending = False  # set by ``_finish`` and ``_crash``: the end is on its way to the sink
 
     def __call__(self, signum: int, frame: object) -> None:
         if self.ending:
@@ -337,15 +337,19 @@ def train(
     escaped = False
     try:
         with _signal_handlers(ctx.flag, handle_signals):
-            _run(ctx)
+            try:
+                _run(ctx)
+            finally:
+                # Drain the queue (the launch config's timeout) so every event is handed over before
+                # we return; under our handlers, so that a signal now cannot kill the process while
+                # the attempt's end record is on its way.
+                result.events_dropped = emitter.dropped
+                emitter.close(timeout=cfg.telemetry.critical_timeout_s * 2)
+                result.events_emitted = emitter.emitted
     except BaseException:
         escaped = True  # not a recorded crash (those return): the mirror still learns it failed
         raise
     finally:
-        # Drain the queue (the launch config's timeout) so every event is handed over before we return.
-        result.events_dropped = emitter.dropped
-        emitter.close(timeout=cfg.telemetry.critical_timeout_s * 2)
-        result.events_emitted = emitter.emitted
         result.duration_s = time.perf_counter() - started
         if ctx.mirror is not None:
             _finish_mirror(ctx.mirror, result, escaped)
@@ -857,6 +861,7 @@ def _finish(ctx: RunContext) -> None:
         ctx.result.status = "completed"
     else:
         ctx.result.status = "stopped"
+    ctx.flag.ending = True  # the end is being recorded: a signal from here on adds no crash after it
     if ctx.is_main:
         ctx.emitter.submit(
             RunFinished(

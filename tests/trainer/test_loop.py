@@ -11,7 +11,7 @@ import pytest
 from runledger.schemas.canonical import config_hash as schemas_hash
 from runledger.schemas.envelope import Envelope
 from runledger.trainer.config import load_config
-from runledger.trainer.loop import RunExistsError, chain, schedule_config_change, train
+from runledger.trainer.loop import RunExistsError, SignalStop, _StopFlag, chain, schedule_config_change, train
 from runledger.trainer.telemetry import StepReport
 from tests.support.sinks import ListSink
 from tests.support.trainer import assert_gap_free, data, tiny_config, tiny_config_file
@@ -186,13 +186,18 @@ def test_sigterm_records_the_stop_and_checkpoints_once(
     assert data(resumed)["from_checkpoint_step"] == at_step
 
 
-class _SignalOnCrashSink(ListSink):
-    """Sends SIGTERM again when the crash record arrives, i.e. while the trainer waits for it to be
-    durable: the moment a user's second Ctrl-C most often lands."""
+class _SignalOnEndSink(ListSink):
+    """Sends SIGTERM when the attempt's end record arrives, i.e. while the trainer waits for it to be
+    durable: the moment a user's second Ctrl-C most often lands. (Raised on the emitter's thread,
+    the handler runs on the main thread once its wait returns.)"""
+
+    def __init__(self, end_type: str) -> None:
+        super().__init__()
+        self.end_type = end_type
 
     def emit(self, envelope: Envelope) -> None:
         super().emit(envelope)
-        if envelope.type == "runledger.run.crashed":
+        if envelope.type == self.end_type:
             signal.raise_signal(signal.SIGTERM)
 
 
@@ -200,7 +205,7 @@ def test_a_second_signal_while_the_stop_is_recorded_records_it_once(tmp_path: Pa
     """CI once saw two ``run.crashed`` events for one Ctrl-C Ctrl-C: the second signal interrupted the
     flush of the first's record, and the handler recorded the stop again."""
     cfg = tiny_config(tmp_path, "run.steps=20", "checkpoint.interval=5", "checkpoint.final=false")
-    sink = _SignalOnCrashSink()
+    sink = _SignalOnEndSink("runledger.run.crashed")
 
     def sigterm(report: StepReport) -> None:
         if report.step == 7:
@@ -212,6 +217,34 @@ def test_a_second_signal_while_the_stop_is_recorded_records_it_once(tmp_path: Pa
     assert data(crash)["message"].startswith("SIGTERM: stopped at a step boundary after step 7")
     assert sink.syncs >= 1
     assert_gap_free(sink.events)
+
+
+def test_a_signal_while_the_end_is_drained_neither_kills_the_run_nor_adds_a_crash(tmp_path: Path) -> None:
+    """SIGTERM while ``run.finished`` is on its way: the drain runs under the trainer's handlers, so
+    the process is not killed before the end is durable, and no crash is recorded after it."""
+    cfg = tiny_config(tmp_path, "run.steps=6", "checkpoint.final=false")
+    sink = _SignalOnEndSink("runledger.run.finished")
+    outside: list[int] = []  # a signal after train() put the previous handler back lands here
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: outside.append(signum))
+    try:
+        result = train(cfg, sink)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert outside == []
+    assert (result.status, result.exit_code, result.final_step) == ("completed", 0, 6)
+    assert [e.type for e in sink.events][-1] == "runledger.run.finished" and not sink.of("run.crashed")
+
+
+def test_the_stop_flag_asks_once_stops_twice_and_ignores_signals_once_the_end_is_recorded() -> None:
+    flag = _StopFlag()
+    flag(signal.SIGINT, None)
+    assert (flag.requested, flag.signum, flag.forced) == (True, signal.SIGINT, None)
+    with pytest.raises(SignalStop):
+        flag(signal.SIGTERM, None)
+    assert flag.forced == signal.SIGTERM
+    flag.ending = True
+    flag(signal.SIGINT, None)  # neither raises nor changes what was asked
+    assert (flag.signum, flag.forced) == (signal.SIGINT, signal.SIGTERM)
 
 
 def test_resume_continues_the_same_trajectory_and_records_lineage(tmp_path: Path) -> None:
