@@ -183,8 +183,10 @@ class Reader:
         return self.sql("SELECT max(step) FROM events WHERE stream = ?", [run_id]).rows[0][0]
 
     def state(self, run_id: str, *, step: int | None = None, at: datetime | None = None) -> RunState:
-        self.require_run(run_id)
-        return self._state(run_id, self.events(run_id), step=step, at=at)
+        events = self.events(run_id)
+        if not any(e.type in (c.RUN_STARTED, c.RUN_RESUMED) and e.run_id == run_id for e in events):
+            self.require_run(run_id)  # a launch among its state events is a launch row: no query then
+        return self._state(run_id, events, step=step, at=at)
 
     def _state(
         self,

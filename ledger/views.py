@@ -112,6 +112,10 @@ def connect(root: Path) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with every view defined over the ledger at ``root``."""
     con = duckdb.connect(":memory:")
     con.execute("SET TimeZone = 'UTC'")
+    # Each Parquet footer is read once per connection, not once per query (a ledger's file is never
+    # rewritten under its name: every commit and merge writes new names; DuckDB also checks mtimes).
+    # `state` on the full reference run asks 4 queries of the same files: 36 -> 31 ms.
+    con.execute("SET parquet_metadata_cache = true")
     con.execute(views_sql(root))
     return con
 
