@@ -694,14 +694,11 @@ def _event_row(event: Event, stream_seq: int, commit: int, record: SourceRecord)
 def _stored_leaves(
     index: SeenIndex, records: Sequence[SourceRecord], max_event_bytes: int
 ) -> tuple[set[bytes], dict[bytes, bytes]]:
-    """The keys the records name (as far as a glance tells), and the leaf hash of those stored
-    already: fetched together before the records are read one by one."""
-    asked = set()
-    for record in records:
-        if not (record.tombstone or record.corrupt or len(record.raw) > max_event_bytes):
-            key = record_key(record.raw)
-            if key is not None:
-                asked.add(key)
+    """The keys the records name (as far as a glance tells; a record too long to be read names
+    none), and the leaf hash of those stored already: fetched together before the records are read
+    one by one."""
+    glanced = (record_key(r.raw) for r in records if len(r.raw) <= max_event_bytes)
+    asked = {key for key in glanced if key is not None}
     return asked, index.get_many(asked)
 
 
