@@ -38,7 +38,7 @@ WARMUP = 20
 
 
 def scalar_names() -> list[str]:
-    from runledger.trainer.simulate import SCALAR_NAMES
+    from trainer.simulate import SCALAR_NAMES
 
     fields = ["loss", "grad_norm", "lr", "tokens", "total_tokens", "tokens_per_second", "mfu", "step_time_s"]
     return fields + list(SCALAR_NAMES)  # 8 + 24 = 32
@@ -125,7 +125,7 @@ def bench_runledger(work: Path, steps: Steps, n: int, as_torch: bool) -> tuple[f
 
 
 def bench_wandb(work: Path, steps: Steps, n: int) -> tuple[float, float]:
-    from runledger.ingest.wandb_mirror import offline_environment
+    from ingest.wandb_mirror import offline_environment
 
     settings = offline_environment(work / "wandb")
     os.environ.update(settings)

@@ -34,14 +34,14 @@ from typing import Any
 import jsonpatch
 
 from bench.measure import run_measured
+from ingest.bus import SpoolSink
+from ingest.spool_ingester import ingest_spool
+from ledger.query import Reader, history_counts, summarise_history
+from ledger.store import Ledger
 from runledger.durable import write_durably
-from runledger.ingest.bus import SpoolSink
-from runledger.ingest.spool_ingester import ingest_spool
-from runledger.ledger.query import Reader, history_counts, summarise_history
-from runledger.ledger.store import Ledger
-from runledger.schemas import config_hash, make_event
-from runledger.schemas import payloads as p
-from runledger.schemas.github import GitHubIssue, GitHubPullRequest
+from schemas import config_hash, make_event
+from schemas import payloads as p
+from schemas.github import GitHubIssue, GitHubPullRequest
 
 REFERENCE_STEPS = 390_000
 REFERENCE_CRASHES = 19
@@ -303,7 +303,7 @@ def verify_in_child(ledger_dir: Path, *, baseline: bool) -> tuple[float, float, 
             "verify_ledger = baseline_module('old_integrity', 'ledger/integrity.py').verify_ledger"
         )
     else:
-        load = "from runledger.ledger.integrity import verify_ledger"
+        load = "from ledger.integrity import verify_ledger"
     root = Path(__file__).resolve().parent.parent
     child = run_measured([sys.executable, "-c", _VERIFY.format(load=load), str(ledger_dir)], cwd=root)
     lines = child.stdout.strip().splitlines()

@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from runledger.ledger import verifier
-from runledger.ledger.log_checkpoint import generate_keypair, parse_and_verify_checkpoint, sign_checkpoint
-from runledger.ledger.merkle import (
+from ledger import verifier
+from ledger.log_checkpoint import generate_keypair, parse_and_verify_checkpoint, sign_checkpoint
+from ledger.merkle import (
     CompactRange,
     MerkleTree,
     consistency_proof,

@@ -31,7 +31,7 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from runledger.cli.output import (
+from cli.output import (
     Format,
     VerboseOption,
     console,
@@ -191,17 +191,17 @@ def _deferred_signals(pending: _PendingSignal) -> Iterator[None]:
 
 def run_demo(workdir: Path, *, steps: int, crash_at: int, change_at: int) -> Path:
     """The demo in ``workdir`` (made ready by ``prepare_workdir``); raises Interrupted on a signal stop."""
-    from runledger.ingest.bus import SpoolSink
-    from runledger.ingest.spool_ingester import ingest_spool
-    from runledger.ledger.admission import register_producer
-    from runledger.ledger.integrity import sign_checkpoints, verify_ledger
-    from runledger.ledger.log_checkpoint import write_keypair
-    from runledger.ledger.query import Reader
-    from runledger.ledger.store import Ledger
-    from runledger.schemas.payloads import ProducerScope
-    from runledger.schemas.signing import Sealer
-    from runledger.trainer.config import load_config, write_config
-    from runledger.trainer.loop import SignalStop, train
+    from ingest.bus import SpoolSink
+    from ingest.spool_ingester import ingest_spool
+    from ledger.admission import register_producer
+    from ledger.integrity import sign_checkpoints, verify_ledger
+    from ledger.log_checkpoint import write_keypair
+    from ledger.query import Reader
+    from ledger.store import Ledger
+    from schemas.payloads import ProducerScope
+    from schemas.signing import Sealer
+    from trainer.config import load_config, write_config
+    from trainer.loop import SignalStop, train
 
     started = time.perf_counter()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -343,7 +343,7 @@ def run_demo(workdir: Path, *, steps: int, crash_at: int, change_at: int) -> Pat
     for title, sql in answers:
         result = reader.sql(sql)
         print_rows(result.columns, result.rows, Format.table, None, title=title)
-    from runledger.ledger.report import write_report
+    from ledger.report import write_report
 
     report_path, _ = write_report(ledger_dir, [run_id], workdir / "report.html", public_key_path=public)
     console.print(f"report (open it in a browser, no network needed): [bold]{escape(str(report_path))}[/]")

@@ -1,12 +1,12 @@
 """`ledger ingest spool|kafka|github|wandb`: events from a bus or an outside system.
 
 ``spool`` and ``kafka`` fold the bus into the ledger. ``github`` and ``wandb`` are producers: they write
-events to the bus (``runledger.ingest.bus.open_sink``: the spool, or Kafka when configured), which
+events to the bus (``ingest.bus.open_sink``: the spool, or Kafka when configured), which
 ``ledger ingest spool`` (or ``kafka``) then folds in. For the producers a mistake a user can fix is one
 line on stderr and exit code 2; a failure outside their control (network, GitHub, W&B) exits 1. The
 producers sign their events with the key file named by ``RUNLEDGER_PRODUCER_KEY`` when it is set
 (``_open_sink``, the one way they get a sink). ``wandb`` takes an offline run directory or, when no
-such path exists, an online ``ENTITY/PROJECT[/RUN]`` (``runledger.ingest.wandb_online``).
+such path exists, an online ``ENTITY/PROJECT[/RUN]`` (``ingest.wandb_online``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from runledger.cli.kafka_cmd import (
+from cli.kafka_cmd import (
     BatchMaxOption,
     BootstrapOption,
     ConnectTimeoutOption,
@@ -28,7 +28,7 @@ from runledger.cli.kafka_cmd import (
     kafka_errors,
     stop_on_signals,
 )
-from runledger.cli.output import (
+from cli.output import (
     DEFAULT_LEDGER,
     LedgerOption,
     SpoolOption,
@@ -39,10 +39,10 @@ from runledger.cli.output import (
     print_json,
     user_errors,
 )
-from runledger.ingest.bus import EventSink, default_spool_dir, open_sink
-from runledger.ingest.kafka_config import COMMIT_BATCH_MAX
-from runledger.ingest.spool import SpoolLockedError
-from runledger.schemas.signing import PRODUCER_KEY_ENV, Sealer
+from ingest.bus import EventSink, default_spool_dir, open_sink
+from ingest.kafka_config import COMMIT_BATCH_MAX
+from ingest.spool import SpoolLockedError
+from schemas.signing import PRODUCER_KEY_ENV, Sealer
 
 
 def ingest_spool(
@@ -56,8 +56,8 @@ def ingest_spool(
 
     Example: ledger ingest spool --spool .runledger/spool --ledger .runledger/ledger
     """
-    from runledger.ingest import spool_ingester
-    from runledger.ledger.store import Ledger
+    from ingest import spool_ingester
+    from ledger.store import Ledger
 
     with user_errors():
         if not spool.is_dir():
@@ -117,7 +117,7 @@ def ingest_kafka(
 
     Example: ledger ingest kafka --bootstrap localhost:9092 --group runledger-ingest
     """
-    from runledger.ingest.kafka_ingester import run_ingester
+    from ingest.kafka_ingester import run_ingester
 
     stop = threading.Event()
     started = time.monotonic()
@@ -176,14 +176,14 @@ def ingest_github(
 
     Example: ledger ingest github NVIDIA/Megatron-LM --since 2025-01-01   (token from $GITHUB_TOKEN)
     """
-    from runledger.ingest.github_backfill import (
+    from ingest.github_backfill import (
         BackfillError,
         JsonCursorStore,
         backfill,
         cursor_from_spool,
         default_cursor_file,
     )
-    from runledger.ingest.github_events import valid_repo
+    from ingest.github_events import valid_repo
 
     if not valid_repo(repo):
         raise fail(f"not a repository name: {repo!r} (expected OWNER/REPO)", 2)
@@ -252,7 +252,7 @@ def ingest_wandb(
     Online, the API key is wandb's ($WANDB_API_KEY or `wandb login`) and the server is $WANDB_BASE_URL
     (default api.wandb.ai). A second import continues each run where the last stopped.
     """
-    from runledger.ingest.wandb_online import TARGET_RE
+    from ingest.wandb_online import TARGET_RE
 
     # A path that exists is a local run; else W&B's ENTITY/PROJECT[/RUN] form goes online; anything
     # else is a local path that is not there (and says so).
@@ -263,7 +263,7 @@ def ingest_wandb(
 
 
 def _ingest_wandb_offline(directory: Path, run_id: str | None, spool: Path | None) -> None:
-    from runledger.ingest.wandb_import import WandbImportError, find_offline_runs, import_offline_run
+    from ingest.wandb_import import WandbImportError, find_offline_runs, import_offline_run
 
     try:
         files = find_offline_runs(directory)
@@ -286,8 +286,8 @@ def _ingest_wandb_offline(directory: Path, run_id: str | None, spool: Path | Non
 def _ingest_wandb_online(
     target: str, run_id: str | None, spool: Path | None, cursor_file: Path | None
 ) -> None:
-    from runledger.ingest.wandb_cursor import CursorFileError, CursorStore, default_cursor_file
-    from runledger.ingest.wandb_online import OnlineImportError, import_online, open_api, parse_target
+    from ingest.wandb_cursor import CursorFileError, CursorStore, default_cursor_file
+    from ingest.wandb_online import OnlineImportError, import_online, open_api, parse_target
 
     _, _, run_name = parse_target(target)
     if run_id is not None and run_name is None:

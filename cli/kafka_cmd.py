@@ -13,8 +13,8 @@ from typing import Annotated
 
 import typer
 
-from runledger.cli.output import console, fail, plural, user_errors
-from runledger.ingest.kafka_config import COMMIT_BATCH_MAX
+from cli.output import console, fail, plural, user_errors
+from ingest.kafka_config import COMMIT_BATCH_MAX
 
 BootstrapOption = Annotated[
     str | None,
@@ -40,7 +40,7 @@ def kafka_errors() -> Iterator[None]:
     """Broker trouble as one line and a non-zero exit (on top of the ledger's own user errors)."""
     from kafka.errors import KafkaError
 
-    from runledger.ingest.kafka_config import BrokerUnavailableError
+    from ingest.kafka_config import BrokerUnavailableError
 
     with user_errors():
         try:
@@ -97,8 +97,8 @@ def replay(
 
     Example: ledger replay --bootstrap localhost:9092 --to /tmp/rebuilt
     """
-    from runledger.ingest import kafka_replay
-    from runledger.ledger.admission import read_registry
+    from ingest import kafka_replay
+    from ledger.admission import read_registry
 
     with kafka_errors():
         registry = read_registry(registry_from) if registry_from is not None else []
@@ -133,8 +133,8 @@ def drain_spool(
 
     Example: ledger kafka drain-spool --spool .runledger/spool --bootstrap localhost:9092
     """
-    from runledger.ingest.kafka_sink import KafkaSink
-    from runledger.ingest.spool import SpoolLockedError
+    from ingest.kafka_sink import KafkaSink
+    from ingest.spool import SpoolLockedError
 
     if not spool.is_dir():
         raise fail(f"no spool at {spool}")

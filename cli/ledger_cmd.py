@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from runledger.cli.output import (
+from cli.output import (
     DEFAULT_LEDGER,
     Format,
     FormatOption,
@@ -37,7 +37,7 @@ RunArgument = Annotated[
 
 
 def _reader(ledger: Path):
-    from runledger.ledger.query import Reader
+    from ledger.query import Reader
 
     return Reader(ledger)
 
@@ -111,7 +111,7 @@ def history(
     of a range, --all every event of the run.
     Example: ledger history latest --from-step 81000 --to-step 82000
     """
-    from runledger.ledger.query import history_counts, history_range, summarise_history
+    from ledger.query import history_counts, history_range, summarise_history
 
     fmt = resolve_format(fmt, output)
     with user_errors(ledger):
@@ -335,7 +335,7 @@ def compact(ledger: LedgerOption = DEFAULT_LEDGER) -> None:
 
     Example: ledger compact --ledger .runledger/ledger
     """
-    from runledger.ledger.store import Ledger
+    from ledger.store import Ledger
 
     with user_errors(ledger):
         result = Ledger.open(ledger).compact()
@@ -350,8 +350,8 @@ def views(ledger: LedgerOption = DEFAULT_LEDGER) -> None:
 
     Example: ledger views && duckdb -init .runledger/ledger/views.sql   (or just: ledger shell)
     """
-    from runledger.ledger.store import Ledger
-    from runledger.ledger.views import write_views_file
+    from ledger.store import Ledger
+    from ledger.views import write_views_file
 
     with user_errors(ledger):
         path = write_views_file(Ledger.open(ledger).root)

@@ -16,7 +16,7 @@ import typer
 import typer.rich_utils
 from typer.core import TyperArgument
 
-from runledger.cli import (
+from cli import (
     demo_cmd,
     ingest_cmd,
     kafka_cmd,
@@ -31,7 +31,7 @@ from runledger.cli import (
     study_cmd,
     train_cmd,
 )
-from runledger.cli.output import fail
+from cli.output import fail
 
 
 def _usage_name(self: TyperArgument) -> str:
@@ -78,7 +78,7 @@ producers_app = typer.Typer(
     help="Producer keys and what each may write (kept as events in the log).", no_args_is_help=True
 )
 prove_app = typer.Typer(
-    help="Proofs anyone can check with `python -m runledger.ledger.verifier`.", no_args_is_help=True
+    help="Proofs anyone can check with `python -m ledger.verifier`.", no_args_is_help=True
 )
 
 

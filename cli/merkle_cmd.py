@@ -1,7 +1,7 @@
 """Tamper-evidence commands: `ledger keys init`, `checkpoint`, `verify`, `prove inclusion|consistency`.
 
 A "checkpoint" here is a log checkpoint: a signed tree head (C2SP tlog-checkpoint in a signed note,
-``runledger.ledger.log_checkpoint``) of one event stream's Merkle tree, not a model checkpoint.
+``ledger.log_checkpoint``) of one event stream's Merkle tree, not a model checkpoint.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from runledger.cli.output import (
+from cli.output import (
     DEFAULT_LEDGER,
     LedgerOption,
     OutputOption,
@@ -43,7 +43,7 @@ def keys_init(
 
     Example: ledger keys init --name ci --keys .runledger/keys
     """
-    from runledger.ledger.log_checkpoint import write_keypair
+    from ledger.log_checkpoint import write_keypair
 
     with user_errors():
         try:
@@ -59,7 +59,7 @@ def checkpoint(ledger: LedgerOption = DEFAULT_LEDGER, keys: KeyDir = DEFAULT_KEY
 
     Example: ledger checkpoint --keys .runledger/keys
     """
-    from runledger.ledger.integrity import sign_checkpoints
+    from ledger.integrity import sign_checkpoints
 
     with user_errors(ledger):
         written = sign_checkpoints(ledger, _read_key(keys, ".key"))
@@ -84,7 +84,7 @@ def verify(
 
     Example: ledger verify --public-key .runledger/demo/keys/demo.pub
     """
-    from runledger.ledger.integrity import CHECKPOINTS, verify_ledger
+    from ledger.integrity import CHECKPOINTS, verify_ledger
 
     with user_errors(ledger):
         key = public_key.read_text().strip() if public_key else None
@@ -135,8 +135,8 @@ def verify(
 
 def _leaf_bytes(ledger: Path, doc: dict) -> bytes:
     """The canonical bytes of the event a proof is for: the leaf the verifier hashes itself."""
-    from runledger.ledger.merkle import leaf_hash
-    from runledger.ledger.query import Reader
+    from ledger.merkle import leaf_hash
+    from ledger.query import Reader
 
     rows = (
         Reader(ledger)
@@ -176,7 +176,7 @@ def prove_inclusion(
 
     Example: ledger prove inclusion run-a-42 -o proof.json --leaf-out leaf.json
     """
-    from runledger.ledger.integrity import prove_inclusion as prove
+    from ledger.integrity import prove_inclusion as prove
 
     with user_errors(ledger):
         doc = prove(ledger, event_id, source)
@@ -204,7 +204,7 @@ def prove_consistency(
 
     Example: ledger prove consistency run-a --from 100 -o proof.json
     """
-    from runledger.ledger.integrity import prove_consistency as prove
+    from ledger.integrity import prove_consistency as prove
 
     with user_errors(ledger):
         doc = prove(ledger, stream, from_size, to_size)

@@ -116,7 +116,7 @@ def user_errors(ledger: Path | None = None) -> Iterator[None]:
 
     Given the command's ``ledger``, a missing ledger's line points at the ledger that does exist.
     """
-    from runledger.ledger.store import LedgerError  # here, not at the top: pyarrow is slow to import
+    from ledger.store import LedgerError  # here, not at the top: pyarrow is slow to import
 
     try:
         yield

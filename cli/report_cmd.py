@@ -1,5 +1,5 @@
 """`ledger report` (one self-contained HTML page) and `ledger plot` (an image): a run's curves with its
-history drawn on them. The work is in ``runledger.ledger.report``; these are thin shells."""
+history drawn on them. The work is in ``ledger.report``; these are thin shells."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from runledger.cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, user_errors
+from cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, user_errors
 
 FromStep = Annotated[
     int | None, typer.Option("--from-step", help="First step shown (default: the run's first).")
@@ -37,7 +37,7 @@ def report(
     ledger: LedgerOption = DEFAULT_LEDGER,
 ) -> None:
     """Write one HTML file (opens from disk, no network) with the run's curves and its history on them."""
-    from runledger.ledger.report import write_report
+    from ledger.report import write_report
 
     if output.suffix.lower() not in (".html", ".htm"):
         raise fail(f"--output {output}: give an .html file", 2)
@@ -72,7 +72,7 @@ def plot(
     ledger: LedgerOption = DEFAULT_LEDGER,
 ) -> None:
     """Draw metrics against step as an image, with the same event markers as the report."""
-    from runledger.ledger.report import write_plot
+    from ledger.report import write_plot
 
     if output.suffix.lower() not in (".png", ".svg"):
         raise fail(f"--output {output}: give a .png or .svg file", 2)

@@ -1,6 +1,6 @@
 """`ledger serve webhooks`: the GitHub webhook receiver, a producer onto the bus.
 
-It writes events to the spool (``runledger.ingest.bus``); ``ledger ingest spool`` folds them into the
+It writes events to the spool (``ingest.bus``); ``ledger ingest spool`` folds them into the
 ledger. A mistake a user can fix is one line on stderr and exit code 2.
 """
 
@@ -11,9 +11,9 @@ from typing import Annotated
 
 import typer
 
-from runledger.cli.output import SpoolOption, fail
-from runledger.ingest.bus import default_spool_dir
-from runledger.ingest.spool import SpoolLockedError
+from cli.output import SpoolOption, fail
+from ingest.bus import default_spool_dir
+from ingest.spool import SpoolLockedError
 
 
 def serve_webhooks(
@@ -43,7 +43,7 @@ def serve_webhooks(
 
     Example: ledger serve webhooks --secret-file webhook.secret --port 8787
     """
-    from runledger.ingest.github_webhook import default_delivery_db, read_secret, receiver_sealer, serve
+    from ingest.github_webhook import default_delivery_db, read_secret, receiver_sealer, serve
 
     try:
         read_secret(secret_file)

@@ -18,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from runledger.cli.output import (
+from cli.output import (
     DEFAULT_LEDGER,
     Format,
     LedgerOption,
@@ -43,7 +43,7 @@ def shell(
 
     Example: ledger shell   (then: SELECT * FROM runs;)
     """
-    from runledger.ledger.query import Reader
+    from ledger.query import Reader
 
     with user_errors(ledger):
         reader = Reader(ledger)
@@ -54,7 +54,7 @@ def shell(
 
 
 def _duckdb_shell(binary: str, root: Path) -> int:
-    from runledger.ledger.views import views_sql
+    from ledger.views import views_sql
 
     with tempfile.TemporaryDirectory(prefix="runledger-shell-") as tmp:
         init = Path(tmp) / "views.sql"
@@ -74,7 +74,7 @@ def _duckdb_shell(binary: str, root: Path) -> int:
 def _builtin_shell(reader) -> None:
     import duckdb
 
-    from runledger.ledger.store import LedgerError
+    from ledger.store import LedgerError
 
     err_console.print(f"runledger shell on {reader.root} (read-only). {HELP}", highlight=False)
     pending: list[str] = []

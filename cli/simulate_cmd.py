@@ -1,4 +1,4 @@
-"""`ledger simulate reference-535b`: emit the reference run's event stream (runledger.trainer.simulate).
+"""`ledger simulate reference-535b`: emit the reference run's event stream (trainer.simulate).
 
 A producer, like `ledger train`: the events go to the bus (the spool, or Kafka with ``--bus kafka``),
 and `ledger ingest spool` (or `ledger ingest kafka`) folds them into a ledger. Prints what it emitted
@@ -14,8 +14,8 @@ from typing import Annotated
 
 import typer
 
-from runledger.cli.kafka_cmd import BootstrapOption, kafka_errors
-from runledger.cli.output import SpoolOption, err_console, fail, print_json
+from cli.kafka_cmd import BootstrapOption, kafka_errors
+from cli.output import SpoolOption, err_console, fail, print_json
 
 
 class Scenario(enum.StrEnum):
@@ -56,10 +56,10 @@ def simulate(
 ) -> None:
     """Emit a faithful event stream of a reference training run (metrics, router stats, crashes,
     resumes, config changes and the repository's GitHub activity) through the bus."""
-    from runledger.ingest.bus import EventSink, SpoolSink, default_spool_dir, open_sink
-    from runledger.ingest.spool import SpoolLockedError
-    from runledger.trainer.simulate import SimOptions
-    from runledger.trainer.simulate import simulate as run_simulation
+    from ingest.bus import EventSink, SpoolSink, default_spool_dir, open_sink
+    from ingest.spool import SpoolLockedError
+    from trainer.simulate import SimOptions
+    from trainer.simulate import simulate as run_simulation
 
     try:
         options = SimOptions(

@@ -1,4 +1,4 @@
-"""`ledger study token-drop`: the pre-registered token-drop study (``runledger.trainer.study``).
+"""`ledger study token-drop`: the pre-registered token-drop study (``trainer.study``).
 
 A thin shell: options → ``StudyOptions``, then the library's ``run_study``; prints the results table,
 the scored claims and where the record is."""
@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from runledger.cli.output import Format, VerboseOption, console, fail, print_rows, third_party_warnings
+from cli.output import Format, VerboseOption, console, fail, print_rows, third_party_warnings
 
 DEFAULT_WORKDIR = Path(".runledger/study")
 
@@ -75,7 +75,7 @@ def token_drop(
 
     Example: ledger study token-drop --quick --workdir /tmp/study
     """
-    from runledger.trainer.study import StudyError, StudyOptions, run_study
+    from trainer.study import StudyError, StudyOptions, run_study
 
     changes: dict[str, Any] = {
         "steps": steps,

@@ -1,10 +1,10 @@
 """`ledger train CONFIG`: train (or resume) a run and emit its events to the bus.
 
-Under torchrun every rank runs this command; each opens its own sink (``runledger.trainer.telemetry.
-open_rank_sink``). Also runnable alone: ``python -m runledger.cli.train_cmd CONFIG ...`` (what torchrun and
+Under torchrun every rank runs this command; each opens its own sink (``trainer.telemetry.
+open_rank_sink``). Also runnable alone: ``python -m cli.train_cmd CONFIG ...`` (what torchrun and
 the trainer's subprocess tests launch, without the rest of the CLI).
 
-``--wandb`` mirrors the run to Weights & Biases (``runledger.ingest.wandb_mirror.WandbMirror``, on rank 0 only):
+``--wandb`` mirrors the run to Weights & Biases (``ingest.wandb_mirror.WandbMirror``, on rank 0 only):
 project from ``--wandb-project`` (else ``$WANDB_PROJECT``, else "runledger"), entity from
 ``--wandb-entity`` (else ``$WANDB_ENTITY``, else W&B's default); online, offline or disabled as
 ``$WANDB_MODE`` says, files under ``$WANDB_DIR``, as with wandb itself. The W&B run id is the run id,
@@ -24,7 +24,7 @@ from typing import Annotated, Any
 import typer
 
 # Progress and the summary go to stderr; errors through `fail`, as in every command.
-from runledger.cli.output import VerboseOption, err_console, fail, third_party_warnings
+from cli.output import VerboseOption, err_console, fail, third_party_warnings
 
 
 def train(
@@ -87,9 +87,9 @@ def train(
 
     Example: ledger train config.toml --steps 200 --set moe.capacity_factor=1.25
     """
-    from runledger.trainer import loop
-    from runledger.trainer.config import ConfigError
-    from runledger.trainer.telemetry import StepReport, open_rank_sink
+    from trainer import loop
+    from trainer.config import ConfigError
+    from trainer.telemetry import StepReport, open_rank_sink
 
     if step is not None and not resume:
         raise fail("a checkpoint STEP needs --resume", 2)
@@ -101,7 +101,7 @@ def train(
     rank = int(os.environ.get("RANK", "0"))
     mirror = None
     if wandb and rank == 0:
-        from runledger.ingest.wandb_mirror import WandbMirror  # imports wandb itself only when the run starts
+        from ingest.wandb_mirror import WandbMirror  # imports wandb itself only when the run starts
 
         mirror = WandbMirror(project=wandb_project, entity=wandb_entity or None)
     sink = open_rank_sink(spool, rank, kafka or bootstrap)  # an explicit --kafka beats the env var
@@ -133,7 +133,7 @@ def train(
     finally:
         sink.close()
         if "WORLD_SIZE" in os.environ:  # under torchrun: leave the process group cleanly
-            from runledger.trainer.distributed import shutdown
+            from trainer.distributed import shutdown
 
             shutdown()
     summary = (
@@ -175,7 +175,7 @@ def edit(
 
     Example: ledger edit config.toml moe.capacity_factor=1.25 --author alice
     """
-    from runledger.trainer.config import ConfigError, edit_config_file, parse_override
+    from trainer.config import ConfigError, edit_config_file, parse_override
 
     try:
         parsed = {".".join(keys): value for keys, value in map(parse_override, changes)}

@@ -51,10 +51,10 @@ from typing import Any
 
 import msgspec
 
-from runledger.schemas import Envelope, make_event
-from runledger.schemas import github as gh
-from runledger.schemas.canonical import canonical_bytes, sha256_hex
-from runledger.schemas.catalogue import (
+from schemas import Envelope, make_event
+from schemas import github as gh
+from schemas.canonical import canonical_bytes, sha256_hex
+from schemas.catalogue import (
     GITHUB_COMMIT,
     GITHUB_ISSUE,
     GITHUB_ISSUE_COMMENT,

@@ -21,7 +21,7 @@ Every refusal is ``{"status": "refused", "reason": …, "detail": one line}`` wi
 says only that the receiver itself cannot store right now: queue full, sink failing, shutting down).
 Bad input never gets a 5xx, and the connection stays usable (keep-alive) after any refusal.
 
-An accepted delivery is mapped to envelopes (``runledger.ingest.github_events``: typed for issues,
+An accepted delivery is mapped to envelopes (``ingest.github_events``: typed for issues,
 issue_comment, pull_request, pull_request_review, pull_request_review_comment and push; anything else,
 ``ping`` included, is kept whole as ``github.raw``) and queued to ONE worker thread that owns the
 sink (the spool writer is single-threaded). The worker emits, syncs, and only then records the
@@ -30,7 +30,7 @@ delivery id, so 202 normally means "durable": the handler waits for that acknowl
 
 Delivery ids are remembered in a bounded SQLite file beside the spool, so a redelivery after a
 restart is still answered ``duplicate``; the ledger's (source, id) dedupe is the second line (an
-event's id is ``delivery/<X-GitHub-Delivery>/<n>``, see ``runledger.ingest.github_events``).
+event's id is ``delivery/<X-GitHub-Delivery>/<n>``, see ``ingest.github_events``).
 Refusals are counted by reason (``GET /metrics``, ``GET /healthz``) and logged; the secret is never
 logged.
 
@@ -39,7 +39,7 @@ without a usable hook id header, just ``github-hmac-sha256``): only deliveries w
 become events, so the check travels on with the event instead of ending at the edge. Given the
 receiver's producer key (``serve``'s ``producer_key_file``, default the file named by
 ``RUNLEDGER_PRODUCER_KEY``), its sink signs every event with it, as the trainer's does
-(``open_sink(sealer=)``, ``runledger.schemas.signing``; no hash chain: GitHub events have no
+(``open_sink(sealer=)``, ``schemas.signing``; no hash chain: GitHub events have no
 per-source sequence), and the attestation is part of the signed bytes.
 """
 
@@ -71,11 +71,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from runledger.ingest.bus import EventSink, default_spool_dir, open_sink
-from runledger.ingest.github_events import webhook_events
-from runledger.schemas import Envelope, Quarantined, decode_event, encode_event
-from runledger.schemas.codec import MAX_DEPTH
-from runledger.schemas.signing import HMAC_CHECKED, Sealer
+from ingest.bus import EventSink, default_spool_dir, open_sink
+from ingest.github_events import webhook_events
+from schemas import Envelope, Quarantined, decode_event, encode_event
+from schemas.codec import MAX_DEPTH
+from schemas.signing import HMAC_CHECKED, Sealer
 
 log = logging.getLogger("runledger.github_webhook")
 
@@ -520,7 +520,7 @@ def decode_body(body: bytes, content_type: str, *, max_depth: int = DEFAULT_MAX_
     return payload
 
 
-# The ledger door's reason code (runledger.schemas.codec) → this receiver's answer.
+# The ledger door's reason code (schemas.codec) → this receiver's answer.
 _DOOR_REFUSALS = {"too-large": (413, "too_large"), "too-deep": (400, "too_deep")}
 
 

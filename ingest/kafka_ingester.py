@@ -41,7 +41,7 @@ from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.errors import KafkaError, KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
-from runledger.ingest.kafka_config import (
+from ingest.kafka_config import (
     COMMIT_BATCH_MAX,
     BrokerUnavailableError,
     client_kwargs,
@@ -49,8 +49,8 @@ from runledger.ingest.kafka_config import (
     describe,
     events_topic,
 )
-from runledger.ledger.store import CommitResult, Ledger, SourceRecord
-from runledger.schemas.codec import MAX_EVENT_BYTES, Quarantined
+from ledger.store import CommitResult, Ledger, SourceRecord
+from schemas.codec import MAX_EVENT_BYTES, Quarantined
 
 log = logging.getLogger(__name__)
 

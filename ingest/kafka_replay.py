@@ -34,11 +34,11 @@ from typing import Any
 
 from kafka import TopicPartition
 
-from runledger.ingest.kafka_config import COMMIT_BATCH_MAX, events_topic
-from runledger.ingest.kafka_ingester import open_consumer, source_name
-from runledger.ledger.admission import REGISTRY_INGEST, RegistryEntry
-from runledger.ledger.store import CommitResult, Ledger, LedgerError, SourceRecord
-from runledger.schemas.codec import MAX_EVENT_BYTES
+from ingest.kafka_config import COMMIT_BATCH_MAX, events_topic
+from ingest.kafka_ingester import open_consumer, source_name
+from ledger.admission import REGISTRY_INGEST, RegistryEntry
+from ledger.store import CommitResult, Ledger, LedgerError, SourceRecord
+from schemas.codec import MAX_EVENT_BYTES
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from runledger.ingest.spool import SpoolReader
-from runledger.ledger.store import Ledger, SourceRecord
-from runledger.schemas.codec import MAX_EVENT_BYTES
+from ingest.spool import SpoolReader
+from ledger.store import Ledger, SourceRecord
+from schemas.codec import MAX_EVENT_BYTES
 
 
 @dataclass

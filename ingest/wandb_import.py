@@ -19,7 +19,7 @@ reader (``wandb.sdk.internal.datastore`` is gone); its bundled ``wandb-core`` bi
 ``wandb/{wandb_run_id}/…`` and seq counts from 0, so importing the same file twice is deduplicated.
 
 Online runs (``ENTITY/PROJECT[/RUN]`` through W&B's public API) are imported by
-``runledger.ingest.wandb_online``, which shares this module's row mapping (``split_history_item``).
+``ingest.wandb_online``, which shares this module's row mapping (``split_history_item``).
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from runledger.ingest.bus import EventSink
-from runledger.schemas import Envelope, config_hash, make_event
-from runledger.schemas import payloads as p
+from ingest.bus import EventSink
+from schemas import Envelope, config_hash, make_event
+from schemas import payloads as p
 
 log = logging.getLogger("runledger.wandb")
 

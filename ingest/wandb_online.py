@@ -23,7 +23,7 @@ when its ``_step`` is not above the previous row's (a rewind W&B kept), when ``_
 ``from_checkpoint_step`` is the step before a rewind, else the last step W&B kept before the restart
 (an upper bound: the real checkpoint may be earlier, and the steps W&B refused are lost).
 
-**Resume.** A cursor per run (``runledger.ingest.wandb_cursor``, JSON beside the spool) holds the last imported step, the
+**Resume.** A cursor per run (``ingest.wandb_cursor``, JSON beside the spool) holds the last imported step, the
 next ``seq`` of each source, the attempt and the previous row. It is written only after the events it
 covers were handed to the sink and synced, after every page of rows and when a read fails mid-run, so
 an interrupted import continues at the next row. Nothing is emitted for a run before its config and
@@ -41,11 +41,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from runledger.ingest.bus import EventSink
-from runledger.ingest.wandb_cursor import CursorStore, RunCursor
-from runledger.ingest.wandb_import import RUN_ID_RE, split_history_item
-from runledger.schemas import config_hash, make_event
-from runledger.schemas import payloads as p
+from ingest.bus import EventSink
+from ingest.wandb_cursor import CursorStore, RunCursor
+from ingest.wandb_import import RUN_ID_RE, split_history_item
+from schemas import config_hash, make_event
+from schemas import payloads as p
 
 log = logging.getLogger("runledger.wandb")
 

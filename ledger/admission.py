@@ -8,7 +8,7 @@ incident events that ``check`` asked for, right after the record that caused the
 ``ledger.policy.changed``, written by ``ledger producers``), so each key's addition, rotation and
 revocation is on the record, and admission uses the registry *as of that point in the log*: a key
 revoked at commit 7 refuses its events from commit 7 on, while its events already stored still
-verify (``runledger.ledger.verifier``). The ledger's own types (``LEDGER_TYPES``) and sources named
+verify (``ledger.verifier``). The ledger's own types (``LEDGER_TYPES``) and sources named
 ``ledger:...`` are admitted only from the ledger's own ingest sources (``REGISTRY_INGEST``,
 ``INCIDENT_INGEST``): whoever can write to a topic cannot register a key.
 
@@ -20,7 +20,7 @@ Quarantine codes: ``unsigned``, ``unknown-key``, ``revoked-key``, ``bad-signatur
 ``out-of-scope``, ``reserved``.
 
 **Order.** An event that carries ``prev`` (its producer keeps a hash chain, see
-``runledger.schemas.signing``) must follow its source's last stored event: ``seq`` one more than the
+``schemas.signing``) must follow its source's last stored event: ``seq`` one more than the
 highest stored, ``prev`` that event's hash (``GENESIS`` and seq 0 for a source's first). Otherwise
 it is still stored (never blocking) and a ``ledger.incident`` event is appended on its stream:
 ``gap`` (``missing`` seq numbers before it) or ``fork`` (its seq was already taken, or its ``prev``
@@ -54,10 +54,10 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from runledger.ledger.log_checkpoint import CheckpointError, NoteVerifier, parse_public_key
-from runledger.schemas import catalogue as c
-from runledger.schemas import payloads as p
-from runledger.schemas.codec import (
+from ledger.log_checkpoint import CheckpointError, NoteVerifier, parse_public_key
+from schemas import catalogue as c
+from schemas import payloads as p
+from schemas.codec import (
     Event,
     Quarantined,
     decode_event,
@@ -65,10 +65,10 @@ from runledger.schemas.codec import (
     make_event,
     refused_event,
 )
-from runledger.schemas.signing import GENESIS, SignatureError, event_hash, key_id_of, verify_canonical
+from schemas.signing import GENESIS, SignatureError, event_hash, key_id_of, verify_canonical
 
 if TYPE_CHECKING:
-    from runledger.ledger.store import Ledger, SourceRecord
+    from ledger.store import Ledger, SourceRecord
 
 REGISTRY_INGEST = "ledger:registry"  # ingest source (and event source) of registry and policy events
 INCIDENT_INGEST = "ledger:incidents"  # ingest source (and event source) of incident events
@@ -198,7 +198,7 @@ class AdmissionRound:
     # -- the hook's three calls -----------------------------------------------------------------
     def records(self, records: Iterable[SourceRecord]) -> Iterator[SourceRecord]:
         """The commit's records, each followed by the incident events its check asked for."""
-        from runledger.ledger.store import SourceRecord
+        from ledger.store import SourceRecord
 
         for record in records:
             yield record
@@ -409,7 +409,7 @@ def scan_state(ledger: Ledger, commit: int) -> AdmissionState:
 
 def append_registry_event(ledger: Ledger, payload: msgspec.Struct) -> str:
     """Append one registry or policy event to the ledger (the ledger's own record); its event id."""
-    from runledger.ledger.store import LedgerError, SourceRecord
+    from ledger.store import LedgerError, SourceRecord
 
     position = ledger.positions().get(REGISTRY_INGEST, 0)
     envelope = make_event(payload, source=REGISTRY_INGEST, stream=REGISTRY_STREAM, seq=position)
@@ -529,7 +529,7 @@ def read_registry(path: Path) -> list[RegistryEntry]:
     """The registry entries kept in a ledger directory or a file ``write_registry_file`` wrote.
     Raises ValueError naming the line for a file that is not one; each event is checked again by
     admission when committed (only the ledger's own registry source may carry them)."""
-    from runledger.ledger.store import Ledger
+    from ledger.store import Ledger
 
     if path.is_dir():
         return registry_entries(Ledger.open(path))

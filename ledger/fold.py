@@ -23,10 +23,10 @@ from typing import Any
 
 import msgspec
 
-from runledger.ledger.config_patch import apply_config_patch
-from runledger.schemas import Envelope
-from runledger.schemas import catalogue as c
-from runledger.schemas.canonical import config_hash
+from ledger.config_patch import apply_config_patch
+from schemas import Envelope
+from schemas import catalogue as c
+from schemas.canonical import config_hash
 
 # The event types the fold reads (metrics are not needed to know a run's state).
 STATE_TYPES = (

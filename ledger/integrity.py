@@ -36,22 +36,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from runledger.durable import write_durably
-from runledger.ledger import verifier
-from runledger.ledger.admission import (
+from ledger import verifier
+from ledger.admission import (
     REGISTRY_STREAM,
     REGISTRY_TYPES,
     RegistryTimeline,
     authenticate,
     is_own,
 )
-from runledger.ledger.log_checkpoint import parse_and_verify_checkpoint, parse_private_key, sign_checkpoint
-from runledger.ledger.merkle import CompactRange, MerkleTree, leaf_hash, root_from_leaf_hashes
-from runledger.ledger.parquet_schemas import TABLES, tables_of
-from runledger.ledger.projectors import FoldState, RowBuffer, rows_for_event
-from runledger.ledger.store import Ledger, LedgerError
-from runledger.schemas import Event, decode_event
-from runledger.schemas.codec import CONFLICT
+from ledger.log_checkpoint import parse_and_verify_checkpoint, parse_private_key, sign_checkpoint
+from ledger.merkle import CompactRange, MerkleTree, leaf_hash, root_from_leaf_hashes
+from ledger.parquet_schemas import TABLES, tables_of
+from ledger.projectors import FoldState, RowBuffer, rows_for_event
+from ledger.store import Ledger, LedgerError
+from runledger.durable import write_durably
+from schemas import Event, decode_event
+from schemas.codec import CONFLICT
 
 CHECKPOINTS = "_checkpoints"
 
@@ -650,7 +650,7 @@ def _blank(table: pa.Table, column: str, keys: set[tuple[str, int]]) -> pa.Table
 def stored_partition(value: str | None) -> str:
     """The hive directory value a projector's partition is stored under: the store writes an empty
     one (a GitHub event naming no owner, an annotation without a run) as ``_``
-    (``runledger.ledger.store.Ledger._write_files``)."""
+    (``ledger.store.Ledger._write_files``)."""
     return value or "_"
 
 
@@ -699,7 +699,7 @@ def _signed_size(ledger: Ledger, stream: str) -> int | None:
 
 def prove_inclusion(root: str | Path, event_id: str, source: str | None = None) -> dict[str, Any]:
     ledger = Ledger.open(root)
-    from runledger.ledger.query import Reader
+    from ledger.query import Reader
 
     reader = Reader(ledger.root)
     params: list[Any] = [event_id]

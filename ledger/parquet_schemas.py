@@ -1,7 +1,7 @@
 """The ledger's Parquet tables: their names, pyarrow schemas and hive partition keys.
 
 Every table but ``events`` and ``quarantine`` is a projection of ``events`` (which holds each event's
-canonical bytes): ``runledger.ledger.projectors`` says how events fill them, so ``ledger verify`` can
+canonical bytes): ``ledger.projectors`` says how events fill them, so ``ledger verify`` can
 rebuild any table from the events and compare. Rows carry ``stream`` and ``stream_seq``: the event
 they came from.
 """

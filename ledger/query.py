@@ -20,13 +20,13 @@ import jsonpointer
 import msgspec
 import pyarrow as pa
 
-from runledger.ledger.config_patch import ConfigPatchError, apply_config_patch
-from runledger.ledger.fold import STATE_TYPES, RunState, attempts_of, fold_run, on_lineage
-from runledger.ledger.parquet_schemas import tables_of
-from runledger.ledger.store import Ledger, LedgerError, settled_merges
-from runledger.ledger.views import connect
-from runledger.schemas import Envelope, decode_event
-from runledger.schemas import catalogue as c
+from ledger.config_patch import ConfigPatchError, apply_config_patch
+from ledger.fold import STATE_TYPES, RunState, attempts_of, fold_run, on_lineage
+from ledger.parquet_schemas import tables_of
+from ledger.store import Ledger, LedgerError, settled_merges
+from ledger.views import connect
+from schemas import Envelope, decode_event
+from schemas import catalogue as c
 
 READ_ONLY_STATEMENTS = {"SELECT", "EXPLAIN"}
 _T = TypeVar("_T")

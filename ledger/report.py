@@ -25,11 +25,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ledger.integrity import checkpoint_path, origin_of, recorded_streams
+from ledger.log_checkpoint import parse_and_verify_checkpoint, parse_checkpoint
+from ledger.merkle import root_from_leaf_hashes
+from ledger.query import QueryError, Reader, github_item
 from runledger.durable import write_durably
-from runledger.ledger.integrity import checkpoint_path, origin_of, recorded_streams
-from runledger.ledger.log_checkpoint import parse_and_verify_checkpoint, parse_checkpoint
-from runledger.ledger.merkle import root_from_leaf_hashes
-from runledger.ledger.query import QueryError, Reader, github_item
 
 # The curves drawn against step, in page order: (metric name in the `metrics` view, label).
 CURVES = (
@@ -483,7 +483,7 @@ def record_status(reader: Reader, public_key: str | None, public_key_path: Path 
         "ledger": str(reader.root.resolve()),
         "streams": streams,
         "command": f"ledger verify --ledger {reader.root.resolve()}{key}",
-        "verifier": "python -m runledger.ledger.verifier (stand-alone: checks inclusion proofs and checkpoints)",
+        "verifier": "python -m ledger.verifier (stand-alone: checks inclusion proofs and checkpoints)",
     }
 
 
@@ -539,7 +539,7 @@ def build_report(
 
 
 def _asset(name: str) -> str:
-    return resources.files("runledger.ledger").joinpath("report_assets", name).read_text(encoding="utf-8")
+    return resources.files("ledger").joinpath("report_assets", name).read_text(encoding="utf-8")
 
 
 def _script_json(value: Any) -> str:

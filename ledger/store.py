@@ -51,14 +51,14 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from ledger.admission import ADMISSION_REASONS, admission_round
+from ledger.compaction import merge_parts, tail_to_merge
+from ledger.merkle import CompactRange, leaf_hash
+from ledger.parquet_schemas import TABLES
+from ledger.projectors import FoldState, RowBuffer, rows_for_event
+from ledger.seen_index import SeenIndex, record_digest, record_key, seen_key
 from runledger.durable import fsync_dir, write_durably
-from runledger.ledger.admission import ADMISSION_REASONS, admission_round
-from runledger.ledger.compaction import merge_parts, tail_to_merge
-from runledger.ledger.merkle import CompactRange, leaf_hash
-from runledger.ledger.parquet_schemas import TABLES
-from runledger.ledger.projectors import FoldState, RowBuffer, rows_for_event
-from runledger.ledger.seen_index import SeenIndex, record_digest, record_key, seen_key
-from runledger.schemas.codec import (
+from schemas.codec import (
     CONFLICT,
     CORRUPT,
     DECODE,

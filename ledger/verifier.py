@@ -5,9 +5,9 @@ party can copy it alone and check what a runledger operator hands out, without t
 
 Usage::
 
-    python -m runledger.ledger.verifier inclusion   --proof P.json --checkpoint C.txt --public-key K.pub \\
+    python -m ledger.verifier inclusion   --proof P.json --checkpoint C.txt --public-key K.pub \\
         [--origin ORIGIN] [--leaf LEAF.bin] [--producer-key PRODUCER.pub]
-    python -m runledger.ledger.verifier consistency --proof P.json --checkpoint NEW.txt --public-key K.pub \\
+    python -m ledger.verifier consistency --proof P.json --checkpoint NEW.txt --public-key K.pub \\
         [--old-checkpoint OLD.txt | --old-size N --old-root B64] [--origin ORIGIN]
 
 (or ``python verifier.py ...`` on a copy). It prints one line, ``OK: ...`` or ``FAIL: reason``, and

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import duckdb
 
+from ledger.parquet_schemas import TABLES, tables_of
 from runledger.durable import write_durably
-from runledger.ledger.parquet_schemas import TABLES, tables_of
 
 # Physical tables whose public name is a derived view (the physical one gets a leading underscore).
 _DERIVED = {"metrics", "moe_layer_stats", "github"}
@@ -103,7 +103,7 @@ def _base_view(root: Path, name: str) -> str:
 def views_sql(root: Path) -> str:
     root = root.resolve()
     base = "\n".join(_base_view(root, name) for name in tables_of(root))
-    from runledger.ledger.code_views import CODE_VIEWS  # GitHub ↔ run joins, over the views above
+    from ledger.code_views import CODE_VIEWS  # GitHub ↔ run joins, over the views above
 
     return base + "\n" + DERIVED_VIEWS + "\n" + CODE_VIEWS
 

@@ -2,16 +2,16 @@
 
 One importable name. The repository's folders are its subpackages (mapped in pyproject.toml):
 
-- ``runledger.trainer``: a Megatron-Core MoE trainer that emits typed events
-- ``runledger.schemas``: the event catalogue (one envelope, versioned payloads)
-- ``runledger.ingest``: producers (the bus: spool or Kafka sinks, GitHub, W&B) and the ingesters
-- ``runledger.ledger``: Parquet + DuckDB views, the fold, Merkle log, signed log checkpoints
-- ``runledger.cli``: the ``ledger`` command (also installed as ``runledger``)
+- ``trainer``: a Megatron-Core MoE trainer that emits typed events
+- ``schemas``: the event catalogue (one envelope, versioned payloads)
+- ``ingest``: producers (the bus: spool or Kafka sinks, GitHub, W&B) and the ingesters
+- ``ledger``: Parquet + DuckDB views, the fold, Merkle log, signed log checkpoints
+- ``cli``: the ``ledger`` command (also installed as ``runledger``)
 
 The client library (docs/client.md): ``runledger.init(...)`` → ``runledger.Run``, and the W&B
 bridge ``runledger.wandb.tee()``.
 
-Kept light on purpose: ``python -m runledger.ledger.verifier`` imports only this file on the way, so
+Kept light on purpose: ``python -m ledger.verifier`` imports only this file on the way, so
 the client library is loaded on first use of one of its names (module ``__getattr__``).
 """
 

@@ -8,10 +8,10 @@
             run.log_router(step, counts=counts, drop=drop, aux_loss=aux, top_k=8)
 
 What it finds by itself: git commit/branch/dirty of the script's checkout, host, cluster and job id
-(``runledger.trainer.provenance``), rank and world size from torchrun / JAX / SLURM / MPI variables,
+(``trainer.provenance``), rank and world size from torchrun / JAX / SLURM / MPI variables,
 the bus from the environment (``open_rank_sink``: the spool, or Kafka with
 ``RUNLEDGER_KAFKA_BOOTSTRAP``; signed with ``RUNLEDGER_PRODUCER_KEY``), and the attempt number
-(``runledger.attempts``). Events are the trainer's own (``runledger.schemas.payloads``), built by the
+(``runledger.attempts``). Events are the trainer's own (``schemas.payloads``), built by the
 same functions (``runledger.step_payloads``) and emitted by the same background emitter
 (``runledger.emitter``), with source ``trainer/<run_id>/a<attempt>/rank<rank>``.
 
@@ -48,13 +48,14 @@ from typing import Any, Literal
 
 import msgspec
 
+from ingest.bus import EventSink
 from runledger import attempts as attempts_lib
 from runledger import host_values
 from runledger.emitter import Emitter, open_rank_sink
-from runledger.ingest.bus import EventSink
-from runledger.schemas import config_hash
-from runledger.schemas.envelope import RunId
-from runledger.schemas.payloads import (
+from runledger.step_payloads import crashed, layer_stats_from_arrays, metrics_from_values
+from schemas import config_hash
+from schemas.envelope import RunId
+from schemas.payloads import (
     Annotation,
     ChangeCause,
     CheckpointSaved,
@@ -66,7 +67,6 @@ from runledger.schemas.payloads import (
     RunStarted,
     StepSkipped,
 )
-from runledger.step_payloads import crashed, layer_stats_from_arrays, metrics_from_values
 
 log = logging.getLogger("runledger.client")
 
@@ -364,7 +364,7 @@ class Run:
         """Apply an RFC 6902 patch to the run's config and record it (``config.changed``) with its
         cause; ``step``: the first step that runs with it (default: the next step ``log`` gets).
         A patch that does not apply raises ValueError and changes nothing."""
-        from runledger.ledger.config_patch import apply_config_patch
+        from ledger.config_patch import apply_config_patch
 
         ops = [msgspec.convert(msgspec.to_builtins(op), PatchOp) for op in patch]
         if not ops:
@@ -602,7 +602,7 @@ def _router_columns(a: dict[str, Any], layers: int, top_k: int) -> dict[str, Any
 def _router_payload(stats: dict[str, Any], a: dict[str, Any], top_k: int) -> Any:
     import numpy as np
 
-    from runledger.schemas.payloads import MoeRouterStats
+    from schemas.payloads import MoeRouterStats
 
     counts = a.get("counts")
     layers = layer_stats_from_arrays(
@@ -757,7 +757,7 @@ def init(
     run_id = _check_run_id(run_id if run_id is not None else _new_run_id(placement, launch_key))
     tree = _json_tree(dict(config or {}))
     state = Path(state_dir) if state_dir is not None else attempts_lib.default_state_dir()
-    from runledger.trainer import provenance  # standard library only (torch stays unloaded)
+    from trainer import provenance  # standard library only (torch stays unloaded)
 
     host = provenance.host()
     attempt, previous = _agree_attempt(
@@ -852,7 +852,7 @@ def _launch_fields(
     parallelism: Mapping[str, int] | None,
     external: Mapping[str, str] | None,
 ) -> dict[str, Any]:
-    from runledger.trainer import provenance
+    from trainer import provenance
 
     commit, dirty, branch = provenance.git_info(_code_root())
     return {

@@ -1,5 +1,5 @@
 """The background emitter: one producer source's events handed to the bus without the training
-loop waiting on it. Shared by runledger's own trainer (``runledger.trainer.loop``) and the client
+loop waiting on it. Shared by runledger's own trainer (``trainer.loop``) and the client
 library (``runledger.init``): one emission path.
 
 Standard library, msgspec and the bus only (no torch, no Megatron): a process that only logs
@@ -26,11 +26,11 @@ from typing import Any
 
 import msgspec
 
-from runledger.ingest.bus import EventSink
-from runledger.schemas import make_event
-from runledger.schemas.envelope import utc_now
-from runledger.schemas.payloads import ProducerDropped
-from runledger.schemas.signing import Sealer
+from ingest.bus import EventSink
+from schemas import make_event
+from schemas.envelope import utc_now
+from schemas.payloads import ProducerDropped
+from schemas.signing import Sealer
 
 log = logging.getLogger("runledger.emitter")
 
@@ -53,7 +53,7 @@ class Emitter:
     Queue full: a metrics event is dropped and counted (``dropped``); a lifecycle event
     (``critical=True``) waits for space for at most ``critical_timeout_s`` (it is rare, and losing it
     would break the run's lineage). Sequence numbers are assigned at ``submit``, so a dropped event
-    leaves a gap in ``seq`` that ingest records as an incident (``runledger.ledger.admission``); and
+    leaves a gap in ``seq`` that ingest records as an incident (``ledger.admission``); and
     the emitter says why with a ``runledger.producer.dropped`` event (count, first and last step),
     queued as soon as there is room again, or at ``close``.
     """
@@ -220,7 +220,7 @@ class Emitter:
 def rank_spool(spool: str | Path | None, rank: int) -> Path:
     """The spool a rank writes to: the given one for rank 0, ``<spool>.rank<N>`` beside it for the
     others (a spool has one writer)."""
-    from runledger.ingest.bus import default_spool_dir
+    from ingest.bus import default_spool_dir
 
     base = Path(spool) if spool is not None else default_spool_dir()
     return base if rank == 0 else base.with_name(f"{base.name}.rank{rank}")
@@ -229,6 +229,6 @@ def rank_spool(spool: str | Path | None, rank: int) -> Path:
 def open_rank_sink(spool: str | Path | None, rank: int = 0, kafka_bootstrap: str | None = None) -> EventSink:
     """This rank's sink: Kafka if configured (every rank produces), else its own spool. With
     ``RUNLEDGER_PRODUCER_KEY`` set, every event is signed with that key and chained per source."""
-    from runledger.ingest.bus import open_sink
+    from ingest.bus import open_sink
 
     return open_sink(rank_spool(spool, rank), kafka_bootstrap, sealer=Sealer.from_env(chain=True))

@@ -83,7 +83,7 @@ class _TeedRun:
         self.ledger.config.update(current, cause="wandb config update")
 
     def on_summary(self, values: Mapping[str, Any]) -> None:
-        from runledger.schemas.payloads import RunSummary
+        from schemas.payloads import RunSummary
 
         kept = {str(k): v for k, v in values.items() if not str(k).startswith("_")}
         if not kept or not self.ledger.is_main or self.ledger.ended:

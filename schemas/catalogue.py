@@ -13,8 +13,8 @@ from functools import cached_property
 
 import msgspec
 
-from runledger.schemas import github as gh
-from runledger.schemas import payloads as p
+from schemas import github as gh
+from schemas import payloads as p
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ PRODUCER_REVOKED = "ledger.producer.revoked"
 POLICY_CHANGED = "ledger.policy.changed"
 LEDGER_INCIDENT = "ledger.incident"
 # The ledger's own record: written by the ledger (``ledger producers``, ingest's incidents), never
-# admitted from a bus (see runledger.ledger.admission).
+# admitted from a bus (see ledger.admission).
 LEDGER_TYPES = frozenset(
     {PRODUCER_REGISTERED, PRODUCER_ROTATED, PRODUCER_REVOKED, POLICY_CHANGED, LEDGER_INCIDENT}
 )

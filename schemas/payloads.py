@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from runledger.schemas.envelope import NonEmpty
+from schemas.envelope import NonEmpty
 
 Float = float | None
 Count = Annotated[int, msgspec.Meta(ge=0)]
@@ -175,7 +175,7 @@ class RunSummary(Payload, kw_only=True):
     values: dict[str, Any]
 
 
-# --- producers and the ledger's own record (see runledger.ledger.admission) -----------------------
+# --- producers and the ledger's own record (see ledger.admission) -----------------------
 
 
 class ProducerDropped(Payload, kw_only=True):

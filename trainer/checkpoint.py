@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from runledger.durable import fsync_dir, write_durably
-from runledger.trainer.distributed import DistEnv, barrier
+from trainer.distributed import DistEnv, barrier
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 

@@ -3,7 +3,7 @@ parallelism, run identity and debug hooks.
 
 Loaded from TOML (``tomllib``) with ``section.key=value`` overrides on top. Its resolved form is the
 plain dict of every key (defaults included, ``None`` where unset) and its hash is
-``runledger.schemas.config_hash(resolved)``: both go into the run-started event.
+``schemas.config_hash(resolved)``: both go into the run-started event.
 
 TOML has no null: a key that may be ``None`` (``moe.capacity_factor``) is ``None`` when left out of
 the file; an override may say ``none``. Which keys may change while the run is live is data here
@@ -24,7 +24,7 @@ import jsonpatch
 import msgspec
 
 from runledger.durable import write_durably
-from runledger.schemas import config_hash as _config_hash
+from schemas import config_hash as _config_hash
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEMO_CONFIG = CONFIG_DIR / "demo.toml"  # the tiny CPU run the demo trains

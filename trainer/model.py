@@ -1,7 +1,7 @@
 """The model: Megatron-Core's GPTModel with a mixture-of-experts MLP in every layer.
 
 Built from ``TrainConfig`` alone. On CPU it uses the local (pure-PyTorch) layer spec and the
-adaptations in ``runledger.trainer.cpu_compat``; on GPU the same code can use the Transformer Engine spec,
+adaptations in ``trainer.cpu_compat``; on GPU the same code can use the Transformer Engine spec,
 bf16 (Megatron's Float16Module), the alltoall dispatcher and grouped-GEMM experts, all chosen by
 config.
 """
@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from runledger.trainer import cpu_compat
-from runledger.trainer.config import ConfigError, MoeConfig, TrainConfig
+from trainer import cpu_compat
+from trainer.config import ConfigError, MoeConfig, TrainConfig
 
 
 def transformer_config(cfg: TrainConfig, device: torch.device):  # -> TransformerConfig

@@ -1,7 +1,7 @@
 """The reference run as an event stream anyone can generate: ``ledger simulate reference-535b``.
 
 A producer like the trainer (trainer → bus → ingest): it emits, through any ``EventSink``, the events
-the real trainer (``runledger.trainer.telemetry`` and ``loop``) and the GitHub webhook receiver would
+the real trainer (``trainer.telemetry`` and ``loop``) and the GitHub webhook receiver would
 have produced for the run of ../shared/reference/marin-535b.md, with the same event types, sources,
 payload fields and scalar names. Its story, which an analyst can check against the published facts:
 
@@ -21,7 +21,7 @@ payload fields and scalar names. Its story, which an analyst can check against t
   (``moe.dispatcher`` pooled_wave → ragged_all_to_all) at step 81,716 among them;
 * a GitHub stream of the run's repository over the same months (issues, PRs with reviews and
   synchronize pushes, squash merges pushed to main, crash reports, relaunch comments on the run's
-  status issue), made by ``runledger.ingest.github_events.webhook_events`` as the receiver makes it;
+  status issue), made by ``ingest.github_events.webhook_events`` as the receiver makes it;
   every attempt runs the commit at the head of main when it launched.
 
 A shorter run (``steps`` < 390,000) keeps the story: every position is the reference step scaled
@@ -42,11 +42,11 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from runledger.ingest.bus import EventSink
-from runledger.ingest.github_events import webhook_events
-from runledger.ledger.config_patch import apply_config_patch
-from runledger.schemas import Envelope, config_hash, make_event
-from runledger.schemas import payloads as p
+from ingest.bus import EventSink
+from ingest.github_events import webhook_events
+from ledger.config_patch import apply_config_patch
+from schemas import Envelope, config_hash, make_event
+from schemas import payloads as p
 
 # --- the published facts --------------------------------------------------------------------------
 

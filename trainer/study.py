@@ -7,7 +7,7 @@ One call (``run_study``) does, in order, all into one ledger in the study's work
    the study's own stream, ingested, and a log checkpoint is signed. Every training run's id embeds
    the SHA-256 of that signed checkpoint, so each training event (all of them carry the run id,
    signed by the producer key) provably came after it.
-2. **Runs.** Small Megatron-Core MoE GPTs train through ``runledger.trainer.loop.train`` (normal
+2. **Runs.** Small Megatron-Core MoE GPTs train through ``trainer.loop.train`` (normal
    recorded runs): a dropless run (the ragged control) and a run trained with Megatron's capacity
    dropping on. On each, hooks on the routers keep every micro-batch's top-k selection before
    dropping, and every layer's drop rate per step is counted for Megatron's per-micro-batch capacity
@@ -39,8 +39,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from runledger.trainer.study_collect import DropCollector
-from runledger.trainer.study_options import (
+from trainer.study_collect import DropCollector
+from trainer.study_options import (
     REFERENCE_POOLED_WAVE_CF,
     REFERENCE_POOLED_WAVE_RATE,
     REFERENCE_RAGGED_RATE,
@@ -48,8 +48,8 @@ from runledger.trainer.study_options import (
     StudyError,
     StudyOptions,
 )
-from runledger.trainer.study_output import StudyResult, plot_study, write_results_json
-from runledger.trainer.study_policies import (
+from trainer.study_output import StudyResult, plot_study, write_results_json
+from trainer.study_policies import (
     Policy,
     Summary,
     count_drops,
@@ -57,7 +57,7 @@ from runledger.trainer.study_policies import (
     study_policies,
     summarise,
 )
-from runledger.trainer.study_predictions import (
+from trainer.study_predictions import (
     Prediction,
     Score,
     balanced_rates,
@@ -111,7 +111,7 @@ STUDY_CONFIG = Path(__file__).parent / "configs" / "study_token_drop.toml"
 def train_config(options: StudyOptions, run_id: str, capacity_factor: float | None, checkpoints: Path):
     """The TrainConfig of one study run (a normal recorded run): ``configs/study_token_drop.toml``
     with the study's options over it."""
-    from runledger.trainer.config import load_config
+    from trainer.config import load_config
 
     o = options
     overrides = [
@@ -153,7 +153,7 @@ class _Events:
         self.seq: dict[str, int] = {}
 
     def emit(self, payload: Any, *, stream: str, run_id: str | None = None, step: int | None = None) -> None:
-        from runledger.schemas import make_event
+        from schemas import make_event
 
         source = f"study/{self.study_id}" if run_id is None else f"study/{self.study_id}/{run_id}"
         seq = self.seq.get(source, 0)
@@ -169,7 +169,7 @@ class _Events:
         run_id: str | None = None,
         step: int | None = None,
     ) -> None:
-        from runledger.schemas.payloads import Annotation
+        from schemas.payloads import Annotation
 
         self.emit(
             Annotation(author=AUTHOR, text=text[:1000], tags=[TAG, *tags]),
@@ -181,15 +181,15 @@ class _Events:
 
 def run_study(options: StudyOptions, say: Say = lambda _: None) -> StudyResult:
     """The whole study in ``options.workdir`` (a new or empty folder)."""
-    from runledger.ingest.bus import open_sink
-    from runledger.ingest.spool_ingester import ingest_spool
-    from runledger.ledger.admission import register_producer
-    from runledger.ledger.integrity import checkpoint_path, sign_checkpoints
-    from runledger.ledger.log_checkpoint import write_keypair
-    from runledger.ledger.store import Ledger
-    from runledger.schemas.payloads import ProducerScope, RunSummary
-    from runledger.schemas.signing import Sealer
-    from runledger.trainer.loop import train
+    from ingest.bus import open_sink
+    from ingest.spool_ingester import ingest_spool
+    from ledger.admission import register_producer
+    from ledger.integrity import checkpoint_path, sign_checkpoints
+    from ledger.log_checkpoint import write_keypair
+    from ledger.store import Ledger
+    from schemas.payloads import ProducerScope, RunSummary
+    from schemas.signing import Sealer
+    from trainer.loop import train
 
     options.validate()
     workdir = options.workdir
@@ -323,7 +323,7 @@ def run_study(options: StudyOptions, say: Say = lambda _: None) -> StudyResult:
     plot_study(options, collectors, run_ids[0], figure)
     report_path: Path | None = workdir / "report.html"
     try:
-        from runledger.ledger.report import write_report
+        from ledger.report import write_report
 
         write_report(ledger_dir, run_ids, report_path)  # type: ignore[arg-type]
     except Exception as exc:  # the report is a view; the study's record is already complete

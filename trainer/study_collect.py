@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from runledger.trainer import drop_accounting as da
-from runledger.trainer.study_options import StudyError, StudyOptions
-from runledger.trainer.study_policies import Policy, count_drops
+from trainer import drop_accounting as da
+from trainer.study_options import StudyError, StudyOptions
+from trainer.study_policies import Policy, count_drops
 
 
 class DropCollector:
@@ -29,7 +29,7 @@ class DropCollector:
         self.accounting_s = 0.0
 
     def install(self, model: torch.nn.Module) -> None:
-        from runledger.trainer import model as model_lib
+        from trainer import model as model_lib
 
         self.routers = model_lib.routers(model)
         for index, router in enumerate(self.routers):

@@ -9,10 +9,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runledger.trainer.study_collect import DropCollector
-from runledger.trainer.study_options import REFERENCE_POOLED_WAVE_CF, REFERENCE_POOLED_WAVE_RATE, StudyOptions
-from runledger.trainer.study_policies import Policy, Summary, pooled_wave_policy, summarise
-from runledger.trainer.study_predictions import Prediction, Score
+from trainer.study_collect import DropCollector
+from trainer.study_options import REFERENCE_POOLED_WAVE_CF, REFERENCE_POOLED_WAVE_RATE, StudyOptions
+from trainer.study_policies import Policy, Summary, pooled_wave_policy, summarise
+from trainer.study_predictions import Prediction, Score
 
 
 @dataclass

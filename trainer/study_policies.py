@@ -1,5 +1,5 @@
 """The study's accounting rules (``Policy``), their drop counts on one micro-batch's selection (through
-``runledger.trainer.drop_accounting``), and their statistics over layers × steps (``summarise``)."""
+``trainer.drop_accounting``), and their statistics over layers × steps (``summarise``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from runledger.trainer import drop_accounting as da
-from runledger.trainer.study_options import StudyOptions
+from trainer import drop_accounting as da
+from trainer.study_options import StudyOptions
 
 # --- policies and their labels -----------------------------------------------------------------
 

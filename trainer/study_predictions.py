@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from runledger.trainer.study_collect import DropCollector
-from runledger.trainer.study_options import REFERENCE_POOLED_WAVE_CF, REFERENCE_POOLED_WAVE_RATE, StudyOptions
-from runledger.trainer.study_policies import Policy, count_drops, pooled_wave_policy, summarise
+from trainer.study_collect import DropCollector
+from trainer.study_options import REFERENCE_POOLED_WAVE_CF, REFERENCE_POOLED_WAVE_RATE, StudyOptions
+from trainer.study_policies import Policy, count_drops, pooled_wave_policy, summarise
 
 # --- predictions -----------------------------------------------------------------------------
 

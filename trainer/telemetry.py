@@ -30,10 +30,10 @@ import torch
 # The emitter and the step payloads live in the library, shared with ``runledger.init``'s clients;
 # re-exported here for the trainer's callers.
 from runledger.emitter import Emitter, open_rank_sink, rank_spool
-from runledger.schemas.payloads import MoeLayerStats
 from runledger.step_payloads import StepReport, finite, layer_stats_from_arrays, router_stats, step_metrics
-from runledger.trainer import model as model_lib
-from runledger.trainer.config import TrainConfig
+from schemas.payloads import MoeLayerStats
+from trainer import model as model_lib
+from trainer.config import TrainConfig
 
 __all__ = [
     "Emitter",

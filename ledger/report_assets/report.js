@@ -7,7 +7,7 @@
   var state = { charts: [], ready: false, markers: 0 };
   window.__report = state;
 
-  var KINDS = data.kinds;  // one definition, in runledger.ledger.report.MARKER_KINDS
+  var KINDS = data.kinds;  // one definition, in ledger.report.MARKER_KINDS
   var RUN_COLORS = ["#2f6fde", "#e04f5f", "#12a594", "#f08c00", "#7048e8", "#475467"];
   var SUPERSEDED = data.superseded_color;
 

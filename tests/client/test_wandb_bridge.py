@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runledger.ingest.wandb_import import find_offline_runs, read_records
+from ingest.wandb_import import find_offline_runs, read_records
 from runledger.step_payloads import ledger_names
 from tests.client.ledger_support import cli_json, ingest, metric_series, of_type
 

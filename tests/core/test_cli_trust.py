@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from runledger.cli.main import app
-from runledger.ledger.merkle import leaf_hash
-from runledger.ledger.query import Reader
-from runledger.ledger.store import Ledger, SourceRecord
-from runledger.schemas import payloads as p
+from cli.main import app
+from ledger.merkle import leaf_hash
+from ledger.query import Reader
+from ledger.store import Ledger, SourceRecord
+from schemas import payloads as p
 from tests.support.factory import RunBuilder
 
 runner = CliRunner()
@@ -105,7 +105,7 @@ def test_demo_refuses_the_current_folder_its_ancestors_home_and_root(
 
 
 def test_demo_folder_reuse_and_force_remove_only_the_demos_outputs(tmp_path: Path) -> None:
-    from runledger.cli.demo_cmd import DEMO_OUTPUTS, MARKER, prepare_workdir
+    from cli.demo_cmd import DEMO_OUTPUTS, MARKER, prepare_workdir
 
     # A folder the demo made (marked) is reused: its outputs go, anything else stays.
     work = tmp_path / "demo"
@@ -127,7 +127,7 @@ def test_demo_folder_reuse_and_force_remove_only_the_demos_outputs(tmp_path: Pat
 
 
 def test_demo_does_not_follow_a_symlinked_output(tmp_path: Path) -> None:
-    from runledger.cli.demo_cmd import prepare_workdir
+    from cli.demo_cmd import prepare_workdir
 
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -197,7 +197,7 @@ def _doc_block(heading: str) -> str:
 
 def _verifier(*args: str | Path, cwd: Path) -> tuple[int, str]:
     proc = subprocess.run(
-        [sys.executable, "-m", "runledger.ledger.verifier", *map(str, args)],
+        [sys.executable, "-m", "ledger.verifier", *map(str, args)],
         cwd=cwd,
         capture_output=True,
         text=True,

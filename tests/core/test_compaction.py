@@ -13,12 +13,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from runledger.ledger import compaction
-from runledger.ledger.compaction import level, merge_parts, tail_to_merge
-from runledger.ledger.integrity import verify_ledger
-from runledger.ledger.parquet_schemas import TABLES
-from runledger.ledger.query import Reader
-from runledger.ledger.store import Ledger, SourceRecord
+from ledger import compaction
+from ledger.compaction import level, merge_parts, tail_to_merge
+from ledger.integrity import verify_ledger
+from ledger.parquet_schemas import TABLES
+from ledger.query import Reader
+from ledger.store import Ledger, SourceRecord
 from tests.support.factory import RunBuilder
 
 MB = 1 << 20
@@ -141,7 +141,7 @@ def test_a_failed_compaction_loses_nothing_and_the_next_commit_retries(tmp_path:
     def broken(*args, **kwargs):
         raise OSError("No space left on device")
 
-    monkeypatch.setattr("runledger.ledger.store.merge_parts", broken)
+    monkeypatch.setattr("ledger.store.merge_parts", broken)
     for i, raw in enumerate(run.events):
         assert ledger.commit([SourceRecord("spool:t", i, raw)]).accepted == 1
     assert not list((tmp_path / "l").rglob("*.tmp"))
@@ -220,7 +220,7 @@ def test_a_query_during_a_merge_waits_for_the_merged_file_instead_of_missing_its
             time.sleep(0.5)
         real_replace(src, dst)
 
-    monkeypatch.setattr("runledger.ledger.store.os.replace", slow_replace)
+    monkeypatch.setattr("ledger.store.os.replace", slow_replace)
     merging = threading.Thread(target=ledger.compact)
     merging.start()
     assert removed.wait(10)
@@ -245,7 +245,7 @@ def test_a_merge_that_fails_after_its_commit_point_is_finished_by_the_next_commi
             raise OSError("I/O error")
         real_replace(src, dst)
 
-    monkeypatch.setattr("runledger.ledger.store.os.replace", failing_replace)
+    monkeypatch.setattr("ledger.store.os.replace", failing_replace)
     for i, raw in enumerate(run.events):
         assert ledger.commit([SourceRecord("spool:t", i, raw)]).accepted == 1
     assert failed

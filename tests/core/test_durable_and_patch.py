@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from ledger.config_patch import ConfigPatchError, apply_config_patch
+from ledger.projectors import PROJECTORS
 from runledger.durable import fsync_dir, write_durably
-from runledger.ledger.config_patch import ConfigPatchError, apply_config_patch
-from runledger.ledger.projectors import PROJECTORS
-from runledger.schemas import CATALOGUE
-from runledger.schemas.payloads import PatchOp
+from schemas import CATALOGUE
+from schemas.payloads import PatchOp
 
 # --------------------------------------------------------------------------- write_durably
 

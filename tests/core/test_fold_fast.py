@@ -10,10 +10,10 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from runledger.cli.main import app
-from runledger.ledger.integrity import verify_ledger
-from runledger.ledger.query import HistoryItem, Reader, history_range, summarise_history
-from runledger.ledger.store import Ledger, SourceRecord
+from cli.main import app
+from ledger.integrity import verify_ledger
+from ledger.query import HistoryItem, Reader, history_range, summarise_history
+from ledger.store import Ledger, SourceRecord
 from tests.support.factory import RunBuilder
 
 STEPS = 240

@@ -12,20 +12,20 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from runledger.cli.main import app
-from runledger.ledger.store import Ledger, SourceRecord
+from cli.main import app
+from ledger.store import Ledger, SourceRecord
 from tests.support.factory import RunBuilder
 
 
 def run_verifier(
     kind: str, proof: Path, checkpoint: Path, public_key: Path
 ) -> subprocess.CompletedProcess[str]:
-    """The stand-alone verifier as an auditor runs it: ``python -m runledger.ledger.verifier``."""
+    """The stand-alone verifier as an auditor runs it: ``python -m ledger.verifier``."""
     return subprocess.run(
         [
             sys.executable,
             "-m",
-            "runledger.ledger.verifier",
+            "ledger.verifier",
             kind,
             "--proof",
             str(proof),

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from runledger.ledger.integrity import checkpoint_path, sign_checkpoints, verify_ledger
-from runledger.ledger.log_checkpoint import write_keypair
-from runledger.ledger.store import Ledger, LedgerError, SourceRecord
+from ledger.integrity import checkpoint_path, sign_checkpoints, verify_ledger
+from ledger.log_checkpoint import write_keypair
+from ledger.store import Ledger, LedgerError, SourceRecord
 from tests.support.factory import RunBuilder
 
 

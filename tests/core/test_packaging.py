@@ -1,11 +1,13 @@
-"""The built wheel: one top-level name (``runledger``) holding the five folders as subpackages, the
-trainer's package data, both console scripts; installed into a fresh venv, it imports as
-``runledger.*`` only, and none of the repository's folder names (``ledger``, ``trainer``, …) imports.
+"""The built wheel: the repository's six top-level folders, each a package under its own folder's name
+(``runledger``, ``cli``, ``ingest``, ``ledger``, ``schemas``, ``trainer``) and nothing else, the trainer's
+package data, both console scripts; installed into a fresh venv, it imports from its own site-packages,
+and the old mapped names (``runledger.ledger``, ``runledger.trainer``, …) do not import: one name for
+each module, the one a tool reading the checkout sees.
 
-The wheel is built from a copy of the sources (pyproject.toml, README.md and the folders mapped in
-``[tool.setuptools.package-dir]``), so the build never writes ``build/`` or ``*.egg-info`` into the
-shared checkout, and a stale ``build/lib`` can never leak a deleted module into the wheel. It is built
-offline: ``pip wheel --no-build-isolation --no-index`` with the dev venv's own setuptools.
+The wheel is built from a copy of the sources (pyproject.toml, README.md and the package folders), so
+the build never writes ``build/`` or ``*.egg-info`` into the shared checkout, and a stale ``build/lib``
+can never leak a deleted module into the wheel. It is built offline: ``pip wheel --no-build-isolation
+--no-index`` with the dev venv's own setuptools.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
-PACKAGE_DIRS: dict[str, str] = PYPROJECT["tool"]["setuptools"]["package-dir"]  # runledger.x -> folder
+PACKAGES: list[str] = sorted(
+    name.rstrip("*") for name in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
+)
 VERSION = PYPROJECT["project"]["version"]
-FOLDERS = sorted(folder for pkg, folder in PACKAGE_DIRS.items() if pkg != "runledger")
-APP = "runledger.cli.main:app"
+FOLDERS = [name for name in PACKAGES if name != "runledger"]
+APP = "cli.main:app"
 PIP = [sys.executable, "-m", "pip"]  # the dev venv's pip and setuptools: no network, no build isolation
 
 
@@ -59,7 +63,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp_path_factory.mktemp("src")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, src / name)
-    for folder in set(PACKAGE_DIRS.values()):
+    for folder in PACKAGES:
         shutil.copytree(REPO / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     out = tmp_path_factory.mktemp("wheelhouse")
     _run(
@@ -70,7 +74,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
-def test_wheel_has_one_top_level_name_package_data_and_both_scripts(wheel: Path) -> None:
+def test_wheel_has_the_six_folders_as_packages_package_data_and_both_scripts(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         dist_info = f"runledger-{VERSION}.dist-info"
@@ -78,24 +82,23 @@ def test_wheel_has_one_top_level_name_package_data_and_both_scripts(wheel: Path)
         top_level_txt = zf.read(f"{dist_info}/top_level.txt").decode().split()
 
     top = {name.split("/", 1)[0] for name in names}
-    assert {t for t in top if not t.endswith(".dist-info")} == {"runledger"}, sorted(top)
-    assert top_level_txt == ["runledger"]
+    assert {t for t in top if not t.endswith(".dist-info")} == set(PACKAGES), sorted(top)
+    assert sorted(top_level_txt) == PACKAGES
 
-    # Every module of every folder, under runledger/<folder>/ (the folders are flat packages).
-    assert "runledger/__init__.py" in names
-    for folder in FOLDERS:
-        modules = sorted(p.name for p in (REPO / folder).glob("*.py"))
-        assert "__init__.py" in modules, folder
-        missing = [m for m in modules if f"runledger/{folder}/{m}" not in names]
-        assert not missing, f"runledger/{folder}: {missing} not in the wheel"
+    # Every module of every package folder, at the same path in the wheel as in the checkout.
+    for folder in PACKAGES:
+        modules = sorted(p.relative_to(REPO).as_posix() for p in (REPO / folder).rglob("*.py"))
+        assert f"{folder}/__init__.py" in modules, folder
+        missing = [m for m in modules if m not in names]
+        assert not missing, f"{folder}: {missing} not in the wheel"
 
     # The trainer's package data: every shipped corpus and config.
-    for pattern in PYPROJECT["tool"]["setuptools"]["package-data"]["runledger.trainer"]:
+    for pattern in PYPROJECT["tool"]["setuptools"]["package-data"]["trainer"]:
         files = sorted((REPO / "trainer").glob(pattern))
         assert files, f"trainer/{pattern} matches nothing in the checkout"
         for path in files:
             rel = path.relative_to(REPO / "trainer").as_posix()
-            assert f"runledger/trainer/{rel}" in names, f"{rel} not in the wheel"
+            assert f"trainer/{rel}" in names, f"{rel} not in the wheel"
 
     parser = configparser.ConfigParser(delimiters=("=",))
     parser.optionxform = str  # keep the names' case
@@ -116,36 +119,23 @@ for name in sys.argv[1:]:
         out["bare"][name] = {"missing": exc.name}
     else:
         out["bare"][name] = {"file": getattr(module, "__file__", None), "path": list(getattr(module, "__path__", []))}
-import runledger, runledger.ledger.verifier, runledger.cli.main
-out["files"] = {m: sys.modules[m].__file__ for m in ("runledger", "runledger.ledger.verifier", "runledger.cli.main")}
+import runledger, ledger.verifier, cli.main
+out["files"] = {m: sys.modules[m].__file__ for m in ("runledger", "ledger.verifier", "cli.main")}
 out["version"] = importlib.metadata.version("runledger")
-trainer = importlib.resources.files("runledger.trainer")
+trainer = importlib.resources.files("trainer")
 out["data"] = sorted(p.name for p in trainer.joinpath("data").iterdir())
 out["configs"] = sorted(p.name for p in trainer.joinpath("configs").iterdir())
-out["app"] = type(runledger.cli.main.app).__name__
+out["app"] = type(cli.main.app).__name__
 print(json.dumps(out))
 """
 
-DEV_FIND_SPEC = r"""
-import importlib.util, json, sys
-print(json.dumps({n: (s.origin or list(s.submodule_search_locations or [])) if (s := importlib.util.find_spec(n)) else None
-                  for n in sys.argv[1:]}))
-"""
-
-
-@pytest.fixture(scope="module")
-def dev_providers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """Which folder names some third-party distribution in the dev venv provides (seen away from the repo)."""
-    away = tmp_path_factory.mktemp("away-dev")
-    out = _run([sys.executable, "-c", DEV_FIND_SPEC, *FOLDERS], cwd=away)
-    return json.loads(out.stdout)
-
+OLD_NAMES = [f"runledger.{folder}" for folder in FOLDERS]  # the names of the former package-dir mapping
 
 @pytest.fixture(scope="module")
 def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     """The wheel installed (no deps) into a fresh venv that borrows the dev venv's site-packages for the
     dependencies through a plain path .pth line: that adds the directory but runs none of its .pth
-    files, so the editable install's finder (which maps runledger.* onto the checkout) stays out."""
+    files, so the editable install's finder (which points at the checkout) stays out."""
     root = tmp_path_factory.mktemp("fresh")
     env = root / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(env)], cwd=root)
@@ -163,7 +153,7 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     )
     away = root / "elsewhere"
     away.mkdir()
-    probe = json.loads(_run([str(python), "-c", PROBE, *FOLDERS], cwd=away).stdout)
+    probe = json.loads(_run([str(python), "-c", PROBE, *OLD_NAMES], cwd=away).stdout)
     helps = {
         script: _run([str(env / "bin" / script), "--help"], cwd=away, timeout=60).stdout
         for script in ("ledger", "runledger")
@@ -186,9 +176,7 @@ def test_installed_wheel_imports_from_its_own_site_packages(installed: dict) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", FOLDERS)
-def test_repository_folder_name_does_not_import(name: str, installed: dict, dev_providers: dict) -> None:
-    if dev_providers.get(name) is not None:
-        pytest.skip(f"a distribution in the dev venv provides a top-level {name!r}: {dev_providers[name]}")
+@pytest.mark.parametrize("name", OLD_NAMES)
+def test_the_old_mapped_name_does_not_import(name: str, installed: dict) -> None:
     result = installed["probe"]["bare"][name]
-    assert result == {"missing": name}, f"`import {name}` succeeded away from the repo: {result}"
+    assert result == {"missing": name}, f"`import {name}` succeeded: {result}"

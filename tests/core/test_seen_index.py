@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from runledger.ledger.seen_index import INDEX_DIR, INDEX_FILE, SeenIndex, record_key, seen_key
-from runledger.ledger.store import Ledger, SourceRecord
-from runledger.schemas.codec import CONFLICT
+from ledger.seen_index import INDEX_DIR, INDEX_FILE, SeenIndex, record_key, seen_key
+from ledger.store import Ledger, SourceRecord
+from schemas.codec import CONFLICT
 from tests.support.factory import RunBuilder
 
 
@@ -98,7 +98,7 @@ def test_a_lost_or_wrong_index_is_rebuilt_from_the_commit_log(
         shutil.copytree(backup, root)
         shutil.copy(tmp_path / "newer.sqlite", path)
     known = raws[:20] if damage == "ahead of the log" else raws
-    with caplog.at_level(logging.WARNING, logger="runledger.ledger.seen_index"):
+    with caplog.at_level(logging.WARNING, logger="ledger.seen_index"):
         _assert_all_known(root, known)
     if damage != "deleted":
         assert "rebuilding it from the commit log" in caplog.text

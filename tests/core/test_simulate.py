@@ -19,10 +19,10 @@ import pytest
 from kafka.admin import KafkaAdminClient, NewTopic
 from typer.testing import CliRunner
 
-from runledger.cli.main import app
-from runledger.ledger.query import Reader
-from runledger.trainer import simulate as sim
+from cli.main import app
+from ledger.query import Reader
 from tests.support.kafka import broker_fixture
+from trainer import simulate as sim
 
 pytestmark = pytest.mark.slow  # a 2,000-step run is emitted and ingested once per module
 runner = CliRunner()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runledger.ingest.spool import SpoolLockedError, SpoolReader, SpoolWriter
+from ingest.spool import SpoolLockedError, SpoolReader, SpoolWriter
 
 
 def test_append_and_read_back_across_segments(tmp_path: Path) -> None:

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from runledger.ingest.bus import SpoolSink
-from runledger.ingest.github_backfill import backfill
-from runledger.ingest.spool_ingester import ingest_spool
-from runledger.ledger.integrity import ADDED_COLUMNS, verify_ledger
-from runledger.ledger.store import Ledger
+from ingest.bus import SpoolSink
+from ingest.github_backfill import backfill
+from ingest.spool_ingester import ingest_spool
+from ledger.integrity import ADDED_COLUMNS, verify_ledger
+from ledger.store import Ledger
 from tests.support.github import FixtureGitHub
 
 

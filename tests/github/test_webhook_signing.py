@@ -19,15 +19,15 @@ import pyarrow.dataset as ds
 import pytest
 from typer.testing import CliRunner
 
-from runledger.cli.main import app
-from runledger.ingest.github_webhook import hmac_attestation, signature_of
-from runledger.ingest.spool_ingester import ingest_spool
-from runledger.ledger.admission import register_producer
-from runledger.ledger.integrity import verify_ledger
-from runledger.ledger.log_checkpoint import write_keypair
-from runledger.ledger.store import Ledger
-from runledger.ledger.verifier import verify_producer_signature
-from runledger.schemas.payloads import ProducerScope
+from cli.main import app
+from ingest.github_webhook import hmac_attestation, signature_of
+from ingest.spool_ingester import ingest_spool
+from ledger.admission import register_producer
+from ledger.integrity import verify_ledger
+from ledger.log_checkpoint import write_keypair
+from ledger.store import Ledger
+from ledger.verifier import verify_producer_signature
+from schemas.payloads import ProducerScope
 from tests.support.github import fixture_json, read_events
 
 LEDGER_BIN = str(Path(sys.executable).parent / "ledger")

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from kafka import KafkaProducer
 
-from runledger.ingest.kafka_ingester import run_ingester
-from runledger.ledger.integrity import prove_inclusion, sign_checkpoints
-from runledger.ledger.log_checkpoint import write_keypair
-from runledger.ledger.store import Ledger
-from runledger.schemas import encode_event
+from ingest.kafka_ingester import run_ingester
+from ledger.integrity import prove_inclusion, sign_checkpoints
+from ledger.log_checkpoint import write_keypair
+from ledger.store import Ledger
+from schemas import encode_event
 from tests.support.kafka_clients import (
     check_ledger,
     consume_topic,
@@ -131,7 +131,7 @@ def test_a_replayed_ledger_verifies_against_checkpoints_signed_before_the_replay
         [
             sys.executable,
             "-m",
-            "runledger.ledger.verifier",
+            "ledger.verifier",
             "inclusion",
             "--proof",
             str(proof),

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pyarrow.dataset as ds
 
-from runledger.ingest.kafka_ingester import run_ingester
-from runledger.ledger import admission
-from runledger.ledger.integrity import sign_checkpoints
-from runledger.ledger.log_checkpoint import write_keypair
-from runledger.ledger.store import Ledger
-from runledger.schemas import make_event
-from runledger.schemas.payloads import Annotation, PolicyChanged, ProducerRevoked, ProducerScope, StepMetrics
-from runledger.schemas.signing import Sealer
+from ingest.kafka_ingester import run_ingester
+from ledger import admission
+from ledger.integrity import sign_checkpoints
+from ledger.log_checkpoint import write_keypair
+from ledger.store import Ledger
+from schemas import make_event
+from schemas.payloads import Annotation, PolicyChanged, ProducerRevoked, ProducerScope, StepMetrics
+from schemas.signing import Sealer
 from tests.support.kafka_clients import produce_events, run_cli
 
 SOURCE = "trainer/r/a1/rank0"

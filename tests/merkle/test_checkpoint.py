@@ -1,4 +1,4 @@
-"""Tests for runledger.ledger.log_checkpoint: signed-note compatibility with Go, strict parsing, tampering."""
+"""Tests for ledger.log_checkpoint: signed-note compatibility with Go, strict parsing, tampering."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runledger.ledger.log_checkpoint import (
+from ledger.log_checkpoint import (
     Checkpoint,
     CheckpointError,
     format_checkpoint,
@@ -25,7 +25,7 @@ from runledger.ledger.log_checkpoint import (
     sign_note,
     write_keypair,
 )
-from runledger.ledger.merkle import EMPTY_ROOT, leaf_hash
+from ledger.merkle import EMPTY_ROOT, leaf_hash
 
 # Known answer from golang.org/x/mod/sumdb/note (package documentation / note_test.go):
 # Ed25519 is deterministic, so signing the same text with the same key must give these exact bytes.

@@ -9,7 +9,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from runledger.trainer import drop_accounting as da
+from trainer import drop_accounting as da
 
 # --- independent, naive counts ---------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runledger.ingest.wandb_mirror import offline_environment
+from ingest.wandb_mirror import offline_environment
 
 
 @pytest.fixture

@@ -18,15 +18,15 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from runledger.cli.main import app
-from runledger.ingest.spool import SpoolReader
-from runledger.ingest.spool_ingester import IngestStats, ingest_spool
-from runledger.ledger import admission
-from runledger.ledger.log_checkpoint import write_keypair
-from runledger.ledger.store import Ledger
-from runledger.ledger.views import connect
-from runledger.schemas import Event, decode_event
-from runledger.schemas.payloads import ProducerScope
+from cli.main import app
+from ingest.spool import SpoolReader
+from ingest.spool_ingester import IngestStats, ingest_spool
+from ledger import admission
+from ledger.log_checkpoint import write_keypair
+from ledger.store import Ledger
+from ledger.views import connect
+from schemas import Event, decode_event
+from schemas.payloads import ProducerScope
 from tests.support.wandb_api_server import FIXTURES, RecordedRun, WandbApiServer
 
 PROJECT = "runledger-lab/moe-reference"
@@ -450,9 +450,9 @@ def test_help_names_both_forms_with_an_example() -> None:
 def test_the_library_pages_runs_and_history_in_the_sizes_asked(
     wandb_api: WandbApiServer, tmp_path: Path
 ) -> None:
-    from runledger.ingest.bus import SpoolSink
-    from runledger.ingest.wandb_cursor import CursorStore
-    from runledger.ingest.wandb_online import import_online, open_api
+    from ingest.bus import SpoolSink
+    from ingest.wandb_cursor import CursorStore
+    from ingest.wandb_online import import_online, open_api
 
     sink = SpoolSink(tmp_path / "spool")
     try:
@@ -476,8 +476,8 @@ def test_a_restart_whose_runtime_w_and_b_carried_on_is_found_by_the_clock_gap(
 ) -> None:
     """W&B may continue ``_runtime`` across a resume; then only ``_timestamp`` jumping ahead of it
     (the process was down) shows the restart. A rewound ``_step`` is a restart too."""
-    from runledger.ingest.wandb_cursor import RunCursor
-    from runledger.ingest.wandb_online import RELAUNCH_GAP_S, _RunImport
+    from ingest.wandb_cursor import RunCursor
+    from ingest.wandb_online import RELAUNCH_GAP_S, _RunImport
 
     full = wandb_api.runs[LONG]
     rows = [json.loads(line) for line in full.history_lines]

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from runledger.cli.main import app
-from runledger.ledger.integrity import sign_checkpoints
-from runledger.ledger.log_checkpoint import write_keypair
-from runledger.ledger.query import Reader
-from runledger.ledger.report import (
+from cli.main import app
+from ledger.integrity import sign_checkpoints
+from ledger.log_checkpoint import write_keypair
+from ledger.query import Reader
+from ledger.report import (
     HEATMAP_BUCKETS,
     StepRange,
     build_report,
@@ -31,10 +31,10 @@ from runledger.ledger.report import (
     router_view,
     run_markers,
 )
-from runledger.ledger.store import Ledger, SourceRecord
-from runledger.schemas import encode_event, make_event
-from runledger.schemas import payloads as p
-from runledger.schemas.github import GitHubPullRequest, GitHubPush
+from ledger.store import Ledger, SourceRecord
+from schemas import encode_event, make_event
+from schemas import payloads as p
+from schemas.github import GitHubPullRequest, GitHubPush
 from tests.support.factory import T0, RunBuilder
 
 ROOT = Path(__file__).resolve().parents[2]
