@@ -757,7 +757,7 @@ def init(
     run_id = _check_run_id(run_id if run_id is not None else _new_run_id(placement, launch_key))
     tree = _json_tree(dict(config or {}))
     state = Path(state_dir) if state_dir is not None else attempts_lib.default_state_dir()
-    from trainer import provenance  # standard library only (torch stays unloaded)
+    from runledger import provenance  # standard library only (torch stays unloaded)
 
     host = provenance.host()
     attempt, previous = _agree_attempt(
@@ -852,7 +852,7 @@ def _launch_fields(
     parallelism: Mapping[str, int] | None,
     external: Mapping[str, str] | None,
 ) -> dict[str, Any]:
-    from trainer import provenance
+    from runledger import provenance
 
     commit, dirty, branch = provenance.git_info(_code_root())
     return {

@@ -51,6 +51,7 @@ import msgspec
 import torch
 
 from ingest.bus import EventSink
+from runledger import provenance
 from runledger.emitter import Emitter
 from runledger.step_payloads import crashed
 from schemas.payloads import (
@@ -67,7 +68,7 @@ from schemas.payloads import (
     StepSkipped,
 )
 from trainer import checkpoint as ckpt
-from trainer import cpu_compat, distributed, provenance, telemetry
+from trainer import cpu_compat, distributed, telemetry
 from trainer import mirror as mirror_lib
 from trainer import model as model_lib
 from trainer.config import (

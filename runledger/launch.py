@@ -1,0 +1,64 @@
+"""The launch record: one builder of ``run.started`` / ``run.resumed`` for every producer.
+
+The client library (``runledger.init``), runledger's own trainer (``trainer.loop``) and the reference
+simulator (``runledger.workflows.simulate``) all announce an attempt through ``launch_event``, so a
+launch record has one shape whoever writes it; they differ only in where the facts come from (this
+process's ``Provenance``, or the published facts the simulator replays).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from runledger.provenance import Provenance
+from schemas.payloads import RunResumed, RunStarted
+
+
+def launch_fields(
+    *,
+    config: dict[str, Any],
+    config_hash: str,
+    provenance: Provenance,
+    repository: str | None,
+    world_size: int,
+    parallelism: Mapping[str, int] | None = None,
+    external: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The fields ``run.started`` and ``run.resumed`` share."""
+    return {
+        "config": config,
+        "config_hash": config_hash,
+        "git_commit": provenance.git_commit,
+        "git_dirty": provenance.git_dirty,
+        "git_branch": provenance.git_branch,
+        "repository": repository,
+        "host": provenance.host,
+        "cluster": provenance.cluster,
+        "job_id": provenance.job_id,
+        "world_size": world_size,
+        "parallelism": {str(k): int(v) for k, v in (parallelism or {}).items()},
+        "software": dict(provenance.software),
+        "external": {str(k): str(v) for k, v in (external or {}).items()},
+    }
+
+
+def launch_event(
+    fields: dict[str, Any],
+    *,
+    attempt: int,
+    name: str | None = None,
+    resumed_from_step: int | None = None,
+    checkpoint_path: str | None = None,
+) -> tuple[RunStarted | RunResumed, int]:
+    """(payload, step) announcing attempt ``attempt``: ``run.started`` at step 0 for a fresh run,
+    ``run.resumed`` at the step it resumes from otherwise (a resume always follows an attempt)."""
+    if resumed_from_step is None:
+        return RunStarted(name=name, **fields), 0
+    payload = RunResumed(
+        from_checkpoint_step=resumed_from_step,
+        checkpoint_path=checkpoint_path,
+        previous_attempt=max(1, attempt - 1),
+        **fields,
+    )
+    return payload, resumed_from_step
