@@ -34,10 +34,12 @@ demo: setup
 # RUNLEDGER_REQUIRE_FIXTURES: a test needing the downloaded fixtures fails instead of skipping.
 test: setup kafka-jars fixtures browser
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	RUNLEDGER_REQUIRE_FIXTURES=1 $(BIN)/pytest -q -p no:cacheprovider
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/ruff format --check .
 
 bench: setup kafka-jars

@@ -38,7 +38,7 @@ WARMUP = 20
 
 
 def scalar_names() -> list[str]:
-    from trainer.simulate import SCALAR_NAMES
+    from runledger.workflows.simulate import SCALAR_NAMES
 
     fields = ["loss", "grad_norm", "lr", "tokens", "total_tokens", "tokens_per_second", "mfu", "step_time_s"]
     return fields + list(SCALAR_NAMES)  # 8 + 24 = 32

@@ -36,7 +36,8 @@ import jsonpatch
 from bench.measure import run_measured
 from ingest.bus import SpoolSink
 from ingest.spool_ingester import ingest_spool
-from ledger.query import Reader, history_counts, summarise_history
+from ledger.history import history_counts, summarise_history
+from ledger.query import Reader
 from ledger.store import Ledger
 from runledger.durable import write_durably
 from schemas import config_hash, make_event

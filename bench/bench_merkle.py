@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from ledger import verifier
-from ledger.log_checkpoint import generate_keypair, parse_and_verify_checkpoint, sign_checkpoint
+from ledger.log_checkpoint import parse_and_verify_checkpoint, sign_checkpoint
 from ledger.merkle import (
     CompactRange,
     MerkleTree,
@@ -38,6 +38,7 @@ from ledger.merkle import (
     verify_consistency,
     verify_inclusion,
 )
+from schemas.note import generate_keypair
 
 T = TypeVar("T")
 

@@ -44,7 +44,7 @@ from bench import measure
 from bench.measure import Measured
 from ledger.fold import STATE_TYPES
 from ledger.query import Reader
-from trainer.simulate import REFERENCE_STEPS, RUN_ID
+from runledger.workflows.simulate import REFERENCE_STEPS, RUN_ID
 
 LEDGER_CLI = [sys.executable, "-m", "cli.main"]
 

@@ -26,11 +26,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from ledger.admission import register_producer
-from ledger.log_checkpoint import parse_public_key, write_keypair
+from ledger.registry import register_producer
 from ledger.store import Ledger, SourceRecord
 from ledger.verifier import producer_signing_bytes
 from schemas import Event, decode_event, encode_event, make_event
+from schemas.note import parse_public_key, write_keypair
 from schemas.payloads import ProducerScope, StepMetrics
 from schemas.signing import Sealer, verify_canonical
 

@@ -98,7 +98,7 @@ def replay(
     Example: ledger replay --bootstrap localhost:9092 --to /tmp/rebuilt
     """
     from ingest import kafka_replay
-    from ledger.admission import read_registry
+    from ledger.registry import read_registry
 
     with kafka_errors():
         registry = read_registry(registry_from) if registry_from is not None else []

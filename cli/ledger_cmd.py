@@ -111,7 +111,7 @@ def history(
     of a range, --all every event of the run.
     Example: ledger history latest --from-step 81000 --to-step 82000
     """
-    from ledger.query import history_counts, history_range, summarise_history
+    from ledger.history import history_counts, history_range, summarise_history
 
     fmt = resolve_format(fmt, output)
     with user_errors(ledger):
@@ -245,10 +245,10 @@ def diff(
         console.print(f"  {text}", highlight=False, markup=False)
     for line in _mismatch_lines(result["hash_mismatches"], full):
         console.print(line, highlight=False, markup=False)
-    rows = [(i.time, i.step, i.attempt, i.kind, i.text) for i in result["events"]]
+    events = [(i.time, i.step, i.attempt, i.kind, i.text) for i in result["events"]]
     print_rows(
         ["time", "step", "attempt", "kind", "what"],
-        rows,
+        events,
         Format.table,
         None,
         title="in between",

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Annotated
+from typing import Annotated, Protocol
 
-import click
 import typer
 import typer.rich_utils
 from typer.core import TyperArgument
@@ -45,9 +44,19 @@ if hasattr(TyperArgument, "_usage_display_name"):  # typer versions that brace r
     TyperArgument._usage_display_name = _usage_name  # type: ignore[method-assign]
 
 
-def _usage_error(exc: click.ClickException) -> None:
+class _ClickError(Protocol):
+    """What typer hands its error printer: click's ``ClickException``, or (typer versions that carry
+    their own copy of click, ``typer._click``) that copy's."""
+
+    exit_code: int
+
+    def format_message(self) -> str: ...
+
+
+def _usage_error(self: _ClickError) -> None:  # the parameter's name is typer's, so that it can stand in
     """A mistyped option or a missing argument: one line on stderr like every other error (typer
     draws a boxed panel under a usage line); the exit status stays click's (2)."""
+    exc = self
     if exc.__class__.__name__ == "NoArgsIsHelpError":  # `ledger` alone: the help was printed
         return
     ctx = getattr(exc, "ctx", None)

@@ -43,7 +43,7 @@ def keys_init(
 
     Example: ledger keys init --name ci --keys .runledger/keys
     """
-    from ledger.log_checkpoint import write_keypair
+    from schemas.note import write_keypair
 
     with user_errors():
         try:

@@ -1,8 +1,9 @@
 """`ledger producers add|rotate|revoke|list|policy`: the producer registry, kept as events in the log.
 
 Each command appends one ``ledger.producer.*`` or ``ledger.policy.changed`` event to the ledger
-(``ledger.admission``), so who was allowed to write what, and when that changed, is on the
-record. A ledger with no such event admits unsigned events from every source, as before.
+(``ledger.registry``; ingest judges events by them in ``ledger.admission``), so who was allowed to
+write what, and when that changed, is on the record. A ledger with no such event admits unsigned
+events from every source, as before.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ ActorOption = Annotated[str | None, typer.Option("--actor", help="Who made this 
 
 def _public_key(path: Path) -> tuple[str, str]:
     """The key text and its key id; a malformed key is a user error."""
-    from ledger.log_checkpoint import parse_public_key
+    from schemas.note import parse_public_key
     from schemas.signing import key_id_of
 
     text = path.read_text().strip()
@@ -42,7 +43,7 @@ def _public_key(path: Path) -> tuple[str, str]:
 
 
 def _known_key(ledger: Path, key_id: str) -> None:
-    from ledger.admission import producers
+    from ledger.registry import producers
     from ledger.store import Ledger
 
     keys = producers(Ledger.open(ledger)).keys
@@ -75,7 +76,7 @@ def add(
 ) -> None:
     """Register a producer key and what it may write. From then on, this ledger refuses unsigned events
     except from sources `ledger producers policy --allow-unsigned` names."""
-    from ledger.admission import register_producer
+    from ledger.registry import register_producer
     from ledger.store import Ledger
     from schemas.payloads import ProducerScope
 
@@ -98,7 +99,7 @@ def rotate(
     ledger: LedgerOption = DEFAULT_LEDGER,
 ) -> None:
     """Replace a producer's key with a new one of the same scope; the old key is refused from here on."""
-    from ledger.admission import append_registry_event
+    from ledger.registry import append_registry_event
     from ledger.store import Ledger
     from schemas.payloads import ProducerRotated
 
@@ -117,7 +118,7 @@ def revoke(
     ledger: LedgerOption = DEFAULT_LEDGER,
 ) -> None:
     """Refuse a producer key's events from this point of the log on (its earlier events still verify)."""
-    from ledger.admission import append_registry_event
+    from ledger.registry import append_registry_event
     from ledger.store import Ledger
     from schemas.payloads import ProducerRevoked
 
@@ -138,7 +139,7 @@ def policy(
     ledger: LedgerOption = DEFAULT_LEDGER,
 ) -> None:
     """Set which sources may send unsigned events (shown as unauthenticated); none given: no source."""
-    from ledger.admission import append_registry_event
+    from ledger.registry import append_registry_event
     from ledger.store import Ledger
     from schemas.payloads import PolicyChanged
 
@@ -157,7 +158,7 @@ def list_producers(
     full: FullOption = False,
 ) -> None:
     """The producer registry as of the ledger's last commit, and its unsigned-source policy."""
-    from ledger.admission import producers
+    from ledger.registry import producers
     from ledger.store import Ledger
 
     with user_errors(ledger):
@@ -191,7 +192,7 @@ def export(
 ) -> None:
     """Save the registry and policy events with the points of the log they were made at, for a
     backup and for `ledger replay --registry-from FILE` (a replay from Kafka alone would lose them)."""
-    from ledger.admission import registry_entries, write_registry_file
+    from ledger.registry import registry_entries, write_registry_file
     from ledger.store import Ledger
 
     with user_errors(ledger):

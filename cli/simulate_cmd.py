@@ -1,4 +1,4 @@
-"""`ledger simulate reference-535b`: emit the reference run's event stream (trainer.simulate).
+"""`ledger simulate reference-535b`: emit the reference run's event stream (runledger.workflows.simulate).
 
 A producer, like `ledger train`: the events go to the bus (the spool, or Kafka with ``--bus kafka``),
 and `ledger ingest spool` (or `ledger ingest kafka`) folds them into a ledger. Prints what it emitted
@@ -58,8 +58,8 @@ def simulate(
     resumes, config changes and the repository's GitHub activity) through the bus."""
     from ingest.bus import EventSink, SpoolSink, default_spool_dir, open_sink
     from ingest.spool import SpoolLockedError
-    from trainer.simulate import SimOptions
-    from trainer.simulate import simulate as run_simulation
+    from runledger.workflows.simulate import SimOptions
+    from runledger.workflows.simulate import simulate as run_simulation
 
     try:
         options = SimOptions(

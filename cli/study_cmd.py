@@ -1,4 +1,4 @@
-"""`ledger study token-drop`: the pre-registered token-drop study (``trainer.study``).
+"""`ledger study token-drop`: the pre-registered token-drop study (``runledger.workflows.study``).
 
 A thin shell: options → ``StudyOptions``, then the library's ``run_study``; prints the results table,
 the scored claims and where the record is."""
@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from cli.output import Format, VerboseOption, console, fail, print_rows, third_party_warnings
+
+if TYPE_CHECKING:
+    from runledger.workflows.study import StudyResult, Summary
 
 DEFAULT_WORKDIR = Path(".runledger/study")
 
@@ -75,7 +78,7 @@ def token_drop(
 
     Example: ledger study token-drop --quick --workdir /tmp/study
     """
-    from trainer.study import StudyError, StudyOptions, run_study
+    from runledger.workflows.study import StudyError, StudyOptions, run_study
 
     changes: dict[str, Any] = {
         "steps": steps,
@@ -107,10 +110,10 @@ def _pct(x: float) -> str:
     return f"{100 * x:.3f}%"
 
 
-def _print_result(result: Any) -> None:
+def _print_result(result: StudyResult) -> None:
     graded = {g["policy"]: g for g in result.graded}
     control, trained = result.run_ids
-    by_policy: dict[str, dict[str, Any]] = {}
+    by_policy: dict[str, dict[str, Summary]] = {}
     for s in result.summaries:
         by_policy.setdefault(s.policy, {})[s.run] = s
     rows = []

@@ -49,7 +49,7 @@ from github import Auth, Github, GithubException, GithubRetry
 from github.GithubException import RateLimitExceededExceedsMaxWait
 from github.GithubObject import GithubObject
 from urllib3 import Retry
-from urllib3.response import BaseHTTPResponse
+from urllib3.response import HTTPResponse
 
 from ingest.bus import EventSink
 from ingest.github_events import (
@@ -218,11 +218,12 @@ class RateLimitRetry(GithubRetry):
         retry.on_wait = self.on_wait
         return retry
 
+    # GithubRetry's own signature (it narrows urllib3's BaseHTTPResponse to HTTPResponse, and returns Retry).
     def increment(  # type: ignore[override]
         self,
         method: str | None = None,
         url: str | None = None,
-        response: BaseHTTPResponse | None = None,
+        response: HTTPResponse | None = None,
         error: Exception | None = None,
         _pool: Any = None,
         _stacktrace: Any = None,
@@ -240,7 +241,7 @@ class RateLimitRetry(GithubRetry):
                     wait=wait,
                 )
             if response.status == 429 and "Retry-After" not in response.headers:
-                retry = Retry.increment(self, method, url, response, error, _pool, _stacktrace)
+                retry: Retry = Retry.increment(self, method, url, response, error, _pool, _stacktrace)
                 retry.get_backoff_time = lambda: wait  # type: ignore[method-assign]
             else:
                 retry = super().increment(method, url, response, error, _pool, _stacktrace)

@@ -2,7 +2,8 @@
 
 Where to read comes from the ledger, never from Kafka: on every partition assignment the consumer
 seeks each partition to the ledger's next position for ``kafka:<topic>:<partition>`` (the beginning
-if the ledger has none). Each poll batch is one ``Ledger.commit``, which stores the data and the new
+if the ledger has none). Each poll batch is one ``Ledger.commit`` (the loop and its counts are
+``ingest.ingester``'s, shared with the spool ingester and the replay), which stores the data and the new
 positions atomically and skips positions already covered; so a crash anywhere, a rebalance, or two
 ingesters briefly reading the same partition can neither lose nor duplicate a record. Kafka's own
 committed offsets are written after each ledger commit only as a monitoring hint (consumer lag).
@@ -31,7 +32,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.errors import KafkaError, KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
+from ingest.ingester import Ingester, IngestStats
 from ingest.kafka_config import (
     COMMIT_BATCH_MAX,
     BrokerUnavailableError,
@@ -58,30 +60,6 @@ log = logging.getLogger(__name__)
 def source_name(topic: str, partition: int) -> str:
     """The ledger's name for a Kafka partition."""
     return f"kafka:{topic}:{partition}"
-
-
-@dataclass
-class IngesterStats:
-    polls: int = 0
-    records: int = 0  # records read from Kafka (including ones the ledger already held)
-    commits: int = 0
-    accepted: int = 0
-    duplicates: int = 0
-    skipped: int = 0  # at positions the ledger already covered
-    quarantined: int = 0
-    deadlettered: int = 0
-    metric_values: int = 0
-    consumer_restarts: int = 0  # consumers replaced after losing the group coordinator for too long
-    assignments: list[list[str]] = field(default_factory=list)
-    started: float = field(default_factory=time.monotonic)
-
-    def add(self, result: CommitResult) -> None:
-        self.commits += result.commit is not None
-        self.accepted += result.accepted
-        self.duplicates += result.duplicates
-        self.skipped += result.skipped
-        self.quarantined += len(result.quarantined)
-        self.metric_values += result.metric_values
 
 
 DEADLETTER_FORMAT = "runledger.deadletter/1"
@@ -155,7 +133,7 @@ def _bounded(text: str, limit: int) -> str:
 class _Seeker(ConsumerRebalanceListener):
     """Re-seeks every newly assigned partition to the ledger's next position."""
 
-    def __init__(self, ingester: _Ingester) -> None:
+    def __init__(self, ingester: _GroupIngester) -> None:
         self.ingester = ingester
 
     def on_partitions_revoked(self, revoked: Any) -> None:
@@ -167,27 +145,54 @@ class _Seeker(ConsumerRebalanceListener):
         self.ingester.assigned_at = time.monotonic()
 
 
-class _Ingester:
+@dataclass
+class _GroupSettings:
+    """How the group ingester polls, when it stops, and how it replaces a consumer out of its group."""
+
+    bootstrap: str | None
+    topics: list[str]
+    config: dict[str, Any]  # ``open_consumer``'s: a replacement consumer is opened the same way
+    batch_max: int = COMMIT_BATCH_MAX
+    poll_ms: int = 200
+    idle_timeout_s: float | None = None
+    session_timeout_s: float = 10.0
+    group_lost_s: float = 10.0
+
+
+class _GroupIngester(Ingester):
+    """``Ingester``'s loop over a consumer group's poll batches: positions ``kafka:<topic>:<partition>``
+    at the record's offset; after each commit, dead letters and a Kafka offset hint."""
+
     def __init__(
         self,
         ledger: Ledger,
         consumer: KafkaConsumer,
+        settings: _GroupSettings,
         *,
         kwargs: dict[str, Any],
         deadletter: str | None,
         name: str,
+        stop_event: threading.Event,
         max_event_bytes: int = MAX_EVENT_BYTES,
+        on_commit: Callable[[CommitResult], None] | None = None,
     ) -> None:
-        self.ledger = ledger
-        self.max_event_bytes = max_event_bytes
+        super().__init__(ledger, writer=name, max_event_bytes=max_event_bytes, on_commit=on_commit)
         self.consumer = consumer
+        self.settings = settings
         self.kwargs = kwargs
         self.deadletter = deadletter
         self.name = name
-        self.stats = IngesterStats()
+        self.stop_event = stop_event
         self._dlq: KafkaProducer | None = None
         self._gap_retried: dict[TopicPartition, int] = {}
+        self._in_hand: dict[tuple[str, int], Any] = {}  # the batch's messages, by (source, position)
+        self._offsets: dict[TopicPartition, OffsetAndMetadata] = {}  # the batch's offset hints
         self.assigned_at = 0.0  # monotonic time of the latest assignment (the idle clock restarts)
+        self.last_data = time.monotonic()
+        self.lost_since: float | None = None  # since when the consumer has been out of its group
+
+    def subscribe(self) -> None:
+        self.consumer.subscribe(self.settings.topics, listener=_Seeker(self))
 
     def positions(self) -> dict[str, int]:
         # A fresh read-only handle: on the instance that commits, positions() also folds other
@@ -206,13 +211,64 @@ class _Ingester:
         self.stats.assignments.append(sorted(f"{tp.topic}:{tp.partition}" for tp in partitions))
         log.info("assigned %s; seeking to ledger positions", self.stats.assignments[-1])
 
-    def handle(self, batch: dict[TopicPartition, list[Any]]) -> CommitResult | None:
-        """One poll batch → one ledger commit (+ dead letters, + Kafka offset hints)."""
+    def read_batch(self) -> list[SourceRecord] | None:
+        """One poll: its records, [] when it brought none (or only a gap, re-read), None when a
+        stop was asked for or the assigned partitions were idle for ``idle_timeout_s``."""
+        if self.stop_event.is_set():
+            return None
+        polled = self.consumer.poll(timeout_ms=self.settings.poll_ms, max_records=self.settings.batch_max)
+        self.stats.polls += 1
+        if not polled:
+            if self._idle():
+                return None
+            self._watch_group()
+            return []
+        self.last_data = time.monotonic()
+        self.lost_since = None
+        return self._records(polled)
+
+    def _idle(self) -> bool:
+        """Idle means: partitions in hand and nothing on them. Time spent joining the group, or since
+        a rebalance handed over new partitions, does not count."""
+        if not self.consumer.assignment():
+            self.last_data = time.monotonic()
+        if self.settings.idle_timeout_s is None:
+            return False
+        quiet_since = max(self.last_data, self.assigned_at)
+        return time.monotonic() - quiet_since >= self.settings.idle_timeout_s
+
+    def _watch_group(self) -> None:
+        """kafka-python 3.0 can drop out of its group for good (no coordinator found again, or
+        heartbeats stopped after a quick second rebalance; cf. dpkp/kafka-python#2373, #1310): the
+        loop would spin on empty polls. A new consumer rejoins, as a restart would."""
+        settings = self.settings
+        if not _out_of_group(self.consumer, settings.session_timeout_s):
+            self.lost_since = None
+            return
+        if self.lost_since is None:
+            self.lost_since = time.monotonic()
+            return
+        if time.monotonic() - self.lost_since < settings.group_lost_s:
+            return
+        log.warning("out of the consumer group for %.0f s: replacing the consumer", settings.group_lost_s)
+        try:
+            fresh, _ = open_consumer(settings.bootstrap, **settings.config)
+        except BrokerUnavailableError as exc:
+            log.warning("%s; the old consumer stays, tried again in %.0f s", exc, settings.group_lost_s)
+            self.lost_since = time.monotonic()
+            return
+        self.close_consumer()
+        self.consumer = fresh
+        self.subscribe()
+        self.stats.consumer_restarts += 1
+        self.lost_since = None
+
+    def _records(self, polled: dict[TopicPartition, list[Any]]) -> list[SourceRecord]:
+        """A poll batch's records at their offsets; kept in hand for the dead letters and the hints."""
         positions = self.positions()
         records: list[SourceRecord] = []
-        by_position: dict[tuple[str, int], Any] = {}
-        commit_offsets: dict[TopicPartition, OffsetAndMetadata] = {}
-        for tp, msgs in batch.items():
+        self._in_hand, self._offsets = {}, {}
+        for tp, msgs in polled.items():
             if not msgs:
                 continue
             source = source_name(tp.topic, tp.partition)
@@ -232,20 +288,18 @@ class _Ingester:
                     records.append(SourceRecord(source, m.offset, b"", tombstone=True))
                 else:
                     records.append(SourceRecord(source, m.offset, m.value))
-                by_position[(source, m.offset)] = m
-            commit_offsets[tp] = OffsetAndMetadata(msgs[-1].offset + 1, "", -1)
-        if not records:
-            return None
-        self.stats.records += len(records)
-        result = self.ledger.commit(records, writer=self.name, max_event_bytes=self.max_event_bytes)
-        self.stats.add(result)
-        if result.quarantined and self.deadletter:
-            self._dead_letter(result, by_position)
-        with contextlib.suppress(KafkaError):  # only a hint; a rebalance may refuse it
-            self.consumer.commit_async(commit_offsets, callback=_ignore_commit_result)
-        return result
+                self._in_hand[(source, m.offset)] = m
+            self._offsets[tp] = OffsetAndMetadata(msgs[-1].offset + 1, "", -1)
+        return records
 
-    def _dead_letter(self, result: CommitResult, by_position: dict[tuple[str, int], Any]) -> None:
+    def committed(self, batch: Sequence[SourceRecord], result: CommitResult) -> None:
+        """Dead letters for what the ledger quarantined, then the Kafka offset hint."""
+        if result.quarantined and self.deadletter:
+            self._dead_letter(result)
+        with contextlib.suppress(KafkaError):  # only a hint; a rebalance may refuse it
+            self.consumer.commit_async(self._offsets, callback=_ignore_commit_result)
+
+    def _dead_letter(self, result: CommitResult) -> None:
         """Announce each quarantined record on the dead-letter topic. Never raises: the ledger's
         quarantine table already holds them, so a failed copy is logged and the ingester goes on."""
         assert self.deadletter is not None
@@ -266,34 +320,8 @@ class _Ingester:
             now = datetime.now(UTC).isoformat()
             sent = []
             for record, q in result.quarantined:
-                msg = by_position.get((record.source, record.position))
-                topic = msg.topic if msg else record.source
-                partition = msg.partition if msg else -1
-                key = msg.key if msg else None
-                value = deadletter_envelope(
-                    q,
-                    record.raw,
-                    topic=topic,
-                    partition=partition,
-                    offset=record.position,
-                    key=key,
-                    consumer=self.name,
-                    failed_at=now,
-                )
-                headers = [
-                    ("reason", reason_code(q).encode()),
-                    ("error", q.reason.encode("utf-8", "replace")[:4000]),
-                    ("source.topic", topic.encode()),
-                    ("source.partition", str(partition).encode()),
-                    ("source.offset", str(record.position).encode()),
-                    ("failed.at", now.encode()),
-                    ("consumer", self.name.encode()),
-                    ("content-type", b"application/json"),
-                ]
-                if q.stream:
-                    headers.append(("stream", q.stream.encode("utf-8", "replace")[:1024]))
-                if key is not None and len(key) > _MAX_KEY_BYTES:
-                    key = None  # its length and hash are in the envelope
+                msg = self._in_hand.get((record.source, record.position))
+                value, key, headers = _letter(q, record, msg, consumer=self.name, failed_at=now)
                 sent.append(self._dlq.send(self.deadletter, value=value, key=key, headers=headers))
             self._dlq.flush(timeout=30)
             delivered = sum(1 for future in sent if future.succeeded())
@@ -318,6 +346,40 @@ class _Ingester:
         if self._dlq is not None:
             with contextlib.suppress(Exception):
                 self._dlq.close(timeout=10)
+
+
+def _letter(
+    q: Quarantined, record: SourceRecord, msg: Any, *, consumer: str, failed_at: str
+) -> tuple[bytes, bytes | None, list[tuple[str, bytes]]]:
+    """A quarantined record's dead letter: its value, key and headers (``msg``: its Kafka message)."""
+    topic = msg.topic if msg else record.source
+    partition = msg.partition if msg else -1
+    key = msg.key if msg else None
+    value = deadletter_envelope(
+        q,
+        record.raw,
+        topic=topic,
+        partition=partition,
+        offset=record.position,
+        key=key,
+        consumer=consumer,
+        failed_at=failed_at,
+    )
+    headers = [
+        ("reason", reason_code(q).encode()),
+        ("error", q.reason.encode("utf-8", "replace")[:4000]),
+        ("source.topic", topic.encode()),
+        ("source.partition", str(partition).encode()),
+        ("source.offset", str(record.position).encode()),
+        ("failed.at", failed_at.encode()),
+        ("consumer", consumer.encode()),
+        ("content-type", b"application/json"),
+    ]
+    if q.stream:
+        headers.append(("stream", q.stream.encode("utf-8", "replace")[:1024]))
+    if key is not None and len(key) > _MAX_KEY_BYTES:
+        key = None  # its length and hash are in the envelope
+    return value, key, headers
 
 
 def _ignore_commit_result(offsets: Any, response: Any) -> None:
@@ -380,7 +442,7 @@ def run_ingester(
     on_commit: Callable[[CommitResult], None] | None = None,
     max_event_bytes: int = MAX_EVENT_BYTES,
     group_lost_s: float = 10.0,
-) -> IngesterStats:
+) -> IngestStats:
     """Consume ``topics`` in consumer group ``group`` into the ledger until ``stop_event`` is set
     (or nothing arrived for ``idle_timeout_s`` while partitions were assigned: joining the group and
     each new assignment restart that clock). The batch in hand is always committed before return.
@@ -395,7 +457,6 @@ def run_ingester(
     """
     topics = list(topics or [events_topic()])
     ledger = Ledger.create(ledger_path) if create else Ledger.open(ledger_path)
-    stop_event = stop_event or threading.Event()
     name = f"kafka-ingest:{group}:{socket.gethostname()}:{os.getpid()}"
     config: dict[str, Any] = dict(
         connect_timeout_s=connect_timeout_s,
@@ -410,55 +471,29 @@ def run_ingester(
         max_partition_fetch_bytes=4 << 20,
     )
     consumer, kwargs = open_consumer(bootstrap, **config)
-    ingester = _Ingester(
+    settings = _GroupSettings(
+        bootstrap,
+        topics,
+        config,
+        batch_max=batch_max,
+        poll_ms=poll_ms,
+        idle_timeout_s=idle_timeout_s,
+        session_timeout_s=session_timeout_ms / 1000,
+        group_lost_s=group_lost_s,
+    )
+    ingester = _GroupIngester(
         ledger,
         consumer,
+        settings,
         kwargs=kwargs,
         deadletter=deadletter_topic() if deadletter == "" else deadletter,
         name=name,
+        stop_event=stop_event or threading.Event(),
         max_event_bytes=max_event_bytes,
+        on_commit=on_commit,
     )
-    consumer.subscribe(topics, listener=_Seeker(ingester))
-    last_data = time.monotonic()
-    lost_since: float | None = None  # since when the consumer has been out of its group
+    ingester.subscribe()
     try:
-        while not stop_event.is_set():
-            batch = ingester.consumer.poll(timeout_ms=poll_ms, max_records=batch_max)
-            ingester.stats.polls += 1
-            if not batch:
-                # Idle means: partitions in hand and nothing on them. Time spent joining the group,
-                # or since a rebalance handed over new partitions, does not count.
-                if not ingester.consumer.assignment():
-                    last_data = time.monotonic()
-                quiet_since = max(last_data, ingester.assigned_at)
-                if idle_timeout_s is not None and time.monotonic() - quiet_since >= idle_timeout_s:
-                    break
-                # kafka-python 3.0 can drop out of its group for good (no coordinator found again, or
-                # heartbeats stopped after a quick second rebalance; cf. dpkp/kafka-python#2373,
-                # #1310): the loop would spin on empty polls. A new consumer rejoins, as a restart would.
-                if not _out_of_group(ingester.consumer, session_timeout_ms / 1000):
-                    lost_since = None
-                elif lost_since is None:
-                    lost_since = time.monotonic()
-                elif time.monotonic() - lost_since >= group_lost_s:
-                    log.warning("out of the consumer group for %.0f s: replacing the consumer", group_lost_s)
-                    try:
-                        fresh, _ = open_consumer(bootstrap, **config)
-                    except BrokerUnavailableError as exc:
-                        log.warning("%s; the old consumer stays, tried again in %.0f s", exc, group_lost_s)
-                        lost_since = time.monotonic()
-                        continue
-                    ingester.close_consumer()
-                    ingester.consumer = fresh
-                    fresh.subscribe(topics, listener=_Seeker(ingester))
-                    ingester.stats.consumer_restarts += 1
-                    lost_since = None
-                continue
-            last_data = time.monotonic()
-            lost_since = None
-            result = ingester.handle(batch)
-            if result is not None and on_commit is not None:
-                on_commit(result)
+        return ingester.run()
     finally:
         ingester.close()
-    return ingester.stats

@@ -2,9 +2,10 @@
 
 Every partition of the topics is assigned by hand (no consumer group, nothing committed to Kafka),
 read from the beginning up to the end offsets captured when the replay starts, and folded in with
-the same ``Ledger.commit`` the live ingester uses. Because a stream lives in one partition and the
-ledger keeps the first copy of every (source, id), the result holds the same events, with the same
-``stream_seq`` in every stream, as the live ledger that ingested those offsets.
+the same ``Ledger.commit``, in the same loop (``ingest.ingester``), as the live ingester. Because a
+stream lives in one partition and the ledger keeps the first copy of every (source, id), the result
+holds the same events, with the same ``stream_seq`` in every stream, as the live ledger that
+ingested those offsets.
 
 A replay into an existing ledger resumes from that ledger's positions (safe to interrupt and rerun).
 
@@ -28,41 +29,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kafka import TopicPartition
 
+from ingest.ingester import Ingester, IngestStats
 from ingest.kafka_config import COMMIT_BATCH_MAX, events_topic
 from ingest.kafka_ingester import open_consumer, source_name
-from ledger.admission import REGISTRY_INGEST, RegistryEntry
+from ledger.admission import REGISTRY_INGEST
+from ledger.registry import RegistryEntry
 from ledger.store import CommitResult, Ledger, LedgerError, SourceRecord
 from schemas.codec import MAX_EVENT_BYTES
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ReplayStats:
-    partitions: int = 0
-    records: int = 0
-    commits: int = 0
-    accepted: int = 0
-    duplicates: int = 0
-    quarantined: int = 0
-    metric_values: int = 0
-    seconds: float = 0.0
-    resumed: bool = False
-    ledger_id: str = ""
-    registry_events: int = 0  # registry and policy events put back (``registry``)
-
-    def add(self, result: CommitResult) -> None:
-        self.commits += result.commit is not None
-        self.accepted += result.accepted
-        self.duplicates += result.duplicates
-        self.quarantined += len(result.quarantined)
-        self.metric_values += result.metric_values
 
 
 def _target(path: Path, ledger_id: str | None) -> tuple[Ledger, bool]:
@@ -86,17 +66,17 @@ def replay(
     max_event_bytes: int = MAX_EVENT_BYTES,
     ledger_id: str | None = None,
     registry: Sequence[RegistryEntry] = (),
-) -> ReplayStats:
+) -> IngestStats:
     """Fold every record now on ``topics`` into the ledger at ``to``; returns counts and the time taken.
 
     Records are judged exactly as the live ingester judges them (the same ``Ledger.commit``, with
     the same ``max_event_bytes``, under the same ``registry``: see the module doc), so a replayed
     ledger quarantines the same records for the same reasons; a record's content can never stop a
     replay."""
-    started = time.monotonic()
+    stats = IngestStats()  # its clock starts now
     topics = list(topics or [events_topic()])
-    ledger, resumed = _target(Path(to), ledger_id)
-    stats = ReplayStats(resumed=resumed, ledger_id=ledger.ledger_id)
+    ledger, stats.resumed = _target(Path(to), ledger_id)
+    stats.ledger_id = ledger.ledger_id
     consumer, _ = open_consumer(
         bootstrap,
         connect_timeout_s=connect_timeout_s,
@@ -109,104 +89,129 @@ def replay(
         client_id="runledger-replay",
     )
     try:
-        partitions: list[TopicPartition] = []
-        for topic in topics:
-            ids = consumer.partitions_for_topic(topic)
-            if not ids:
-                raise LedgerError(f"topic {topic!r} does not exist on the cluster")
-            partitions.extend(TopicPartition(topic, p) for p in sorted(ids))
-        stats.partitions = len(partitions)
-        consumer.assign(partitions)
-        ends: dict[TopicPartition, int] = consumer.end_offsets(partitions)
-        positions = ledger.positions()
-        offsets = {tp: positions.get(source_name(tp.topic, tp.partition), 0) for tp in partitions}
-        done = positions.get(REGISTRY_INGEST, 0)
+        replayer = _Replayer(
+            ledger,
+            consumer,
+            _partitions(consumer, topics),
+            stats=stats,
+            batch_max=batch_max,
+            stall_timeout_s=stall_timeout_s,
+            max_event_bytes=max_event_bytes,
+            on_commit=on_commit,
+        )
+        done = ledger.positions().get(REGISTRY_INGEST, 0)
         for entry in [e for e in sorted(registry, key=lambda e: e.position) if e.position >= done]:
             # Everything the live ledger had read from each partition before this registry event...
-            targets = {
-                tp: min(ends[tp], entry.after.get(source_name(tp.topic, tp.partition), 0))
-                for tp in partitions
-            }
-            _read_until(
-                consumer,
-                ledger,
-                offsets,
-                targets,
-                batch_max,
-                stall_timeout_s,
-                max_event_bytes,
-                stats,
-                on_commit,
+            replayer.read_until(
+                {tp: min(end, entry.after.get(replayer.source(tp), 0)) for tp, end in replayer.ends.items()}
             )
             # ...then the registry event itself, at its own position.
-            result = ledger.commit(
-                [SourceRecord(REGISTRY_INGEST, entry.position, entry.raw)], writer="kafka-replay"
-            )
-            if result.accepted != 1:
-                reasons = "; ".join(q.reason for _, q in result.quarantined) or "not stored"
-                raise LedgerError(f"registry event at position {entry.position} not replayed: {reasons}")
-            stats.registry_events += 1
-            if on_commit is not None:
-                on_commit(result)
-        _read_until(
-            consumer, ledger, offsets, ends, batch_max, stall_timeout_s, max_event_bytes, stats, on_commit
-        )
+            replayer.put_back(entry)
+        replayer.read_until(replayer.ends)
     finally:
         consumer.close(autocommit=False)
-    stats.seconds = time.monotonic() - started
+    stats.seconds = time.monotonic() - stats.started
     return stats
 
 
-def _read_until(
-    consumer: Any,
-    ledger: Ledger,
-    offsets: dict[TopicPartition, int],
-    targets: dict[TopicPartition, int],
-    batch_max: int,
-    stall_timeout_s: float,
-    max_event_bytes: int,
-    stats: ReplayStats,
-    on_commit: Callable[[CommitResult], None] | None,
-) -> None:
-    """Commit each partition's records from ``offsets[tp]`` up to ``targets[tp]`` (exclusive), and
-    leave ``offsets`` at the targets. Records fetched beyond a target are dropped here and read again
-    by the next call (it seeks back)."""
-    remaining: set[TopicPartition] = set()
-    for tp in targets:
-        if offsets[tp] < targets[tp]:
-            consumer.seek(tp, offsets[tp])
-            consumer.resume(tp)
-            remaining.add(tp)
-        else:
-            consumer.pause(tp)
-    progress = time.monotonic()
-    while remaining:
-        if time.monotonic() - progress > stall_timeout_s:
-            left = sorted(f"{tp.topic}:{tp.partition}" for tp in remaining)
-            raise LedgerError(f"replay stalled: nothing read for {stall_timeout_s:g} s from {left}")
-        batch = consumer.poll(timeout_ms=500, max_records=batch_max)
-        if batch:
-            progress = time.monotonic()
+def _partitions(consumer: Any, topics: Sequence[str]) -> list[TopicPartition]:
+    """Every partition of ``topics``, or ``LedgerError`` for a topic the cluster does not have."""
+    partitions: list[TopicPartition] = []
+    for topic in topics:
+        ids = consumer.partitions_for_topic(topic)
+        if not ids:
+            raise LedgerError(f"topic {topic!r} does not exist on the cluster")
+        partitions.extend(TopicPartition(topic, p) for p in sorted(ids))
+    return partitions
+
+
+class _Replayer(Ingester):
+    """``Ingester``'s loop over hand-assigned partitions, each up to a target offset: positions
+    ``kafka:<topic>:<partition>`` at the record's offset, read from where the ledger's positions
+    were when the replay started and then from where the replay's own commits left them."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        consumer: Any,
+        partitions: list[TopicPartition],
+        *,
+        stats: IngestStats,
+        batch_max: int,
+        stall_timeout_s: float,
+        max_event_bytes: int,
+        on_commit: Callable[[CommitResult], None] | None,
+    ) -> None:
+        super().__init__(
+            ledger, writer="kafka-replay", max_event_bytes=max_event_bytes, stats=stats, on_commit=on_commit
+        )
+        self.consumer = consumer
+        self.batch_max = batch_max
+        self.stall_timeout_s = stall_timeout_s
+        stats.partitions = len(partitions)
+        consumer.assign(partitions)
+        self.ends: dict[TopicPartition, int] = consumer.end_offsets(partitions)  # as the replay starts
+        positions = ledger.positions()
+        self.offsets = {tp: positions.get(self.source(tp), 0) for tp in partitions}  # next to commit
+        self.targets: dict[TopicPartition, int] = {}
+        self.remaining: set[TopicPartition] = set()
+        self.progress = time.monotonic()
+
+    @staticmethod
+    def source(tp: TopicPartition) -> str:
+        return source_name(tp.topic, tp.partition)
+
+    def read_until(self, targets: dict[TopicPartition, int]) -> None:
+        """Commit each partition's records from ``offsets[tp]`` up to ``targets[tp]`` (exclusive), and
+        leave ``offsets`` at the targets. Records fetched beyond a target are dropped here and read
+        again by the next call (it seeks back)."""
+        self.targets, self.remaining = targets, set()
+        for tp in targets:
+            if self.offsets[tp] < targets[tp]:
+                self.consumer.seek(tp, self.offsets[tp])
+                self.consumer.resume(tp)
+                self.remaining.add(tp)
+            else:
+                self.consumer.pause(tp)
+        self.progress = time.monotonic()
+        self.run()
+
+    def read_batch(self) -> list[SourceRecord] | None:
+        """One poll's records below the targets; None once every partition reached its target."""
+        if not self.remaining:
+            for tp in self.targets:
+                self.offsets[tp] = max(self.offsets[tp], self.targets[tp])
+            return None
+        if time.monotonic() - self.progress > self.stall_timeout_s:
+            left = sorted(f"{tp.topic}:{tp.partition}" for tp in self.remaining)
+            raise LedgerError(f"replay stalled: nothing read for {self.stall_timeout_s:g} s from {left}")
+        polled = self.consumer.poll(timeout_ms=500, max_records=self.batch_max)
+        if polled:
+            self.progress = time.monotonic()
         records: list[SourceRecord] = []
-        for tp, msgs in batch.items():
-            if tp not in remaining:
+        for tp, msgs in polled.items():
+            if tp not in self.remaining:
                 continue
-            target = targets[tp]
-            source = source_name(tp.topic, tp.partition)
+            start, target = self.offsets[tp], self.targets[tp]
             records.extend(
-                SourceRecord(source, m.offset, m.value or b"", tombstone=m.value is None)
+                SourceRecord(self.source(tp), m.offset, m.value or b"", tombstone=m.value is None)
                 for m in msgs
-                if offsets[tp] <= m.offset < target  # only up to the target (the end at the start)
+                if start <= m.offset < target  # only up to the target (the end at the start)
             )
-        for tp in list(remaining):
-            if consumer.position(tp) >= targets[tp]:
-                remaining.discard(tp)
-                consumer.pause(tp)
-        if records:
-            stats.records += len(records)
-            result = ledger.commit(records, writer="kafka-replay", max_event_bytes=max_event_bytes)
-            stats.add(result)
-            if on_commit is not None:
-                on_commit(result)
-    for tp in targets:
-        offsets[tp] = max(offsets[tp], targets[tp])
+        for tp in list(self.remaining):
+            if self.consumer.position(tp) >= self.targets[tp]:
+                self.remaining.discard(tp)
+                self.consumer.pause(tp)
+        return records
+
+    def put_back(self, entry: RegistryEntry) -> None:
+        """A registry event, at its own position (counted in ``registry_events``, not ``accepted``)."""
+        result = self.ledger.commit(
+            [SourceRecord(REGISTRY_INGEST, entry.position, entry.raw)], writer="kafka-replay"
+        )
+        if result.accepted != 1:
+            reasons = "; ".join(q.reason for _, q in result.quarantined) or "not stored"
+            raise LedgerError(f"registry event at position {entry.position} not replayed: {reasons}")
+        self.stats.registry_events += 1
+        if self.on_commit is not None:
+            self.on_commit(result)

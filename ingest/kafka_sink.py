@@ -232,7 +232,13 @@ class KafkaSink:
         self._worker.start()
         # Close on interpreter exit before kafka-python's own atexit hook closes the producer under us.
         ref = weakref.ref(self)
-        self._atexit = lambda: (s := ref()) is not None and s.close(timeout_s=5.0)
+
+        def close_at_exit() -> None:
+            sink = ref()
+            if sink is not None:
+                sink.close(timeout_s=5.0)
+
+        self._atexit = close_at_exit
         atexit.register(self._atexit)
 
     # ------------------------------------------------------------------ producer API

@@ -77,7 +77,8 @@ class WandbMirror:
         self.mode = mode  # None: WANDB_MODE (or wandb's default) decides
         self.directory = Path(directory) if directory is not None else None
         # Console capture would rewrite the trainer's stdout; the ledger has its own logs.
-        self.settings = {"console": "off", "save_code": False} | dict(settings or {})
+        # Keyword arguments for wandb.Settings: its pydantic model checks each one's type.
+        self.settings: dict[str, Any] = {"console": "off", "save_code": False} | dict(settings or {})
         self.strict = strict
         self.failures = 0
         self._run: Any = None

@@ -39,7 +39,7 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from ingest.bus import EventSink
 from ingest.wandb_cursor import CursorStore, RunCursor
@@ -55,7 +55,12 @@ TARGET_RE = re.compile(
 RELAUNCH_GAP_S = 300.0  # wall-clock time the runtime did not account for: the process was down
 SYSTEM_SAMPLES = 100_000  # ask for every system sample W&B will give (it samples on its side anyway)
 PAGE_ROWS = 1000  # history rows per page; the cursor is saved after each
-_STATUS_OF_STATE = {"finished": "completed", "crashed": "failed", "failed": "failed", "killed": "stopped"}
+_STATUS_OF_STATE: dict[str, Literal["completed", "stopped", "failed"]] = {
+    "finished": "completed",
+    "crashed": "failed",
+    "failed": "failed",
+    "killed": "stopped",
+}
 
 
 class OnlineImportError(RuntimeError):
@@ -173,6 +178,25 @@ def _unix(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, UTC)
 
 
+class _LaunchFields(TypedDict):
+    """The ``p.Launch`` fields a W&B run gives; shared by its ``RunStarted`` and each ``RunResumed``."""
+
+    config: dict[str, Any]
+    config_hash: str
+    git_commit: str | None
+    software: dict[str, str]
+    external: dict[str, str]
+
+
+class _Where(TypedDict):
+    """The ``_RunImport.emit`` arguments a run's summary and its finish share."""
+
+    source: str
+    attempt: int
+    time: datetime
+    step: int | None
+
+
 class _RunImport:
     """One W&B run → events on ``sink``; the cursor advances only past synced events."""
 
@@ -256,7 +280,7 @@ class _RunImport:
         if not RUN_ID_RE.match(run_id):
             raise OnlineImportError(f"W&B run id {run_id!r} is not a valid ledger run id; pass --run-id")
         self.stats = OnlineRunStats(run_id=run_id, wandb_path=self.key, wandb_url=url)
-        self.launch = dict(
+        self.launch = _LaunchFields(
             config=config,
             config_hash=config_hash(config),
             git_commit=getattr(self.run, "commit", None) or None,
@@ -432,12 +456,12 @@ class _RunImport:
                 if cursor.prev_timestamp_s is not None
                 else _unix(cursor.attempt_starts[-1])
             )
-        common = dict(source=self.source, attempt=cursor.attempt, time=end, step=cursor.prev_step)
+        common = _Where(source=self.source, attempt=cursor.attempt, time=end, step=cursor.prev_step)
         self.emit(p.RunSummary(values=values), seq=cursor.lifecycle_seq, kind="summary", **common)
         self.emit(
             p.RunFinished(
                 status=_STATUS_OF_STATE[state],
-                final_step=cursor.prev_step,  # type: ignore[arg-type]
+                final_step=cursor.prev_step,
                 total_tokens=cursor.total_tokens,
                 duration_s=runtime,
             ),

@@ -1,8 +1,13 @@
 """Admission at ingest: who may write what (producer registry), and each source's order (seq + chain).
 
 ``Ledger.commit`` runs one ``AdmissionRound`` per commit: ``check`` sees every valid, new event in
-log order and refuses it (a ``Quarantined``) or lets it in; ``records`` feeds the commit the
-incident events that ``check`` asked for, right after the record that caused them.
+log order and refuses it (a ``Quarantined``) or lets it in; ``incidents`` gives the commit the
+incident events that ``check`` asked for, which it stores right after the record that caused them.
+
+The store imports this module, never the other way round: admission sees the ledger only through
+``LedgerView`` (what it reads of ``ledger.store.Ledger``) and a record through ``IngestRecord``.
+Writing registry events into a ledger, and carrying them across a replay, is ``ledger.registry``'s
+(it commits through the store).
 
 **Registry.** Kept as events in the log (``ledger.producer.registered|rotated|revoked`` and
 ``ledger.policy.changed``, written by ``ledger producers``), so each key's addition, rotation and
@@ -41,12 +46,11 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 import pyarrow as pa
@@ -54,7 +58,6 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from ledger.log_checkpoint import CheckpointError, NoteVerifier, parse_public_key
 from schemas import catalogue as c
 from schemas import payloads as p
 from schemas.codec import (
@@ -65,10 +68,8 @@ from schemas.codec import (
     make_event,
     refused_event,
 )
+from schemas.note import CheckpointError, NoteVerifier, parse_public_key
 from schemas.signing import GENESIS, SignatureError, event_hash, key_id_of, verify_canonical
-
-if TYPE_CHECKING:
-    from ledger.store import Ledger, SourceRecord
 
 REGISTRY_INGEST = "ledger:registry"  # ingest source (and event source) of registry and policy events
 INCIDENT_INGEST = "ledger:incidents"  # ingest source (and event source) of incident events
@@ -83,6 +84,28 @@ RESERVED = "reserved"
 ADMISSION_REASONS = (UNSIGNED, UNKNOWN_KEY, REVOKED_KEY, BAD_SIGNATURE, OUT_OF_SCOPE, RESERVED)
 
 REGISTRY_TYPES = (c.PRODUCER_REGISTERED, c.PRODUCER_ROTATED, c.PRODUCER_REVOKED, c.POLICY_CHANGED)
+
+
+class IngestRecord(Protocol):
+    """What admission reads of a record a commit consumes (``ledger.store.SourceRecord``)."""
+
+    @property
+    def source(self) -> str: ...  # the ingest source it was read from
+
+    @property
+    def raw(self) -> bytes: ...
+
+
+class LedgerView(Protocol):
+    """What admission reads (and keeps) of a ledger (``ledger.store.Ledger``)."""
+
+    root: Path
+    admission_state: AdmissionState | None  # the state as of a commit, kept here between commits
+
+    @property
+    def last_commit(self) -> int: ...
+
+    def commit_paths(self) -> list[Path]: ...
 
 
 @dataclass(frozen=True)
@@ -189,38 +212,37 @@ def _utc(t: datetime) -> datetime:
 class AdmissionRound:
     """One commit's admission: works on a copy of the state, kept only if the commit succeeds."""
 
-    def __init__(self, ledger: Ledger, state: AdmissionState, positions: dict[str, int]) -> None:
+    def __init__(self, ledger: LedgerView, state: AdmissionState, positions: dict[str, int]) -> None:
         self.ledger = ledger
         self.state = state
         self.positions = positions  # the commit's own (live) positions: incidents take the next one
         self._pending: list[tuple[p.LedgerIncident, Event]] = []
 
     # -- the hook's three calls -----------------------------------------------------------------
-    def records(self, records: Iterable[SourceRecord]) -> Iterator[SourceRecord]:
-        """The commit's records, each followed by the incident events its check asked for."""
-        from ledger.store import SourceRecord
+    def incidents(self) -> Iterator[tuple[str, int, bytes]]:
+        """The incident events the checks so far asked for, as records to commit next: (ingest
+        source, position, bytes). Lazy: each is made when asked for, at the next position of
+        ``INCIDENT_INGEST`` in the commit's own ``positions``, which the commit moves on as it
+        consumes each one (the store asks after every record)."""
+        while self._pending:
+            incident, cause = self._pending.pop(0)
+            position = self.positions.get(INCIDENT_INGEST, 0)
+            env = cause.envelope
+            envelope = make_event(
+                incident,
+                source=INCIDENT_INGEST,
+                stream=env.stream,
+                seq=position,
+                run_id=env.run_id,
+                attempt=env.attempt,
+                step=env.step,
+                subject=env.source,
+                id=f"incident-{position}-{env.id}"[:1000],
+                time=env.time,  # the cause's: a replay that meets the same cause writes the same bytes
+            )
+            yield INCIDENT_INGEST, position, encode_event(envelope)
 
-        for record in records:
-            yield record
-            while self._pending:
-                incident, cause = self._pending.pop(0)
-                position = self.positions.get(INCIDENT_INGEST, 0)
-                env = cause.envelope
-                envelope = make_event(
-                    incident,
-                    source=INCIDENT_INGEST,
-                    stream=env.stream,
-                    seq=position,
-                    run_id=env.run_id,
-                    attempt=env.attempt,
-                    step=env.step,
-                    subject=env.source,
-                    id=f"incident-{position}-{env.id}"[:1000],
-                    time=env.time,  # the cause's: a replay that meets the same cause writes the same bytes
-                )
-                yield SourceRecord(INCIDENT_INGEST, position, encode_event(envelope))
-
-    def check(self, event: Event, record: SourceRecord, leaf: bytes) -> Quarantined | Admitted:
+    def check(self, event: Event, record: IngestRecord, leaf: bytes) -> Quarantined | Admitted:
         """Refuse ``event`` (a ``Quarantined`` with its reason) or admit it (how: ``Admitted``) and
         note its place in its source's order. ``leaf``: its Merkle leaf hash (the store has it)."""
         env = event.envelope
@@ -317,14 +339,14 @@ def _incident(kind: str, env: Any, expected_seq: int, expected_prev: str, missin
     )
 
 
-def _refuse(event: Event, record: SourceRecord, code: str, reason: str) -> Quarantined:
+def _refuse(event: Event, record: IngestRecord, code: str, reason: str) -> Quarantined:
     return refused_event(event.envelope, record.raw, code, f"{code}: {reason}")
 
 
 # ---------------------------------------------------------------------------------------- state
 
 
-def admission_round(ledger: Ledger, positions: dict[str, int]) -> AdmissionRound:
+def admission_round(ledger: LedgerView, positions: dict[str, int]) -> AdmissionRound:
     """The admission of the commit ``ledger`` is about to make (under its writer lock)."""
     state: AdmissionState | None = ledger.admission_state
     if state is None or state.commit != ledger.last_commit:
@@ -332,7 +354,7 @@ def admission_round(ledger: Ledger, positions: dict[str, int]) -> AdmissionRound
     return AdmissionRound(ledger, state.copy(), positions)
 
 
-def load_state(ledger: Ledger) -> AdmissionState:
+def load_state(ledger: LedgerView) -> AdmissionState:
     """The admission state as of the ledger's last commit, from that commit's record (O(sources));
     from the events table for a ledger whose records predate it (``scan_state``)."""
     paths = ledger.commit_paths()
@@ -345,7 +367,7 @@ def load_state(ledger: Ledger) -> AdmissionState:
     return scan_state(ledger, record["commit"])
 
 
-def scan_state(ledger: Ledger, commit: int) -> AdmissionState:
+def scan_state(ledger: LedgerView, commit: int) -> AdmissionState:
     """The admission state as of ``commit`` (the last), from the events table: for a ledger written
     before commit records kept it. Only the small columns are read for every event; canonical bytes
     only from the files that hold a registry event or a source's head (one read per such file)."""
@@ -404,60 +426,13 @@ def scan_state(ledger: Ledger, commit: int) -> AdmissionState:
     return state
 
 
-# ---------------------------------------------------------------------------------- registry writes
-
-
-def append_registry_event(ledger: Ledger, payload: msgspec.Struct) -> str:
-    """Append one registry or policy event to the ledger (the ledger's own record); its event id."""
-    from ledger.store import LedgerError, SourceRecord
-
-    position = ledger.positions().get(REGISTRY_INGEST, 0)
-    envelope = make_event(payload, source=REGISTRY_INGEST, stream=REGISTRY_STREAM, seq=position)
-    result = ledger.commit(
-        [SourceRecord(REGISTRY_INGEST, position, encode_event(envelope))], writer="producers"
-    )
-    if result.accepted != 1:
-        reasons = "; ".join(q.reason for _, q in result.quarantined) or "another writer took its position"
-        raise LedgerError(f"registry event not stored: {reasons}")
-    return envelope.id
-
-
-def register_producer(
-    ledger: Ledger, name: str, public_key: str, scope: p.ProducerScope, *, actor: str | None = None
-) -> str:
-    """Register a producer key (note vkey text) with its scope; its key id."""
-    verifier = parse_public_key(public_key)  # a malformed key is refused before anything is written
-    key_id = key_id_of(verifier)
-    payload = p.ProducerRegistered(
-        name=name, public_key=public_key.strip(), key_id=key_id, scope=scope, actor=actor
-    )
-    append_registry_event(ledger, payload)
-    return key_id
-
-
-def producers(ledger: Ledger) -> AdmissionState:
-    """The registry as of the ledger's last commit (for ``ledger producers list``)."""
-    return load_state(ledger)
-
-
-def describe(key: ProducerKey) -> dict[str, Any]:
-    scope = json.loads(msgspec.json.encode(key.scope))
-    return {
-        "key_id": key.key_id,
-        "name": key.name,
-        "revoked": key.revoked,
-        **scope,
-        "public_key": key.public_key,
-    }
-
-
 # ---------------------------------------------------------------------------------- the registry's past
 
 
 class RegistryTimeline:
     """The registry and policy as they stood at each commit, for judging stored events again
     (``ledger verify``): an event stored in commit ``n`` was admitted under the registry events of
-    the commits before ``n`` (``append_registry_event`` commits each one alone)."""
+    the commits before ``n`` (``ledger.registry.append_registry_event`` commits each one alone)."""
 
     def __init__(self, registry_events: Iterable[tuple[int, str, msgspec.Struct]]) -> None:
         """``registry_events``: (commit, type, payload) of each registry or policy event, in log order."""
@@ -480,74 +455,3 @@ class RegistryTimeline:
         """The registry an event stored in ``commit`` was admitted under."""
         i = bisect.bisect_left(self._commits, commit) - 1
         return self._states[i] if i >= 0 else AdmissionState()
-
-
-# ---------------------------------------------------------------------------------- keeping it across replay
-
-
-@dataclass(frozen=True)
-class RegistryEntry:
-    """One registry or policy event as a replay must put it back: its bytes, its position in
-    ``REGISTRY_INGEST`` and where every other source stood when it was committed (``after``: next
-    positions), so the rebuilt ledger admits every record under the same registry as the live one."""
-
-    position: int
-    raw: bytes
-    after: dict[str, int]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"position": self.position, "after": self.after, "event": self.raw.decode()}
-
-
-def registry_entries(ledger: Ledger) -> list[RegistryEntry]:
-    """The ledger's registry and policy events, in log order, with the positions they came at."""
-    files = sorted(str(path) for path in (ledger.root / "events").rglob("*.parquet"))
-    if not files:
-        return []
-    table = ds.dataset(files, format="parquet").to_table(
-        columns=["commit", "ingest_position", "canonical"],
-        filter=ds.field("ingest_source") == REGISTRY_INGEST,
-    )
-    entries = []
-    for commit, position, text in sorted(
-        zip(*(table.column(n).to_pylist() for n in ("commit", "ingest_position", "canonical")), strict=True)
-    ):
-        positions = ledger.read_commit(commit)["positions"]
-        after = {s: n for s, n in positions.items() if s not in (REGISTRY_INGEST, INCIDENT_INGEST)}
-        entries.append(RegistryEntry(position, text.encode(), after))
-    return entries
-
-
-def write_registry_file(entries: Iterable[RegistryEntry], path: Path) -> int:
-    """Save the registry (``ledger producers export``): JSON lines, one entry each; how many."""
-    lines = [json.dumps(entry.to_json(), sort_keys=True) for entry in entries]
-    path.write_text("".join(line + "\n" for line in lines))
-    return len(lines)
-
-
-def read_registry(path: Path) -> list[RegistryEntry]:
-    """The registry entries kept in a ledger directory or a file ``write_registry_file`` wrote.
-    Raises ValueError naming the line for a file that is not one; each event is checked again by
-    admission when committed (only the ledger's own registry source may carry them)."""
-    from ledger.store import Ledger
-
-    if path.is_dir():
-        return registry_entries(Ledger.open(path))
-    entries = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-            entry = RegistryEntry(
-                int(obj["position"]),
-                str(obj["event"]).encode(),
-                {str(s): int(n) for s, n in dict(obj["after"]).items()},
-            )
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-            raise ValueError(f"{path}:{number}: not a registry entry ({type(exc).__name__}: {exc})") from None
-        decoded = decode_event(entry.raw)
-        if not isinstance(decoded, Event) or decoded.envelope.type not in REGISTRY_TYPES:
-            raise ValueError(f"{path}:{number}: not a registry or policy event")
-        entries.append(entry)
-    return sorted(entries, key=lambda e: e.position)

@@ -162,7 +162,7 @@ def _groups(f: pq.ParquetFile, column: str, chunk: list[str | None]) -> list[int
     for group in range(f.metadata.num_row_groups):
         stats = f.metadata.row_group(group).column(index).statistics if index >= 0 else None
         unknown = chunk == [None] or stats is None or not stats.has_min_max or not wanted
-        if unknown or not (stats.max < wanted[0] or stats.min > wanted[-1]):
+        if unknown or stats is None or not (stats.max < wanted[0] or stats.min > wanted[-1]):
             out.append(group)
     return out
 

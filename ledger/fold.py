@@ -23,10 +23,10 @@ from typing import Any
 
 import msgspec
 
-from ledger.config_patch import apply_config_patch
 from schemas import Envelope
 from schemas import catalogue as c
 from schemas.canonical import config_hash
+from schemas.config_patch import apply_config_patch
 
 # The event types the fold reads (metrics are not needed to know a run's state).
 STATE_TYPES = (
@@ -162,16 +162,7 @@ def fold_run(
     launch = attempts[live]
     config = copy.deepcopy(launch.config)
     state.git_commit, state.git_dirty = launch.git_commit, launch.git_dirty
-    for a in sorted(attempts.values(), key=lambda a: a.attempt):
-        if a.attempt > live or not on_lineage(attempts, a.attempt, a.start_step):
-            continue
-        fact = {"kind": a.kind, "step": a.start_step, "attempt": a.attempt}
-        if not a.hash_matches:
-            state.hash_mismatches.append(
-                {**fact, "recorded": a.config_hash, "recomputed": config_hash(a.config)}
-            )
-        if not a.authenticated:
-            state.unauthenticated.append(fact)
+    _check_launches(state, attempts, live)
     cut_time = at or launch.started_at
     for e in events:
         attempt = e.attempt or 1
@@ -182,53 +173,82 @@ def fold_run(
             continue
         if in_live and e.time > cut_time:
             cut_time = e.time
-        d = e.data
         authenticated = (e.source, e.id) not in unauthenticated
-        if not authenticated and e.type != c.RUN_STARTED and e.type != c.RUN_RESUMED:
-            state.unauthenticated.append(
-                {"kind": e.type.removeprefix("runledger."), "step": e.step, "attempt": attempt}
-            )
-        if e.type == c.CONFIG_CHANGED and in_live:
-            config = apply_config_patch(config, d.patch)  # a patch that does not apply raises
-            recomputed = config_hash(config)
-            change = _change(e, accepted=True, authenticated=authenticated)
-            change["hash_matches"] = recomputed == d.config_hash
-            if not change["hash_matches"]:
-                state.hash_mismatches.append(
-                    {
-                        "kind": "config.changed",
-                        "step": e.step,
-                        "attempt": attempt,
-                        "recorded": d.config_hash,
-                        "recomputed": recomputed,
-                    }
-                )
-            state.config_changes.append(change)
-        elif e.type == c.CONFIG_REJECTED and (in_live or in_past):
-            state.config_changes.append(_change(e, accepted=False, authenticated=authenticated))
-        elif e.type == c.CONFIG_CHANGED and in_past:
-            state.config_changes.append(_change(e, accepted=True, authenticated=authenticated))
-        elif e.type == c.CHECKPOINT_SAVED and (in_live or in_past):
-            state.last_checkpoint = {"step": e.step, "attempt": attempt, "path": d.path, "time": e.time}
-        elif e.type == c.RUN_CRASHED:
-            state.crashes.append(
-                {
-                    "step": e.step,
-                    "attempt": attempt,
-                    "kind": d.kind,
-                    "exc_type": d.exc_type,
-                    "message": d.message,
-                    "rank": d.rank,
-                    "host": d.host,
-                    "time": e.time,
-                }
-            )
-        elif e.type == c.ANNOTATION and (in_live or in_past):
-            state.annotations.append({"step": e.step, "author": d.author, "text": d.text, "time": e.time})
+        config = _fold_event(state, e, config, in_live=in_live, in_past=in_past, authenticated=authenticated)
     state.config = config
     state.config_hash = config_hash(config)
     state.github = [g for g in github if g["time"] <= cut_time]
     return state
+
+
+def _check_launches(state: RunState, attempts: dict[int, Attempt], live: int) -> None:
+    """The launches on the lineage up to ``live`` whose config hash or signature does not hold."""
+    for a in sorted(attempts.values(), key=lambda a: a.attempt):
+        if a.attempt > live or not on_lineage(attempts, a.attempt, a.start_step):
+            continue
+        fact = {"kind": a.kind, "step": a.start_step, "attempt": a.attempt}
+        if not a.hash_matches:
+            state.hash_mismatches.append(
+                {**fact, "recorded": a.config_hash, "recomputed": config_hash(a.config)}
+            )
+        if not a.authenticated:
+            state.unauthenticated.append(fact)
+
+
+def _fold_event(
+    state: RunState,
+    e: Envelope,
+    config: dict[str, Any],
+    *,
+    in_live: bool,
+    in_past: bool,
+    authenticated: bool,
+) -> dict[str, Any]:
+    """One event of the lineage into ``state``; returns the config after it (a live change applied)."""
+    attempt = e.attempt or 1
+    d = e.data
+    if not authenticated and e.type != c.RUN_STARTED and e.type != c.RUN_RESUMED:
+        state.unauthenticated.append(
+            {"kind": e.type.removeprefix("runledger."), "step": e.step, "attempt": attempt}
+        )
+    if e.type == c.CONFIG_CHANGED and in_live:
+        config = apply_config_patch(config, d.patch)  # a patch that does not apply raises
+        recomputed = config_hash(config)
+        change = _change(e, accepted=True, authenticated=authenticated)
+        change["hash_matches"] = recomputed == d.config_hash
+        if not change["hash_matches"]:
+            state.hash_mismatches.append(
+                {
+                    "kind": "config.changed",
+                    "step": e.step,
+                    "attempt": attempt,
+                    "recorded": d.config_hash,
+                    "recomputed": recomputed,
+                }
+            )
+        state.config_changes.append(change)
+    elif e.type == c.CONFIG_REJECTED and (in_live or in_past):
+        state.config_changes.append(_change(e, accepted=False, authenticated=authenticated))
+    elif e.type == c.CONFIG_CHANGED and in_past:
+        state.config_changes.append(_change(e, accepted=True, authenticated=authenticated))
+    elif e.type == c.CHECKPOINT_SAVED and (in_live or in_past):
+        state.last_checkpoint = {"step": e.step, "attempt": attempt, "path": d.path, "time": e.time}
+    elif e.type == c.RUN_CRASHED:
+        state.crashes.append(
+            {
+                "step": e.step,
+                "attempt": attempt,
+                "kind": d.kind,
+                "exc_type": d.exc_type,
+                "message": d.message,
+                "rank": d.rank,
+                "host": d.host,
+                "time": e.time,
+            }
+        )
+    elif e.type == c.ANNOTATION and (in_live or in_past):
+        state.annotations.append({"step": e.step, "author": d.author, "text": d.text, "time": e.time})
+    return config
 
 
 def _change(e: Envelope, *, accepted: bool, authenticated: bool = True) -> dict[str, Any]:

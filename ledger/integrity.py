@@ -44,7 +44,7 @@ from ledger.admission import (
     authenticate,
     is_own,
 )
-from ledger.log_checkpoint import parse_and_verify_checkpoint, parse_private_key, sign_checkpoint
+from ledger.log_checkpoint import parse_and_verify_checkpoint, sign_checkpoint
 from ledger.merkle import CompactRange, MerkleTree, leaf_hash, root_from_leaf_hashes
 from ledger.parquet_schemas import TABLES, tables_of
 from ledger.projectors import FoldState, RowBuffer, rows_for_event
@@ -52,6 +52,7 @@ from ledger.store import Ledger, LedgerError
 from runledger.durable import write_durably
 from schemas import Event, decode_event
 from schemas.codec import CONFLICT
+from schemas.note import parse_private_key
 
 CHECKPOINTS = "_checkpoints"
 
@@ -614,8 +615,8 @@ class _TableCheck:
         have = pa.concat_tables(actual_parts) if actual_parts else schema.empty_table()
         for column, keys in older.items():
             want = _blank(want, column, keys)
-        keys = [(k, "ascending") for k in _sort_keys(name)]
-        want, have = want.sort_by(keys), have.sort_by(keys)
+        order = [(k, "ascending") for k in _sort_keys(name)]
+        want, have = want.sort_by(order), have.sort_by(order)
         if want.equals(have):
             return set()
         w = Counter(_row_tuples(want))

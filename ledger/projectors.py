@@ -20,7 +20,6 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from ledger.config_patch import ConfigPatchError, apply_config_patch
 from ledger.fold import STATE_TYPES
 from ledger.parquet_schemas import TABLES
 from schemas import catalogue as c
@@ -28,6 +27,7 @@ from schemas import github as gh
 from schemas import payloads as p
 from schemas.canonical import canonical_bytes, config_hash
 from schemas.codec import Event
+from schemas.config_patch import ConfigPatchError, apply_config_patch
 from schemas.envelope import Envelope
 
 CHUNK_ROWS = 32_768  # a group's rows are made Arrow this many at a time, not all at the commit
@@ -254,7 +254,7 @@ def _micros(time: datetime) -> int:
 def _step_metrics(env: Envelope, stream_seq: int, state: FoldState) -> list[Row | Columns]:
     names, values = _flatten_metrics(env.data)
     n = len(names)
-    columns = {
+    columns: dict[str, list[Any]] = {
         "attempt": [env.attempt] * n,
         "step": [env.step] * n,
         "time": [_micros(env.time)] * n,

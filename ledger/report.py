@@ -25,10 +25,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ledger.history import github_item
 from ledger.integrity import checkpoint_path, origin_of, recorded_streams
 from ledger.log_checkpoint import parse_and_verify_checkpoint, parse_checkpoint
 from ledger.merkle import root_from_leaf_hashes
-from ledger.query import QueryError, Reader, github_item
+from ledger.query import QueryError, Reader
 from runledger.durable import write_durably
 
 # The curves drawn against step, in page order: (metric name in the `metrics` view, label).
@@ -229,7 +230,7 @@ def run_markers(reader: Reader, run_id: str, rng: StepRange) -> list[dict[str, A
     had reached at their time (the last step logged at or before it).
     """
     cutoff = _superseded_after(reader, run_id)
-    markers = []
+    markers: list[dict[str, Any]] = []
     for item in reader.history(run_id):
         if item.kind == "github" or item.step is None:
             continue

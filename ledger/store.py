@@ -51,7 +51,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from ledger.admission import ADMISSION_REASONS, admission_round
+from ledger.admission import ADMISSION_REASONS, AdmissionRound, AdmissionState, admission_round
 from ledger.compaction import merge_parts, tail_to_merge
 from ledger.merkle import CompactRange, leaf_hash
 from ledger.parquet_schemas import TABLES
@@ -157,6 +157,23 @@ class StreamHead:
         return cls(size=obj["size"], tree=CompactRange.from_json(obj["tree"]))
 
 
+@dataclass
+class _CommitWork:
+    """One commit under way: what its events are checked against and what they add."""
+
+    number: int  # the commit's number
+    streams: dict[str, StreamHead]  # every stream's head as the commit moves it (a copy)
+    admission: AdmissionRound
+    staging: _Staging
+    check: _Careful
+    asked: set[bytes]  # the (source, id) keys the records name, looked up before the loop …
+    known: dict[bytes, bytes]  # … and the leaf hashes of those stored already
+    result: CommitResult = field(default_factory=lambda: CommitResult(commit=None))
+    buf: RowBuffer = field(default_factory=RowBuffer)
+    appended: dict[bytes, bytes] = field(default_factory=dict)  # this commit's keys and leaf hashes
+    added: dict[str, dict[str, Any]] = field(default_factory=dict)  # per stream: first seq, leaves, ids
+
+
 def stream_type(stream: str) -> str:
     return "repo" if "/" in stream else "run"
 
@@ -181,7 +198,8 @@ class Ledger:
         self._recovered_commit = -1  # the newest commit whose files are known to be in place
         self._usable_partitions: set[tuple[str, str]] = set()
         self.ledger_id = "ledger"
-        self.admission_state: Any = None  # ledger.admission's state as of a commit (it loads and keeps it)
+        # ledger.admission's state as of a commit (it loads and keeps it)
+        self.admission_state: AdmissionState | None = None
         # Merge each partition's newest small files after a commit (ledger.compaction): on for every
         # writer; a test that needs one file per commit turns it off.
         self.auto_compact = True
@@ -367,64 +385,27 @@ class Ledger:
         max_event_bytes: int,
         check: _Careful,
     ) -> CommitResult:
-        index = self._index
-        appended: dict[bytes, bytes] = {}  # this commit's (source, id) keys and leaf hashes
         number = self._last_commit + 1
-        result = CommitResult(commit=None)
         positions = dict(self._positions)
         streams = {s: StreamHead(h.size, h.tree.copy()) for s, h in self._streams.items()}
-        buf = RowBuffer()
         now = datetime.now(UTC)
         day = now.strftime("%Y-%m-%d")
-        added: dict[str, dict[str, Any]] = {}  # per stream: first seq, leaf hashes and ids appended
         fold_before = dict(self._fold.configs)
-        staging = _Staging(self._fold)
         admission = admission_round(self, positions)  # producer identity and order: ledger.admission
-        asked, known = _stored_leaves(index, records, max_event_bytes)
+        asked, known = _stored_leaves(self._index, records, max_event_bytes)
+        work = _CommitWork(number, streams, admission, _Staging(self._fold), check, asked, known)
+        result, buf, appended, added = work.result, work.buf, work.appended, work.added
         try:
-            for record in admission.records(records):  # the records, and the incidents they cause
+            for record in _with_incidents(records, admission):  # the records, and the incidents they cause
                 if record.position < positions.get(record.source, 0):
                     result.skipped += 1
                     continue
                 positions[record.source] = record.position + 1
                 decoded = _decode_record(record, max_event_bytes)
                 if isinstance(decoded, Event):
-                    env = decoded.envelope
-                    key = seen_key(env.source, env.id)
-                    leaf = leaf_hash(decoded.canonical)
-                    stored = appended.get(key) or (known.get(key) if key in asked else index.get(key))
-                    refused = _refusal(decoded, record.raw, stored, leaf)
-                    if refused is None and stored is not None:
-                        result.duplicates += 1
-                        continue
-                    head = streams.get(env.stream)
-                    stream_seq = head.size if head is not None else 0
+                    refused = self._take_event(decoded, record, work)
                     if refused is None:
-                        verdict = admission.check(decoded, record, leaf)
-                        if isinstance(verdict, Quarantined):
-                            refused = verdict
-                        else:
-                            refused = self._add_rows(
-                                decoded,
-                                stream_seq,
-                                record,
-                                number,
-                                buf,
-                                staging,
-                                check,
-                                verdict.authenticated,
-                            )
-                    if refused is None:
-                        appended[key] = leaf
-                        if head is None:
-                            head = streams[env.stream] = StreamHead(0, CompactRange())
-                        head.size += 1
-                        head.tree.append(leaf)
-                        log_ = added.setdefault(env.stream, {"first": stream_seq, "leaves": [], "ids": []})
-                        log_["leaves"].append(leaf)
-                        log_["ids"].append([env.source, env.id])
-                        result.accepted += 1
-                        continue
+                        continue  # stored, or a duplicate
                     decoded = refused
                 result.quarantined.append((record, decoded))
                 buf.add("quarantine", day, _quarantine_row(record, decoded, now, number))
@@ -444,21 +425,7 @@ class Ledger:
                 "covers": _covered(records, self._positions),
                 "positions": positions,
                 "files": files,
-                "streams": {s: h.to_json() for s, h in sorted(streams.items())},
-                # The leaves this commit appended, so `ledger verify` can name a changed event.
-                "appended": {
-                    s: {
-                        "first": a["first"],
-                        "leaves": base64.b64encode(b"".join(a["leaves"])).decode(),
-                        "ids": a["ids"],
-                    }
-                    for s, a in sorted(added.items())
-                },
-                "counts": {
-                    "accepted": result.accepted,
-                    "duplicates": result.duplicates,
-                    "quarantined": len(result.quarantined),
-                },
+                **_appended_record(streams, added, result),
                 # Registry, policy and each source's chain head after this commit: stored at the same
                 # commit point as the events that moved them (ledger.admission.load_state reads it).
                 "admission": admission.state.to_json(),
@@ -482,6 +449,42 @@ class Ledger:
         result.files = files
         result.metric_values = buf.rows("metrics")
         return result
+
+    def _take_event(self, event: Event, record: SourceRecord, work: _CommitWork) -> Quarantined | None:
+        """One valid event into the commit under way: stored (its rows added, its leaf appended) or
+        a duplicate (None), or refused (why: a ``Quarantined``)."""
+        env = event.envelope
+        key = seen_key(env.source, env.id)
+        leaf = leaf_hash(event.canonical)
+        stored = work.appended.get(key) or (
+            work.known.get(key) if key in work.asked else self._index.get(key)
+        )
+        refused = _refusal(event, record.raw, stored, leaf)
+        if refused is None and stored is not None:
+            work.result.duplicates += 1
+            return None
+        head = work.streams.get(env.stream)
+        stream_seq = head.size if head is not None else 0
+        if refused is None:
+            verdict = work.admission.check(event, record, leaf)
+            if isinstance(verdict, Quarantined):
+                refused = verdict
+            else:
+                refused = self._add_rows(
+                    event,
+                    stream_seq,
+                    record,
+                    work.number,
+                    work.buf,
+                    work.staging,
+                    work.check,
+                    verdict.authenticated,
+                )
+        if refused is None:
+            work.appended[key] = leaf
+            _append_leaf(work.streams, work.added, event, leaf, stream_seq)
+            work.result.accepted += 1
+        return refused
 
     def _add_rows(
         self,
@@ -655,6 +658,58 @@ def settled_merges(root: Path, since: int, *, wait_s: float = 5.0) -> tuple[int,
         ):
             time.sleep(0.005)
     return (int(names[-1].removesuffix(".json")) + 1 if names else since), merged
+
+
+def _with_incidents(records: Iterable[SourceRecord], admission: AdmissionRound) -> Iterator[SourceRecord]:
+    """The commit's records, each followed by the incident events its admission check asked for."""
+    for record in records:
+        yield record
+        for source, position, raw in admission.incidents():
+            yield SourceRecord(source, position, raw)
+
+
+def _append_leaf(
+    streams: dict[str, StreamHead],
+    added: dict[str, dict[str, Any]],
+    event: Event,
+    leaf: bytes,
+    stream_seq: int,
+) -> None:
+    """An admitted event's leaf onto its stream's tree, and into ``added`` (per stream: the first
+    seq, the leaves and the (source, id) of each event the commit appends)."""
+    env = event.envelope
+    head = streams.get(env.stream)
+    if head is None:
+        head = streams[env.stream] = StreamHead(0, CompactRange())
+    head.size += 1
+    head.tree.append(leaf)
+    log_ = added.setdefault(env.stream, {"first": stream_seq, "leaves": [], "ids": []})
+    log_["leaves"].append(leaf)
+    log_["ids"].append([env.source, env.id])
+
+
+def _appended_record(
+    streams: dict[str, StreamHead], added: dict[str, dict[str, Any]], result: CommitResult
+) -> dict[str, Any]:
+    """The commit record's ``streams`` (every stream's size and tree after the commit), ``appended``
+    and ``counts``."""
+    return {
+        "streams": {s: h.to_json() for s, h in sorted(streams.items())},
+        # The leaves this commit appended, so `ledger verify` can name a changed event.
+        "appended": {
+            s: {
+                "first": a["first"],
+                "leaves": base64.b64encode(b"".join(a["leaves"])).decode(),
+                "ids": a["ids"],
+            }
+            for s, a in sorted(added.items())
+        },
+        "counts": {
+            "accepted": result.accepted,
+            "duplicates": result.duplicates,
+            "quarantined": len(result.quarantined),
+        },
+    }
 
 
 def _covered(records: Sequence[SourceRecord], before: dict[str, int]) -> dict[str, list[int]]:

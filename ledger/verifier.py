@@ -140,9 +140,9 @@ def verify_consistency(
     inner = ((old_size - 1) ^ (new_size - 1)).bit_length()
     border = ((old_size - 1) >> inner).bit_count()
     shift = (old_size & -old_size).bit_length() - 1
-    want = (0 if old_size == 1 << shift else 1) + inner - shift + border
-    if len(proof) != want:
-        raise VerificationError(f"consistency proof has {len(proof)} hashes, want {want}")
+    want_hashes = (0 if old_size == 1 << shift else 1) + inner - shift + border
+    if len(proof) != want_hashes:
+        raise VerificationError(f"consistency proof has {len(proof)} hashes, want {want_hashes}")
     path = list(proof)
     if old_size & (old_size - 1) == 0:
         path.insert(0, old_root)
@@ -173,7 +173,7 @@ def verify_consistency(
 
 
 # --------------------------------------------------------------------------------------------------
-# Signed-note checkpoints (duplicated from ledger.log_checkpoint, verification side only)
+# Signed-note checkpoints (duplicated from schemas.note and ledger.log_checkpoint, verification side only)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
-"""Attempt numbers for client-library runs: a durable per-run counter that every rank agrees on.
+"""Attempt numbers: a durable per-run counter, the one register of every producer.
 
-The trainer keeps ``attempts.json`` in its checkpoint dir and broadcasts rank 0's decision over its
-process group. A client-library process may have no process group yet (``runledger.init`` is often
-called before ``torch.distributed``/``jax.distributed`` is up), so agreement goes through a directory
-every rank can see (``state_dir``; a shared filesystem for multi-node runs):
+runledger's own trainer keeps its register in the checkpoint dir (``<checkpoint.dir>/attempts/``,
+``register_in``) and broadcasts rank 0's number over its process group. A client-library process may
+have no process group yet (``runledger.init`` is often called before ``torch.distributed``/
+``jax.distributed`` is up), so agreement goes through a directory every rank can see (``state_dir``;
+a shared filesystem for multi-node runs):
 
   ``<state_dir>/<run_id>/attempt-000001.json``  one file per launch, created with an atomic
   create-if-absent (``write_durably(exclusive=True)``) by rank 0: two launches racing for the same
@@ -60,7 +61,11 @@ def _run_dir(state_dir: Path, run_id: str) -> Path:
 
 def attempts(state_dir: Path, run_id: str) -> list[dict[str, Any]]:
     """The run's registered attempts, oldest first (each record has its ``attempt`` number)."""
-    directory = _run_dir(state_dir, run_id)
+    return attempts_in(_run_dir(state_dir, run_id))
+
+
+def attempts_in(directory: Path) -> list[dict[str, Any]]:
+    """The attempts registered in ``directory`` (one run's register), oldest first."""
     if not directory.is_dir():
         return []
     out = []
@@ -83,11 +88,16 @@ def _numbers(directory: Path) -> list[int]:
 
 def register(state_dir: Path, run_id: str, record: dict[str, Any]) -> tuple[int, int]:
     """Rank 0: take the next attempt number for ``run_id`` durably; (attempt, attempts before it)."""
-    directory = _run_dir(state_dir, run_id)
+    return register_in(_run_dir(state_dir, run_id), record)
+
+
+def register_in(directory: Path, record: dict[str, Any], *, after: int = 0) -> tuple[int, int]:
+    """Take the next attempt number in the register ``directory`` durably, above ``after`` (the
+    attempts an older register holds); (attempt, attempts in ``directory`` before it)."""
     directory.mkdir(parents=True, exist_ok=True)
     while True:
         taken = _numbers(directory)
-        attempt = max(taken, default=0) + 1
+        attempt = max(max(taken, default=0), after) + 1
         body = json.dumps(record | {"registered": time.time()}, sort_keys=True)
         try:
             write_durably(directory / f"attempt-{attempt:06d}.json", body, exclusive=True)

@@ -50,9 +50,12 @@ import msgspec
 
 from ingest.bus import EventSink
 from runledger import attempts as attempts_lib
-from runledger import host_values
+from runledger import host_values, provenance
+from runledger import signals as signals_lib
+from runledger.crashes import CrashKind, NonFinite, cause_of, crashed
 from runledger.emitter import Emitter, open_rank_sink
-from runledger.step_payloads import crashed, layer_stats_from_arrays, metrics_from_values
+from runledger.launch import launch_event, launch_fields
+from runledger.step_payloads import layer_stats_from_arrays, metrics_from_values
 from schemas import config_hash
 from schemas.envelope import RunId
 from schemas.payloads import (
@@ -63,15 +66,13 @@ from schemas.payloads import (
     PatchOp,
     RankStats,
     RunFinished,
-    RunResumed,
-    RunStarted,
+    RunSummary,
     StepSkipped,
 )
 
 log = logging.getLogger("runledger.client")
 
 FinishStatus = Literal["completed", "stopped", "failed"]
-CrashKind = Literal["exception", "nonfinite_loss", "signal", "oom"]
 _RUN_ID = msgspec.json.Decoder(RunId)
 
 
@@ -79,7 +80,7 @@ class RunExistsError(ValueError):
     """``init`` of a run id that was launched before, without ``resume_from_step``."""
 
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(NonFinite):
     """``check_finite`` found NaN/inf under ``policy="stop"`` (the crash is recorded already)."""
 
     def __init__(self, name: str, step: int, value: str) -> None:
@@ -142,7 +143,7 @@ def _plain(obj: Any) -> Any:
     return tolist() if callable(tolist) else str(obj)
 
 
-def _json_tree(value: Any) -> dict[str, Any]:
+def json_tree(value: Any) -> dict[str, Any]:
     """A config as plain JSON data (arrays as lists, other objects it cannot encode as their ``str``)."""
     tree = msgspec.to_builtins(value, str_keys=True, enc_hook=_plain)
     if not isinstance(tree, dict):
@@ -179,7 +180,7 @@ class RunConfig(Mapping[str, Any]):
         """Merge ``values`` into the top level; records the change (if any). True if one was recorded."""
         import jsonpatch
 
-        new = self._tree | _json_tree(dict(values))
+        new = self._tree | json_tree(dict(values))
         patch: list[dict[str, Any]] = jsonpatch.make_patch(self._tree, new).patch
         if not patch:
             return False
@@ -252,6 +253,11 @@ class Run:
         return self._ended
 
     @property
+    def last_step(self) -> int | None:
+        """The highest step logged so far (None before the first)."""
+        return self._last_step
+
+    @property
     def dropped(self) -> int:
         """Events dropped because the queue was full (each one also leaves a recorded gap)."""
         return self.emitter.dropped
@@ -280,15 +286,23 @@ class Run:
             return False
         host, skipped = host_values.scalars(flat)
         for name in skipped:
-            self._skip(name)
+            self.note_skipped(name)
         if not host:
             return False
         return self.emitter.submit(lambda: metrics_from_values(host), step=step)
 
-    def _skip(self, name: str) -> None:
+    def note_skipped(self, name: str) -> None:
+        """Count a logged value that is not a number (``skipped``; warned once per name); nothing is sent."""
         if name not in self.skipped:
             log.warning("runledger: %r is not a number; not recorded (said once per name)", name)
         self.skipped[name] = self.skipped.get(name, 0) + 1
+
+    def log_summary(self, values: Mapping[str, Any]) -> bool:
+        """The run's summary so far (W&B's ``run.summary``: final values by name) as ``run.summary``
+        at the last logged step; rank 0 only. True if the event was queued."""
+        if not self.is_main or self._ended:
+            return False
+        return self.emitter.submit(RunSummary(values=dict(values)), step=self._last_step)
 
     def log_router(
         self,
@@ -342,7 +356,7 @@ class Run:
         )
         for name in skipped:
             if name != "_step_time_s":
-                self._skip(name)
+                self.note_skipped(name)
         seconds = host.pop("_step_time_s", None)
         payload = RankStats(
             rank=self.rank,
@@ -364,13 +378,13 @@ class Run:
         """Apply an RFC 6902 patch to the run's config and record it (``config.changed``) with its
         cause; ``step``: the first step that runs with it (default: the next step ``log`` gets).
         A patch that does not apply raises ValueError and changes nothing."""
-        from ledger.config_patch import apply_config_patch
+        from schemas.config_patch import apply_config_patch
 
         ops = [msgspec.convert(msgspec.to_builtins(op), PatchOp) for op in patch]
         if not ops:
             return
         old = self.config._tree
-        new = _json_tree(apply_config_patch(old, ops))
+        new = json_tree(apply_config_patch(old, ops))
         if isinstance(cause, ChangeCause):
             why = cause
         else:
@@ -517,12 +531,9 @@ class Run:
             self.finish("completed")
         elif isinstance(exc, SystemExit):
             self.finish("completed" if exc.code in (None, 0) else "failed")
-        elif isinstance(exc, KeyboardInterrupt):
-            self.crash(exc, kind="signal", signum=signal.SIGINT)
-        elif isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
-            self.crash(exc, kind="oom")
         else:
-            self.crash(exc)
+            crash_kind, signum = cause_of(exc)
+            self.crash(exc, kind=crash_kind, signum=signum)
 
 
 def _nonfinite_text(value: Any) -> str:
@@ -630,43 +641,33 @@ class _Hooks:
         self.run = run
         self.pid = os.getpid()  # a forked child (a data-loader worker) inherits the hooks, not the run
         self.previous_hook: Callable[..., Any] | None = None
-        self.previous_signals: dict[int, Any] = {}
         if exceptions:
             self.previous_hook = sys.excepthook
             sys.excepthook = self._excepthook
-        if signals and threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                # An ignored signal (nohup, a background job's SIGINT) stays ignored: it would not
-                # end the process, so it is not a crash either.
-                if signal.getsignal(signum) != signal.SIG_IGN:
-                    self.previous_signals[signum] = signal.signal(signum, self._on_signal)
+        # An ignored signal (nohup, a background job's SIGINT) stays ignored: it would not end the
+        # process, so it is not a crash either.
+        self.signals = signals_lib.Handlers(
+            self._on_signal, signums=signals_lib.STOP_SIGNALS if signals else (), keep_ignored=True
+        )
         atexit.register(self._at_exit)
 
     def _excepthook(self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         if os.getpid() == self.pid:  # a forked child has the hook but not the run
             with contextlib.suppress(Exception):
-                if isinstance(exc, KeyboardInterrupt):
-                    self.run.crash(exc, kind="signal", signum=signal.SIGINT)
-                elif isinstance(exc, MemoryError) or kind.__name__ == "OutOfMemoryError":
-                    self.run.crash(exc, kind="oom")
-                else:
-                    self.run.crash(exc)
+                crash_kind, signum = cause_of(exc)
+                self.run.crash(exc, kind=crash_kind, signum=signum)
         (self.previous_hook or sys.__excepthook__)(kind, exc, tb)  # Python's own report still follows
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        previous = self.previous_signals.get(signum, signal.SIG_DFL)
+        previous = self.signals.previous_of(signum)
         if os.getpid() == self.pid:  # a forked child (a data-loader worker) only behaves as before
             name = signal.Signals(signum).name
             self.run.crash(
-                kind="signal", signum=signum, message=f"{name} received at step {self.run._last_step}"
+                kind="signal", signum=signum, message=f"{name} received at step {self.run.last_step}"
             )
         # Now what would have happened without us (in the run's process remove() has put the
         # previous handlers back already).
-        if callable(previous):
-            previous(signum, frame)  # e.g. Python's SIGINT handler: KeyboardInterrupt
-        elif previous == signal.SIG_DFL:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
+        signals_lib.act_as(previous, signum, frame)
 
     def _at_exit(self) -> None:
         if not self.run.ended and os.getpid() == self.pid:
@@ -675,12 +676,7 @@ class _Hooks:
     def remove(self) -> None:
         if sys.excepthook == self._excepthook:
             sys.excepthook = self.previous_hook or sys.__excepthook__
-        if threading.current_thread() is threading.main_thread():
-            for signum, handler in self.previous_signals.items():
-                with contextlib.suppress(ValueError, TypeError):
-                    if signal.getsignal(signum) == self._on_signal:
-                        signal.signal(signum, handler)
-        self.previous_signals.clear()
+        self.signals.remove()
         atexit.unregister(self._at_exit)
 
 
@@ -755,10 +751,8 @@ def init(
     ).checked()
     launch_key = f"explicit:{launch_id}" if launch_id else attempts_lib.launch_key_from_env()
     run_id = _check_run_id(run_id if run_id is not None else _new_run_id(placement, launch_key))
-    tree = _json_tree(dict(config or {}))
+    tree = json_tree(dict(config or {}))
     state = Path(state_dir) if state_dir is not None else attempts_lib.default_state_dir()
-    from runledger import provenance  # standard library only (torch stays unloaded)
-
     host = provenance.host()
     attempt, previous = _agree_attempt(
         state, run_id, placement, launch_key, resume_from_step, tree, host, attempt_wait_s
@@ -790,17 +784,23 @@ def init(
         host=host,
     )
     if placement.is_main:
-        fields = _launch_fields(tree, repository, host, placement, parallelism, external)
-        if resume_from_step is None:
-            emitter.submit(RunStarted(name=name, **fields), step=0, critical=True)
-        else:
-            payload = RunResumed(
-                from_checkpoint_step=resume_from_step,
-                checkpoint_path=str(checkpoint_path) if checkpoint_path is not None else None,
-                previous_attempt=max(1, attempt - 1),
-                **fields,
-            )
-            emitter.submit(payload, step=resume_from_step, critical=True)
+        fields = launch_fields(
+            config=tree,
+            config_hash=config_hash(tree),
+            provenance=provenance.Provenance.of_this_process(_code_root(), host_name=host),
+            repository=repository,
+            world_size=placement.world_size,
+            parallelism=parallelism,
+            external=external,
+        )
+        payload, at_step = launch_event(
+            fields,
+            attempt=attempt,
+            name=name,
+            resumed_from_step=resume_from_step,
+            checkpoint_path=str(checkpoint_path) if checkpoint_path is not None else None,
+        )
+        emitter.submit(payload, step=at_step, critical=True)
     run._hooks = _Hooks(run, signals=handle_signals, exceptions=capture_exceptions)
     return run
 
@@ -842,31 +842,3 @@ def _agree_attempt(
         "config_hash": config_hash(tree),
     }
     return attempts_lib.register(state, run_id, record)
-
-
-def _launch_fields(
-    tree: dict[str, Any],
-    repository: str | None,
-    host: str,
-    placement: Placement,
-    parallelism: Mapping[str, int] | None,
-    external: Mapping[str, str] | None,
-) -> dict[str, Any]:
-    from runledger import provenance
-
-    commit, dirty, branch = provenance.git_info(_code_root())
-    return {
-        "config": tree,
-        "config_hash": config_hash(tree),
-        "git_commit": commit,
-        "git_dirty": dirty,
-        "git_branch": branch,
-        "repository": repository,
-        "host": host,
-        "cluster": provenance.cluster(),
-        "job_id": provenance.job_id(),
-        "world_size": placement.world_size,
-        "parallelism": {str(k): int(v) for k, v in (parallelism or {}).items()},
-        "software": provenance.software(),
-        "external": {str(k): str(v) for k, v in (external or {}).items()},
-    }

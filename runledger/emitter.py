@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -217,7 +218,7 @@ class Emitter:
         return self._queue.qsize()
 
 
-def rank_spool(spool: str | Path | None, rank: int) -> Path:
+def rank_spool(spool: str | os.PathLike[str] | None, rank: int) -> Path:
     """The spool a rank writes to: the given one for rank 0, ``<spool>.rank<N>`` beside it for the
     others (a spool has one writer)."""
     from ingest.bus import default_spool_dir
@@ -226,7 +227,9 @@ def rank_spool(spool: str | Path | None, rank: int) -> Path:
     return base if rank == 0 else base.with_name(f"{base.name}.rank{rank}")
 
 
-def open_rank_sink(spool: str | Path | None, rank: int = 0, kafka_bootstrap: str | None = None) -> EventSink:
+def open_rank_sink(
+    spool: str | os.PathLike[str] | None, rank: int = 0, kafka_bootstrap: str | None = None
+) -> EventSink:
     """This rank's sink: Kafka if configured (every rank produces), else its own spool. With
     ``RUNLEDGER_PRODUCER_KEY`` set, every event is signed with that key and chained per source."""
     from ingest.bus import open_sink

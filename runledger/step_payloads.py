@@ -14,14 +14,13 @@ No torch here: host numbers and NumPy arrays only.
 from __future__ import annotations
 
 import math
-import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from schemas.payloads import MoeLayerStats, MoeRouterStats, RunCrashed, StepMetrics
+from schemas.payloads import MoeLayerStats, MoeRouterStats, StepMetrics
 
 STEP_FIELDS = ("loss", "grad_norm", "lr", "tokens_per_second", "mfu", "step_time_s")
 COUNT_FIELDS = ("tokens", "total_tokens")
@@ -131,31 +130,6 @@ def report_fields(report: StepReport) -> dict[str, float | int | None]:
     }
 
 
-def crashed(
-    kind: str,
-    exc: BaseException | None,
-    *,
-    signum: int | None,
-    message: str | None,
-    rank: int,
-    host: str,
-    last_step: int,
-) -> RunCrashed:
-    """One rank's crash: the exception (type, message, traceback) or signal, and the exit code a
-    process ends with for it (1, or 128 + the signal's number)."""
-    return RunCrashed(
-        kind=kind,  # type: ignore[arg-type]
-        exc_type=type(exc).__qualname__ if exc is not None else None,
-        message=message or (str(exc) if exc is not None else ""),
-        traceback="".join(traceback.format_exception(exc)) if exc is not None else None,
-        signal=signum,
-        exit_code=128 + signum if signum is not None else 1,
-        rank=rank,
-        host=host,
-        last_step=last_step,
-    )
-
-
 def step_metrics(report: StepReport) -> StepMetrics:
     """The trainer's step: its fields, its own scalars and the router's layer means."""
     scalars = dict(report.scalars)
@@ -164,7 +138,7 @@ def step_metrics(report: StepReport) -> StepMetrics:
         scalars["token_drop_rate"] = report.token_drop_rate
         for name in ("aux_loss", "z_loss", "routing_entropy"):
             values = [getattr(layer, name) for layer in report.layers]
-            scalars[name] = None if None in values else sum(values) / n  # type: ignore[operator]
+            scalars[name] = None if None in values else sum(values) / n
     return metrics_from_values(report_fields(report) | scalars)
 
 

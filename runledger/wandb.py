@@ -67,7 +67,7 @@ class _TeedRun:
                 self.step = step
         values, skipped = host_values.scalars(host_values.flatten(data, sep="."))
         for name in skipped:
-            self.ledger._skip(name)
+            self.ledger.note_skipped(name)
         self.row.update(values)
         if (step is None and commit is None) or commit:
             self.commit()
@@ -83,16 +83,14 @@ class _TeedRun:
         self.ledger.config.update(current, cause="wandb config update")
 
     def on_summary(self, values: Mapping[str, Any]) -> None:
-        from schemas.payloads import RunSummary
-
         kept = {str(k): v for k, v in values.items() if not str(k).startswith("_")}
         if not kept or not self.ledger.is_main or self.ledger.ended:
             return
         numbers, _ = host_values.scalars(kept)  # NumPy/torch scalars as numbers, NaN as null
-        self.summary.update(client._json_tree({k: v for k, v in kept.items() if k not in numbers}))
+        self.summary.update(client.json_tree({k: v for k, v in kept.items() if k not in numbers}))
         self.summary.update(numbers)
         snapshot = dict(self.summary)
-        self.ledger.emitter.submit(RunSummary(values=snapshot), step=self.ledger._last_step)
+        self.ledger.log_summary(snapshot)
 
     def finish(self, exit_code: int | None) -> None:
         self.commit()

@@ -296,7 +296,7 @@ def _envelope_rejected(raw: bytes, exc: msgspec.ValidationError) -> Quarantined:
             attr = value.get(name)
             if isinstance(attr, str) and 0 < len(attr) <= MAX_ATTRIBUTE_CHARS:
                 attrs[name] = attr
-    return _quarantine(raw, f"envelope: {exc}", ENVELOPE, **attrs)
+    return _quarantine(raw, f"envelope: {exc}", ENVELOPE, None, **attrs)
 
 
 def _quarantine(

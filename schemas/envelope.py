@@ -15,7 +15,7 @@ JSON, so the structured JSON form carries them as plain members:
 Producer identity and order (all optional, so events written before them still decode):
 
   key_id          the producer key that signed the event: ``<key name>+<8 hex key hash>`` (the
-                  note-key form of ``ledger.log_checkpoint``)
+                  note-key form of ``schemas.note``)
   signature       base64 Ed25519 signature over the event's signing bytes: its canonical bytes
                   without the ``signature`` member (``schemas.signing``)
   prev            hex hash (the Merkle leaf hash) of the previous event of the same ``source``;

@@ -1,8 +1,8 @@
 """Producer signatures and per-source hash chains on events.
 
 A producer (a training rank, the webhook receiver, an importer) holds an Ed25519 key in the note-key
-form of ``ledger.log_checkpoint`` (``write_keypair`` makes one; ``<stem>.key`` is private,
-``<stem>.pub`` public). A ``Sealer`` sets, on each envelope before it goes on the bus:
+form of ``schemas.note`` (``write_keypair`` makes one; ``<stem>.key`` is private, ``<stem>.pub``
+public). A ``Sealer`` sets, on each envelope before it goes on the bus:
 
 * ``prev``: the hash of the previous event this sealer sealed for the same ``source`` (``GENESIS``
   for the first), when the sealer keeps chains (``chain=True``; producers whose ``seq`` is not a
@@ -26,14 +26,9 @@ from typing import Any
 
 import msgspec
 
-from ledger.log_checkpoint import (
-    NoteSigner,
-    NoteVerifier,
-    parse_private_key,
-    parse_public_key,
-)
 from schemas.canonical import canonical_bytes
 from schemas.envelope import Envelope
+from schemas.note import NoteSigner, NoteVerifier, parse_private_key, parse_public_key
 
 PRODUCER_KEY_ENV = "RUNLEDGER_PRODUCER_KEY"  # path of a producer's private key file
 GENESIS = "0" * 64  # ``prev`` of a source's first event

@@ -2,7 +2,7 @@
 
 Layout of ``checkpoint.dir``::
 
-    attempts.json            every launch of the run: attempt number, time, host, resume point
+    attempts/                every launch of the run (runledger.attempts): attempt-000001.json, …
     step_00000100/           a complete checkpoint (renamed into place only once every rank wrote)
         rank00000.pt         each rank's model shard, optimizer state, RNG states
         config.json          the resolved config at that step (checked before a resume loads it)
@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from runledger import attempts as attempts_lib
 from runledger.durable import fsync_dir, write_durably
 from trainer.distributed import DistEnv, barrier
 
@@ -146,24 +147,30 @@ def resolve(root: Path, resume_from: str | int | Path) -> tuple[int, Path | None
 
 # --- the attempt register ----------------------------------------------------------------------
 
+ATTEMPTS_DIR = "attempts"  # runledger.attempts' register: one exclusively created file per attempt
+LEGACY_ATTEMPTS = "attempts.json"  # the register of trainers before it (read, never written)
 
-def attempts(root: Path) -> list[dict[str, Any]]:
-    path = root / "attempts.json"
+
+def _legacy_attempts(root: Path) -> list[dict[str, Any]]:
+    path = root / LEGACY_ATTEMPTS
     if not path.is_file():
         return []
     records: list[dict[str, Any]] = json.loads(path.read_text())["attempts"]
     return records
 
 
+def attempts(root: Path) -> list[dict[str, Any]]:
+    """Every launch of the run, oldest first (each record has its ``attempt`` number)."""
+    return _legacy_attempts(root) + attempts_lib.attempts_in(root / ATTEMPTS_DIR)
+
+
 def register_attempt(root: Path, record: dict[str, Any]) -> int:
-    """Append a launch to the register, durably, and return its attempt number (1-based).
+    """Register a launch durably and return its attempt number (1-based).
 
     Written before the launch emits anything, so a relaunch never reuses an attempt number (and
-    with it an event source) even when the previous attempt died before its first checkpoint.
+    with it an event source) even when the previous attempt died before its first checkpoint; two
+    launches racing for one number cannot both take it (an exclusive create, ``runledger.attempts``).
     """
-    root.mkdir(parents=True, exist_ok=True)
-    records = attempts(root)
-    number = len(records) + 1
-    records.append({"attempt": number, **record})
-    write_durably(root / "attempts.json", json.dumps({"attempts": records}, indent=1))
-    return number
+    after = max((int(r["attempt"]) for r in _legacy_attempts(root)), default=0)
+    attempt, _ = attempts_lib.register_in(root / ATTEMPTS_DIR, record, after=after)
+    return attempt

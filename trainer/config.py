@@ -325,7 +325,8 @@ def diff(old: TrainConfig, new: TrainConfig) -> list[dict[str, Any]]:
 
 def split_patch(ops: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(allowed, refused) by ``LIVE_KEYS``."""
-    allowed, refused = [], []
+    allowed: list[dict[str, Any]] = []
+    refused: list[dict[str, Any]] = []
     for op in ops:
         (allowed if op.get("path") in LIVE_KEYS and op.get("op") in ("replace", "add") else refused).append(
             op

@@ -160,7 +160,7 @@ def barrier(env: DistEnv) -> None:
         dist.barrier(group=env.control_group)
 
 
-def is_expert(param: torch.nn.Parameter) -> bool:
+def is_expert(param: torch.Tensor) -> bool:
     # Megatron marks expert weights with ``allreduce = False`` (they are reduced over the
     # expert-data-parallel group, not the data-parallel one).
     return not getattr(param, "allreduce", True)
@@ -176,13 +176,14 @@ def _allreduce_coalesced(grads: Sequence[torch.Tensor], group: Any, scale: float
         grad.copy_(reduced)
 
 
-def reduce_gradients(params: Iterable[torch.nn.Parameter], env: DistEnv) -> None:
+def reduce_gradients(params: Iterable[torch.Tensor], env: DistEnv) -> None:
     """Average gradients over data-parallel replicas (one coalesced all-reduce per group)."""
     if env.world_size == 1:
         return
     from megatron.core import parallel_state as ps
 
-    dense, expert = [], []
+    dense: list[torch.Tensor] = []
+    expert: list[torch.Tensor] = []
     for p in params:
         if p.grad is not None:
             (expert if is_expert(p) else dense).append(p.grad)
@@ -195,14 +196,14 @@ def reduce_gradients(params: Iterable[torch.nn.Parameter], env: DistEnv) -> None
             g.mul_(1.0 / env.dp)
 
 
-def copies(param: torch.nn.Parameter, env: DistEnv) -> int:
+def copies(param: torch.Tensor, env: DistEnv) -> int:
     """How many ranks hold an identical copy of this parameter (pipeline size 1)."""
     sharded_tp = bool(getattr(param, "tensor_model_parallel", False))
     shards = (env.tp if sharded_tp else 1) * (env.ep if is_expert(param) else 1)
     return max(1, env.world_size // shards)
 
 
-def weighted_grad_sq(params: Sequence[torch.nn.Parameter], env: DistEnv) -> torch.Tensor:
+def weighted_grad_sq(params: Sequence[torch.Tensor], env: DistEnv) -> torch.Tensor:
     """Σ ‖g‖² / copies over local parameters, on the device: summed over all ranks it is the
     squared global gradient norm, each distinct shard counted once."""
     groups: dict[int, list[torch.Tensor]] = {}

@@ -10,8 +10,10 @@ Events (``schemas.payloads``), all with ``stream = run_id`` and the launch's ``a
 
   source   ``trainer/<run_id>/a<attempt>/rank<rank>``: a fresh source per attempt and rank, so its
            ``seq`` starts at 0 and is gap-free without any state surviving a crash. Attempt numbers
-           come from ``attempts.json`` in the checkpoint dir, written durably before a launch emits
-           anything: a relaunch never reuses one, even after a SIGKILL before the first checkpoint.
+           come from the register in the checkpoint dir (``attempts/``, ``runledger.attempts``: one
+           exclusively created file per attempt), written durably before a launch emits anything: a
+           relaunch never reuses one, even after a SIGKILL before the first checkpoint, and two racing
+           launches never share one.
   rank 0   run-started / run-resumed (resolved config, hash, git, versions, host), step metrics and
            router stats (global, all-reduced), config changed / rejected, checkpoint saved, step
            skipped, run finished.
@@ -36,13 +38,11 @@ step trained with it.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import signal
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -51,9 +51,11 @@ import msgspec
 import torch
 
 from ingest.bus import EventSink
-from runledger import provenance
+from runledger import signals as signals_lib
+from runledger.crashes import CrashKind, NonFinite, SignalStop, cause_of, crashed
 from runledger.emitter import Emitter
-from runledger.step_payloads import crashed
+from runledger.launch import launch_event, launch_fields
+from runledger.provenance import Provenance
 from schemas.payloads import (
     ChangeCause,
     CheckpointSaved,
@@ -63,8 +65,6 @@ from schemas.payloads import (
     RankStats,
     RunCrashed,
     RunFinished,
-    RunResumed,
-    RunStarted,
     StepSkipped,
 )
 from trainer import checkpoint as ckpt
@@ -89,7 +89,6 @@ from trainer.optim import MasterAdamW, lr_at
 
 ResumeFrom = Literal["latest"] | int | str | Path | None
 Status = Literal["completed", "stopped", "crashed", "signal"]
-CrashKind = Literal["exception", "nonfinite_loss", "signal", "oom"]
 SaveReason = Literal["interval", "signal", "final"]
 Progress = Callable[[telemetry.StepReport], None]
 PatchOpDict = dict[str, Any]  # one RFC 6902 operation, as ``config.diff`` makes it
@@ -99,19 +98,11 @@ class RunExistsError(ConfigError):
     """A fresh start for a run id that was launched before (resume it, or pick a new id)."""
 
 
-class NonFiniteLoss(RuntimeError):
+class NonFiniteLoss(NonFinite):
     def __init__(self, step: int, value: str) -> None:
         super().__init__(f"non-finite loss ({value}) at step {step}")
         self.step = step
         self.value = value
-
-
-class SignalStop(BaseException):
-    """Raised by a second SIGTERM/SIGINT: stop now, without waiting for the step boundary."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"signal {signum}")
-        self.signum = signum
 
 
 @dataclass
@@ -161,26 +152,12 @@ class _StopFlag:
         return self.signum is not None
 
 
-@contextlib.contextmanager
-def _signal_handlers(flag: _StopFlag, enabled: bool) -> Iterator[None]:
-    # Python only delivers signals to the main thread; elsewhere (a test's worker) keep the defaults.
-    if not enabled or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.signal(s, flag) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-
 # --- what the ranks exchange, and what the phases share ----------------------------------------
 
 
 @dataclass(frozen=True)
 class _Launch:
-    """Rank 0's decision for this launch, already durable in ``attempts.json``; broadcast to all ranks."""
+    """Rank 0's decision for this launch, already durable in its attempt register; broadcast to all ranks."""
 
     attempt: int
     step: int  # the checkpoint step to resume from (0: from scratch)
@@ -282,7 +259,7 @@ def train(
     returned (``status`` "crashed" or "signal", ``exit_code`` for a CLI to exit with).
     ``mirror``: an experiment tracker to mirror the run to (``trainer.mirror.Mirror``), used on rank 0.
     ``on_model``: called with the model once it is built (and restored), before the first step, on
-    every rank: a study's own hooks (``trainer.study``) go on here.
+    every rank: a study's own hooks (``runledger.workflows.study``) go on here.
     """
     started = time.perf_counter()
     cfg, source = _open_config(config, overrides, watch)
@@ -337,7 +314,7 @@ def train(
     )
     escaped = False
     try:
-        with _signal_handlers(ctx.flag, handle_signals):
+        with signals_lib.handling(ctx.flag, enabled=handle_signals):
             try:
                 _run(ctx)
             finally:
@@ -375,21 +352,16 @@ def _run(ctx: RunContext) -> None:
             if ctx.cfg.debug.step_sleep_s > 0:  # debug pacing: a window between steps (kill tests)
                 time.sleep(ctx.cfg.debug.step_sleep_s)
         _finish(ctx)
-    except SignalStop as exc:  # a second signal: stop mid-step, without a checkpoint
-        _crash(ctx, "signal", exc, signum=exc.signum)
-    except KeyboardInterrupt as exc:  # Ctrl-C while our handler is not installed
-        _crash(ctx, "signal", exc, signum=signal.SIGINT)
-    except NonFiniteLoss as exc:
-        _crash(ctx, "nonfinite_loss", exc)
-    except (torch.OutOfMemoryError, MemoryError) as exc:
-        _crash(ctx, "oom", exc)
-    except Exception as exc:
-        # C++ code (torch.save's writer) turns a SignalStop raised inside it into a RuntimeError: the
-        # stop is still the second signal's, not an exception of the run.
-        if ctx.flag.forced is not None:
+    # A second signal (SignalStop: stop mid-step, without a checkpoint), Ctrl-C while our handler is
+    # not installed, a non-finite loss, OOM or any other exception: one classification (crashes.cause_of).
+    except (SignalStop, KeyboardInterrupt, Exception) as exc:
+        kind, signum = cause_of(exc)
+        if kind == "exception" and ctx.flag.forced is not None:
+            # C++ code (torch.save's writer) turns a SignalStop raised inside it into a RuntimeError:
+            # the stop is still the second signal's, not an exception of the run.
             _crash(ctx, "signal", exc, signum=ctx.flag.forced, message=f"signal {ctx.flag.forced}")
         else:
-            _crash(ctx, "exception", exc)
+            _crash(ctx, kind, exc, signum=signum)
     finally:
         if ctx.stats is not None:
             ctx.stats.close()  # take the router hooks off the model
@@ -482,36 +454,24 @@ def _announce_launch(ctx: RunContext) -> None:
     cfg, result = ctx.cfg, ctx.result
     if ctx.mirror is not None:
         ctx.mirror, result.external = mirror_lib.start(ctx.mirror, result.run_id, resolved(cfg), cfg.run.name)
-    fields = _launch_fields(cfg, ctx.env, result.external)
-    if ctx.attempt == 1:  # a resume always follows an attempt
-        ctx.emitter.submit(RunStarted(name=cfg.run.name, **fields), step=0, critical=True)
-    else:
-        payload = RunResumed(
-            from_checkpoint_step=ctx.step,
-            checkpoint_path=str(ctx.ckpt_path) if ctx.ckpt_path else None,
-            previous_attempt=max(1, ctx.attempt - 1),
-            **fields,
-        )
-        ctx.emitter.submit(payload, step=ctx.step, critical=True)
-
-
-def _launch_fields(cfg: TrainConfig, env: distributed.DistEnv, external: dict[str, str]) -> dict[str, Any]:
-    commit, dirty, branch = provenance.git_info()
-    return {
-        "config": resolved(cfg),
-        "config_hash": config_hash(cfg),
-        "git_commit": commit,
-        "git_dirty": dirty,
-        "git_branch": branch,
-        "repository": cfg.run.repository,
-        "host": env.host,
-        "cluster": provenance.cluster(),
-        "job_id": provenance.job_id(),
-        "world_size": env.world_size,
-        "parallelism": env.parallelism,
-        "software": provenance.software(),
-        "external": external,
-    }
+    fields = launch_fields(
+        config=resolved(cfg),
+        config_hash=config_hash(cfg),
+        provenance=Provenance.of_this_process(host_name=ctx.env.host),
+        repository=cfg.run.repository,
+        world_size=ctx.env.world_size,
+        parallelism=ctx.env.parallelism,
+        external=result.external,
+    )
+    payload, at_step = launch_event(
+        fields,
+        attempt=ctx.attempt,
+        name=cfg.run.name,
+        # A resume always follows an attempt: attempt 1 starts the run, every later one resumes it.
+        resumed_from_step=None if ctx.attempt == 1 else ctx.step,
+        checkpoint_path=str(ctx.ckpt_path) if ctx.ckpt_path else None,
+    )
+    ctx.emitter.submit(payload, step=at_step, critical=True)
 
 
 # --- phase 2: build (or restore) the model, optimizer and data ----------------------------------
@@ -794,7 +754,7 @@ def _log_telemetry(ctx: RunContext, update: _Update) -> None:
                 ctx.mirror.log(step, mirror_lib.step_values(report))
         if step % cfg.telemetry.rank_stats_interval == 0:
             now = time.perf_counter()
-            values = {
+            values: dict[str, float | None] = {
                 "interval_s": now - ctx.last_rank_stats,
                 "events_dropped": float(emitter.dropped),
                 "queue_depth": float(emitter.pending),
@@ -909,7 +869,7 @@ def _crash(
     payload = crashed(
         kind, exc, signum=signum, message=message, rank=ctx.env.rank, host=ctx.env.host, last_step=ctx.step
     )
-    exit_code = payload.exit_code
+    exit_code = payload.exit_code if payload.exit_code is not None else 1
     ctx.emitter.submit(payload, step=ctx.step, critical=True)
     ctx.emitter.flush(sync=True, timeout=ctx.emitter.critical_timeout_s)
     ctx.result.status = "signal" if kind == "signal" else "crashed"

@@ -9,12 +9,16 @@ config.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from trainer import cpu_compat
 from trainer.config import ConfigError, MoeConfig, TrainConfig
+
+if TYPE_CHECKING:  # imported where used: trainer.cpu_compat adapts Megatron first
+    from megatron.core.transformer.moe.router import TopKRouter
 
 
 def transformer_config(cfg: TrainConfig, device: torch.device):  # -> TransformerConfig
@@ -126,7 +130,7 @@ def apply_live_moe(model: torch.nn.Module, moe: MoeConfig) -> None:
             setattr(tcfg, key, value)
 
 
-def routers(model: torch.nn.Module) -> list[torch.nn.Module]:
+def routers(model: torch.nn.Module) -> list[TopKRouter]:
     """Each MoE layer's router, in layer order."""
     from megatron.core.transformer.moe.router import TopKRouter
 

@@ -17,7 +17,8 @@ from trainer.config import OptimizerConfig, TrainConfig
 
 class MasterAdamW:
     def __init__(self, model: torch.nn.Module, cfg: OptimizerConfig) -> None:
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        # Tensors, not Parameters: under fp32 ``master`` is this same list, and otherwise plain copies.
+        self.params: list[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]
         self.mixed = any(p.dtype != torch.float32 for p in self.params)
         if self.mixed:
             self.master = [p.detach().float().clone() for p in self.params]

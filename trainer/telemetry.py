@@ -22,7 +22,7 @@ path the client library (``runledger.init``) uses.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,6 +34,9 @@ from runledger.step_payloads import StepReport, finite, layer_stats_from_arrays,
 from schemas.payloads import MoeLayerStats
 from trainer import model as model_lib
 from trainer.config import TrainConfig
+
+if TYPE_CHECKING:
+    from megatron.core.transformer.moe.router import TopKRouter
 
 __all__ = [
     "Emitter",
@@ -68,7 +71,7 @@ class RouterStats:
         for index, router in enumerate(self.routers):
             self._install(index, router)
 
-    def _install(self, index: int, router: torch.nn.Module) -> None:
+    def _install(self, index: int, router: TopKRouter) -> None:
         original = router.gating  # the bound method
 
         def gating(inp: torch.Tensor) -> torch.Tensor:
@@ -87,7 +90,7 @@ class RouterStats:
 
     @torch.no_grad()
     def _accumulate(
-        self, index: int, router: torch.nn.Module, logits: torch.Tensor, routing_map: torch.Tensor
+        self, index: int, router: TopKRouter, logits: torch.Tensor, routing_map: torch.Tensor
     ) -> None:
         # Few, whole-tensor ops: on a CPU each op costs microseconds whatever its size.
         tcfg = router.config

@@ -105,7 +105,7 @@ def test_demo_refuses_the_current_folder_its_ancestors_home_and_root(
 
 
 def test_demo_folder_reuse_and_force_remove_only_the_demos_outputs(tmp_path: Path) -> None:
-    from cli.demo_cmd import DEMO_OUTPUTS, MARKER, prepare_workdir
+    from runledger.workflows.demo import DEMO_OUTPUTS, MARKER, prepare_workdir
 
     # A folder the demo made (marked) is reused: its outputs go, anything else stays.
     work = tmp_path / "demo"
@@ -127,7 +127,7 @@ def test_demo_folder_reuse_and_force_remove_only_the_demos_outputs(tmp_path: Pat
 
 
 def test_demo_does_not_follow_a_symlinked_output(tmp_path: Path) -> None:
-    from cli.demo_cmd import prepare_workdir
+    from runledger.workflows.demo import prepare_workdir
 
     outside = tmp_path / "outside"
     outside.mkdir()

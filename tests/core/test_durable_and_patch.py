@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from ledger.config_patch import ConfigPatchError, apply_config_patch
 from ledger.projectors import PROJECTORS
 from runledger.durable import fsync_dir, write_durably
 from schemas import CATALOGUE
+from schemas.config_patch import ConfigPatchError, apply_config_patch
 from schemas.payloads import PatchOp
 
 # --------------------------------------------------------------------------- write_durably

@@ -11,8 +11,9 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from cli.main import app
+from ledger.history import HistoryItem, history_range, summarise_history
 from ledger.integrity import verify_ledger
-from ledger.query import HistoryItem, Reader, history_range, summarise_history
+from ledger.query import Reader
 from ledger.store import Ledger, SourceRecord
 from tests.support.factory import RunBuilder
 

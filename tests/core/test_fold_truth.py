@@ -14,13 +14,13 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from ingest.github_events import webhook_events
-from ledger import admission
+from ledger import registry
 from ledger.integrity import verify_ledger
-from ledger.log_checkpoint import write_keypair
 from ledger.store import Ledger, SourceRecord
 from schemas import Envelope, encode_event, make_event
 from schemas import payloads as p
 from schemas.canonical import config_hash
+from schemas.note import write_keypair
 from schemas.signing import Sealer
 from tests.support.github import fixture_json
 
@@ -61,8 +61,8 @@ def ledger_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     _commit(ledger, push, feed="spool:github")  # before any registry: admitted unchecked
     private, public = write_keypair(tmp / "keys", "trainer")
-    admission.register_producer(ledger, "trainer", public.read_text(), p.ProducerScope(sources=["trainer/"]))
-    admission.append_registry_event(ledger, p.PolicyChanged(unsigned_sources=["people/"]))
+    registry.register_producer(ledger, "trainer", public.read_text(), p.ProducerScope(sources=["trainer/"]))
+    registry.append_registry_event(ledger, p.PolicyChanged(unsigned_sources=["people/"]))
     sealer = Sealer(private.read_text())
     edit = p.ConfigChanged(
         patch=[p.PatchOp(op="replace", path="/moe/capacity_factor", value=1.25)],

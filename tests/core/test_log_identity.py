@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from ledger.integrity import checkpoint_path, sign_checkpoints, verify_ledger
-from ledger.log_checkpoint import write_keypair
 from ledger.store import Ledger, LedgerError, SourceRecord
+from schemas.note import write_keypair
 from tests.support.factory import RunBuilder
 
 

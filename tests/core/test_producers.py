@@ -15,7 +15,7 @@ import pytest
 
 from ingest.bus import SpoolSink
 from ingest.spool_ingester import ingest_spool
-from ledger import admission
+from ledger import admission, registry
 from ledger.store import Ledger, SourceRecord
 from ledger.verifier import verify_producer_signature
 from schemas import Envelope, Event, decode_event, encode_event, make_event
@@ -49,7 +49,7 @@ def trainer_keys(tmp_path: Path) -> Keys:
 @pytest.fixture
 def registered(tmp_path: Path, trainer_keys: Keys) -> Ledger:
     ledger = Ledger.create(tmp_path / "ledger")
-    admission.register_producer(ledger, "trainer", trainer_keys.public, ProducerScope(sources=["trainer/"]))
+    registry.register_producer(ledger, "trainer", trainer_keys.public, ProducerScope(sources=["trainer/"]))
     return ledger
 
 
@@ -101,7 +101,7 @@ def test_policy_lets_named_sources_in_unsigned(registered: Ledger) -> None:
         Annotation(author="ann", text="hi"), source="people/ann", stream="r", run_id="r", seq=0
     )
     assert commit(registered, [annotation]) == {annotation.id: "unsigned"}
-    admission.append_registry_event(registered, PolicyChanged(unsigned_sources=["people/"]))
+    registry.append_registry_event(registered, PolicyChanged(unsigned_sources=["people/"]))
     again = msgspec.structs.replace(annotation, id=uuid.uuid4().hex)
     assert commit(registered, [again]) == {}
 
@@ -111,7 +111,7 @@ def test_a_ledger_without_a_registry_admits_unsigned_and_signed_events_as_before
 ) -> None:
     ledger = Ledger.create(tmp_path / "plain")
     assert commit(ledger, [metric(0), trainer_keys.sealer().seal(metric(1))]) == {}
-    assert admission.producers(ledger).registry is False
+    assert registry.producers(ledger).registry is False
 
 
 def test_revoked_keys_later_events_are_refused_while_its_earlier_ones_still_verify(
@@ -120,7 +120,7 @@ def test_revoked_keys_later_events_are_refused_while_its_earlier_ones_still_veri
     sealer = trainer_keys.sealer()
     early = [sealer.seal(metric(i)) for i in range(2)]
     assert commit(registered, early) == {}
-    admission.append_registry_event(registered, ProducerRevoked(key_id=sealer.key_id, reason="leaked"))
+    registry.append_registry_event(registered, ProducerRevoked(key_id=sealer.key_id, reason="leaked"))
     late = sealer.seal(metric(2))
     assert commit(registered, [late]) == {late.id: "revoked-key"}
     # A fresh process (state rebuilt from the log) refuses it too.
@@ -241,7 +241,7 @@ def test_rotation_refuses_the_old_key_and_admits_the_new_one_with_the_same_scope
     new = Keys(tmp_path / "new", "trainer")
     old_id = trainer_keys.sealer().key_id
     new_id = new.sealer().key_id
-    admission.append_registry_event(
+    registry.append_registry_event(
         registered, ProducerRotated(old_key_id=old_id, public_key=new.public, key_id=new_id)
     )
     stale = trainer_keys.sealer(chain=False).seal(metric(0))

@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from ledger import admission
+from ledger import admission, registry
 from ledger.integrity import verify_ledger
 from ledger.store import Ledger, SourceRecord
 from schemas import Envelope, encode_event, make_event
@@ -54,7 +54,7 @@ def keys(tmp_path: Path) -> Keys:
 @pytest.fixture
 def registered(tmp_path: Path, keys: Keys) -> Ledger:
     ledger = Ledger.create(tmp_path / "ledger")
-    admission.register_producer(ledger, "trainer", keys.public, ProducerScope(sources=["trainer/"]))
+    registry.register_producer(ledger, "trainer", keys.public, ProducerScope(sources=["trainer/"]))
     return ledger
 
 
@@ -65,8 +65,8 @@ def test_each_row_says_how_admission_let_it_in(tmp_path: Path, keys: Keys) -> No
     ledger = Ledger.create(tmp_path / "ledger")
     before = note("before any registry")
     assert commit(ledger, [before]) == {}
-    admission.register_producer(ledger, "trainer", keys.public, ProducerScope(sources=["trainer/"]))
-    admission.append_registry_event(ledger, PolicyChanged(unsigned_sources=["people/"]))
+    registry.register_producer(ledger, "trainer", keys.public, ProducerScope(sources=["trainer/"]))
+    registry.append_registry_event(ledger, PolicyChanged(unsigned_sources=["people/"]))
     signed, unsigned = keys.sealer().seal(metric(0)), note("let in by the policy")
     assert commit(ledger, [signed, unsigned]) == {}
     marks = {r["id"]: r["authenticated"] for r in rows(ledger.root)}
@@ -83,7 +83,7 @@ def test_verify_judges_every_producer_event_under_the_registry_of_its_commit(
     """A revoked key's earlier events still verify; nothing in the log is a false alarm."""
     sealer = keys.sealer()
     assert commit(registered, [sealer.seal(metric(i)) for i in range(3)]) == {}
-    admission.append_registry_event(registered, ProducerRevoked(key_id=sealer.key_id, reason="leaked"))
+    registry.append_registry_event(registered, ProducerRevoked(key_id=sealer.key_id, reason="leaked"))
     assert commit(registered, [sealer.seal(metric(3))]) != {}  # refused at ingest
     report = verify_ledger(registered.root)
     assert report.ok, [p.line() for p in report.problems]
@@ -115,7 +115,7 @@ def test_verify_names_an_event_that_ingest_should_have_refused(
 def test_verify_names_an_edited_authenticated_mark(tmp_path: Path, registered: Ledger) -> None:
     """The mark is not in the leaf; verify recomputes it, so setting it to true in the Parquet (to
     hide "unauthenticated" from every answer) is caught and names the event."""
-    admission.append_registry_event(registered, PolicyChanged(unsigned_sources=["people/"]))
+    registry.append_registry_event(registered, PolicyChanged(unsigned_sources=["people/"]))
     unsigned = note("unsigned, by policy")
     assert commit(registered, [unsigned]) == {}
     [path] = [
@@ -172,15 +172,15 @@ def test_the_registry_is_exported_with_the_points_of_the_log_it_was_made_at(
 ) -> None:
     sealer = keys.sealer()
     assert commit(registered, [sealer.seal(metric(i)) for i in range(2)]) == {}
-    admission.append_registry_event(registered, PolicyChanged(unsigned_sources=["people/"]))
+    registry.append_registry_event(registered, PolicyChanged(unsigned_sources=["people/"]))
     out = tmp_path / "registry.jsonl"
     result = CliRunner().invoke(
         app, ["producers", "export", "--out", str(out), "--ledger", str(registered.root)]
     )
     assert result.exit_code == 0 and result.output == f"wrote 2 registry events to {out}\n", result.output
-    entries = admission.read_registry(out)
+    entries = registry.read_registry(out)
     assert [(e.position, e.after) for e in entries] == [(0, {}), (1, {"spool:test": 2})]
-    assert entries == admission.read_registry(registered.root)  # the ledger itself reads the same
+    assert entries == registry.read_registry(registered.root)  # the ledger itself reads the same
     # Committed again at those points into a new ledger, the registry's tree is the same.
     copy = Ledger.create(tmp_path / "copy")
     for entry in entries:
@@ -205,7 +205,7 @@ def test_a_bad_registry_file_is_one_clear_error(tmp_path: Path, line: str) -> No
     path = tmp_path / "registry.jsonl"
     path.write_text(line + "\n")
     with pytest.raises(ValueError, match=r"registry.jsonl:1: not a registry"):
-        admission.read_registry(path)
+        registry.read_registry(path)
 
 
 # ------------------------------------------------------------------------------ chain heads kept
@@ -318,7 +318,7 @@ def test_a_gap_and_its_incident_are_the_same_bytes_when_met_again(tmp_path: Path
     roots = []
     for name in ("a", "b"):
         ledger = Ledger.create(tmp_path / name, ledger_id="same")
-        admission.register_producer(ledger, "trainer", keys.public, ProducerScope(sources=["trainer/"]))
+        registry.register_producer(ledger, "trainer", keys.public, ProducerScope(sources=["trainer/"]))
         assert commit(ledger, [events[0], events[3]]) == {}
         roots.append(ledger.stream_heads()["r"].tree.root())
     assert events[0].prev == GENESIS

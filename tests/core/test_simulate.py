@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from ledger.query import Reader
+from runledger.workflows import simulate as sim
 from tests.support.kafka import broker_fixture
-from trainer import simulate as sim
 
 pytestmark = pytest.mark.slow  # a 2,000-step run is emitted and ingested once per module
 runner = CliRunner()

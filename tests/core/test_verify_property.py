@@ -41,14 +41,14 @@ from hypothesis import event as note_event
 from hypothesis import strategies as st
 
 from ingest import github_events as gh
-from ledger.config_patch import ConfigPatchError, apply_config_patch
 from ledger.integrity import Report, sign_checkpoints, verify_ledger
-from ledger.log_checkpoint import generate_keypair
 from ledger.parquet_schemas import TABLES
 from ledger.store import Ledger, SourceRecord
 from schemas import CATALOGUE, Envelope, Event, config_hash, decode_event, encode_event, make_event
 from schemas import catalogue as c
 from schemas import payloads as p
+from schemas.config_patch import ConfigPatchError, apply_config_patch
+from schemas.note import generate_keypair
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "github"
 TYPED_TABLES = [name for name in TABLES if name not in ("events", "quarantine")]

@@ -13,11 +13,11 @@ import pytest
 from ingest.bus import SpoolSink
 from ingest.github_webhook import create_app, signature_of
 from ingest.spool_ingester import ingest_spool
-from ledger.admission import register_producer
-from ledger.log_checkpoint import write_keypair
+from ledger.registry import register_producer
 from ledger.store import Ledger
 from ledger.verifier import VerificationError, verify_producer_signature
 from schemas import Event, decode_event
+from schemas.note import write_keypair
 from schemas.payloads import ProducerScope
 from schemas.signing import HMAC_CHECKED, Sealer
 from tests.support.github import fixture_json, read_events, running_uvicorn

@@ -22,11 +22,11 @@ from typer.testing import CliRunner
 from cli.main import app
 from ingest.github_webhook import hmac_attestation, signature_of
 from ingest.spool_ingester import ingest_spool
-from ledger.admission import register_producer
 from ledger.integrity import verify_ledger
-from ledger.log_checkpoint import write_keypair
+from ledger.registry import register_producer
 from ledger.store import Ledger
 from ledger.verifier import verify_producer_signature
+from schemas.note import write_keypair
 from schemas.payloads import ProducerScope
 from tests.support.github import fixture_json, read_events
 

@@ -13,9 +13,9 @@ from kafka import KafkaProducer
 
 from ingest.kafka_ingester import run_ingester
 from ledger.integrity import prove_inclusion, sign_checkpoints
-from ledger.log_checkpoint import write_keypair
 from ledger.store import Ledger
 from schemas import encode_event
+from schemas.note import write_keypair
 from tests.support.kafka_clients import (
     check_ledger,
     consume_topic,

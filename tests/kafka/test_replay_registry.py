@@ -12,11 +12,11 @@ from pathlib import Path
 import pyarrow.dataset as ds
 
 from ingest.kafka_ingester import run_ingester
-from ledger import admission
+from ledger import registry
 from ledger.integrity import sign_checkpoints
-from ledger.log_checkpoint import write_keypair
 from ledger.store import Ledger
 from schemas import make_event
+from schemas.note import write_keypair
 from schemas.payloads import Annotation, PolicyChanged, ProducerRevoked, ProducerScope, StepMetrics
 from schemas.signing import Sealer
 from tests.support.kafka_clients import produce_events, run_cli
@@ -90,14 +90,14 @@ def test_a_replayed_ledger_keeps_the_registry_and_admits_the_same_way(
     send([*[trainer.seal(_metric(i)) for i in range(5)], _note(0)])
     ingest()
     ledger = Ledger.open(live)
-    admission.register_producer(ledger, "trainer", public.read_text(), ProducerScope(sources=["trainer/"]))
+    registry.register_producer(ledger, "trainer", public.read_text(), ProducerScope(sources=["trainer/"]))
     # Registered, no policy yet: an unsigned note and a forgery are refused, signed metrics land.
     send([*[trainer.seal(_metric(i)) for i in range(5, 10)], _note(1), mallory.seal(_metric(10))])
     ingest()
-    admission.append_registry_event(ledger, PolicyChanged(unsigned_sources=["people/"]))
+    registry.append_registry_event(ledger, PolicyChanged(unsigned_sources=["people/"]))
     send([trainer.seal(_metric(11)), _note(2)])
     ingest()
-    admission.append_registry_event(ledger, ProducerRevoked(key_id=trainer.key_id, reason="rotated out"))
+    registry.append_registry_event(ledger, ProducerRevoked(key_id=trainer.key_id, reason="rotated out"))
     send([trainer.seal(_metric(12))])
     ingest()
 

@@ -12,20 +12,22 @@ import pytest
 
 from ledger.log_checkpoint import (
     Checkpoint,
-    CheckpointError,
     format_checkpoint,
+    parse_and_verify_checkpoint,
+    parse_checkpoint,
+    sign_checkpoint,
+)
+from ledger.merkle import EMPTY_ROOT, leaf_hash
+from schemas.note import (
+    CheckpointError,
     generate_keypair,
     key_hash,
     open_note,
-    parse_and_verify_checkpoint,
-    parse_checkpoint,
     parse_private_key,
     parse_public_key,
-    sign_checkpoint,
     sign_note,
     write_keypair,
 )
-from ledger.merkle import EMPTY_ROOT, leaf_hash
 
 # Known answer from golang.org/x/mod/sumdb/note (package documentation / note_test.go):
 # Ed25519 is deterministic, so signing the same text with the same key must give these exact bytes.

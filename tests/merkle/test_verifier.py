@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from ledger import verifier
-from ledger.log_checkpoint import sign_checkpoint, write_keypair
+from ledger.log_checkpoint import sign_checkpoint
 from ledger.merkle import MerkleTree, leaf_hash
+from schemas.note import write_keypair
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VERIFIER_FILE = REPO_ROOT / "ledger" / "verifier.py"

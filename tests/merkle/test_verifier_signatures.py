@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from ledger import verifier
-from ledger.log_checkpoint import sign_checkpoint, write_keypair
+from ledger.log_checkpoint import sign_checkpoint
 from ledger.merkle import MerkleTree, leaf_hash
 from schemas import Event, decode_event, encode_event, make_event
+from schemas.note import write_keypair
 from schemas.payloads import StepMetrics
 from schemas.signing import Sealer
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ledger.log_checkpoint import write_keypair
 from ledger.store import Ledger, SourceRecord
 from schemas import Envelope, encode_event, make_event
+from schemas.note import write_keypair
 from schemas.payloads import StepMetrics
 from schemas.signing import Sealer
 

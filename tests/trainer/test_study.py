@@ -18,8 +18,8 @@ from ledger.log_checkpoint import parse_and_verify_checkpoint
 from ledger.query import Reader
 from ledger.store import Ledger
 from ledger.verifier import verify_consistency
-from trainer import study
-from trainer.study import Policy, StudyError, StudyOptions
+from runledger.workflows import study
+from runledger.workflows.study import Policy, StudyError, StudyOptions
 
 
 @pytest.fixture(scope="module")

@@ -21,11 +21,11 @@ from typer.testing import CliRunner
 from cli.main import app
 from ingest.spool import SpoolReader
 from ingest.spool_ingester import IngestStats, ingest_spool
-from ledger import admission
-from ledger.log_checkpoint import write_keypair
+from ledger import registry
 from ledger.store import Ledger
 from ledger.views import connect
 from schemas import Event, decode_event
+from schemas.note import write_keypair
 from schemas.payloads import ProducerScope
 from tests.support.wandb_api_server import FIXTURES, RecordedRun, WandbApiServer
 
@@ -236,7 +236,7 @@ def test_signed_import_is_admitted_by_its_registered_key_and_an_unregistered_key
     stranger_key, _ = write_keypair(tmp_path / "keys", "stranger")
     root = tmp_path / "ledger"
     ledger = Ledger.create(root)
-    admission.register_producer(
+    registry.register_producer(
         ledger, "wandb-importer", registered_pub.read_text().strip(), ProducerScope(sources=["wandb-api:"])
     )
 
@@ -380,7 +380,7 @@ def test_github_backfill_is_signed_by_the_same_helper(
 
     private, public = write_keypair(tmp_path / "keys", "github-backfill")
     ledger = Ledger.create(tmp_path / "ledger")
-    admission.register_producer(
+    registry.register_producer(
         ledger, "github-backfill", public.read_text().strip(), ProducerScope(sources=["github"])
     )
     monkeypatch.setenv("RUNLEDGER_PRODUCER_KEY", str(private))

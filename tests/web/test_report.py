@@ -19,7 +19,6 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from ledger.integrity import sign_checkpoints
-from ledger.log_checkpoint import write_keypair
 from ledger.query import Reader
 from ledger.report import (
     HEATMAP_BUCKETS,
@@ -35,6 +34,7 @@ from ledger.store import Ledger, SourceRecord
 from schemas import encode_event, make_event
 from schemas import payloads as p
 from schemas.github import GitHubPullRequest, GitHubPush
+from schemas.note import write_keypair
 from tests.support.factory import T0, RunBuilder
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from runledger.workflows.study.options import StudyError, StudyOptions
+from runledger.workflows.study.policies import Policy, count_drops
 from trainer import drop_accounting as da
-from trainer.study_options import StudyError, StudyOptions
-from trainer.study_policies import Policy, count_drops
+
+if TYPE_CHECKING:
+    from megatron.core.transformer.moe.router import TopKRouter
 
 
 class DropCollector:
@@ -24,7 +27,7 @@ class DropCollector:
         self.policies = list(policies)
         self.series: dict[Policy, list[list[float]]] = {p: [] for p in [*self.policies, Policy("trainer")]}
         self.steps: list[int] = []
-        self.routers: list[torch.nn.Module] = []
+        self.routers: list[TopKRouter] = []
         self._selections: dict[int, list[torch.Tensor]] = {}
         self.accounting_s = 0.0
 
@@ -36,7 +39,7 @@ class DropCollector:
             _enable_expert_bias(router)
             self._wrap_routing(index, router)
 
-    def _wrap_routing(self, index: int, router: torch.nn.Module) -> None:
+    def _wrap_routing(self, index: int, router: TopKRouter) -> None:
         from megatron.core.transformer.moe.moe_utils import topk_routing_with_score_function
 
         original = router.routing  # the bound method
@@ -92,7 +95,7 @@ class DropCollector:
             counts.zero_()
 
 
-def _enable_expert_bias(router: torch.nn.Module) -> None:
+def _enable_expert_bias(router: TopKRouter) -> None:
     """Turn on Megatron's aux-loss-free expert bias on a built router (the trainer's config has no
     switch for it): the config flag and the two buffers its constructor would have made."""
     if router.config.moe_router_score_function != "sigmoid":

@@ -1,7 +1,9 @@
 """Applying a live config change: an RFC 6902 JSON Patch onto a resolved config.
 
-One definition for every reader of ``runledger.config.changed`` events (the table projection, the
-fold, the history); each decides for itself what a patch that does not apply means.
+One definition for every writer and reader of ``runledger.config.changed`` events (the client and
+the simulator that apply a live change, the ledger's table projection, fold and history); each
+decides for itself what a patch that does not apply means. Part of the catalogue: it depends on
+nothing of the ledger.
 """
 
 from __future__ import annotations

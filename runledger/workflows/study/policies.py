@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from runledger.workflows.study.options import StudyOptions
 from trainer import drop_accounting as da
-from trainer.study_options import StudyOptions
 
 # --- policies and their labels -----------------------------------------------------------------
 

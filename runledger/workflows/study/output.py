@@ -9,10 +9,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.study_collect import DropCollector
-from trainer.study_options import REFERENCE_POOLED_WAVE_CF, REFERENCE_POOLED_WAVE_RATE, StudyOptions
-from trainer.study_policies import Policy, Summary, pooled_wave_policy, summarise
-from trainer.study_predictions import Prediction, Score
+from runledger.workflows.study.collect import DropCollector
+from runledger.workflows.study.options import (
+    REFERENCE_POOLED_WAVE_CF,
+    REFERENCE_POOLED_WAVE_RATE,
+    StudyOptions,
+)
+from runledger.workflows.study.policies import Policy, Summary, pooled_wave_policy, summarise
+from runledger.workflows.study.predictions import Prediction, Score
 
 
 @dataclass

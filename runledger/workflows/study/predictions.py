@@ -6,13 +6,18 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 
-from trainer.study_collect import DropCollector
-from trainer.study_options import REFERENCE_POOLED_WAVE_CF, REFERENCE_POOLED_WAVE_RATE, StudyOptions
-from trainer.study_policies import Policy, count_drops, pooled_wave_policy, summarise
+from runledger.workflows.study.collect import DropCollector
+from runledger.workflows.study.options import (
+    REFERENCE_POOLED_WAVE_CF,
+    REFERENCE_POOLED_WAVE_RATE,
+    StudyOptions,
+)
+from runledger.workflows.study.policies import Policy, count_drops, pooled_wave_policy, summarise
 
 # --- predictions -----------------------------------------------------------------------------
 
@@ -118,57 +123,71 @@ def score(
     control = collectors[control_run]
     means = {p: summarise(control_run, p, s).mean for p, s in control.series.items()}
     texts = claims(options)
-    out: list[Score] = []
     zero = all(
         v == 0.0 for run in collectors.values() for step in run.series[Policy("dropless")] for v in step
     )
-    out.append(Score(texts[0], zero, "max dropless rate 0" if zero else "a non-zero dropless rate"))
-    trained = collectors[trained_run]
-    cf = options.trained_capacity_factor
-    counterfactual = trained.series.get(Policy("megatron", cf))
-    measured = trained.series[Policy("trainer")]
-    if counterfactual is None:
-        out.append(Score(texts[1], False, f"cf {cf:g} is not in the sweep"))
-    else:
-        pairs = [
-            (a, b)
-            for sa, sb in zip(counterfactual, measured, strict=True)
-            for a, b in zip(sa, sb, strict=False)
-        ]
-        complete = len(pairs) == sum(len(sa) for sa in counterfactual) and all(
-            len(sa) == len(sb) for sa, sb in zip(counterfactual, measured, strict=True)
-        )
-        worst = max((abs(a - b) for a, b in pairs), default=0.0)
-        detail = f"{len(pairs)} layer-steps, largest difference {worst:.3g}"
-        out.append(Score(texts[1], complete and bool(pairs) and worst == 0.0, detail))
-    rising = []
-    families: list[tuple[str, Callable[[float], Policy]]] = [("megatron", lambda c: Policy("megatron", c))]
-    for setup in options.pooled_wave:
-        families.append(
-            (f"pooled-wave {setup[0]}x{setup[1]}", lambda c, st=setup: pooled_wave_policy(options, c, st))
-        )
-    for name, make in families:
-        seq = [means[make(c)] for c in sorted(options.capacity_factors)]
-        if any(b > a + 1e-12 for a, b in itertools.pairwise(seq)):
-            rising.append(name)
-    out.append(Score(texts[2], not rising, "holds for every policy" if not rising else f"rises for {rising}"))
+    rising = _rising(options, means)
     worse = [
         (c, means[pooled_wave_policy(options, c)], means[Policy("megatron", c)])
         for c in options.capacity_factors
     ]
     fails = [f"cf {c:g}: {pw:.3%} < {mg:.3%}" for c, pw, mg in worse if pw + 1e-12 < mg]
-    out.append(Score(texts[3], not fails, "; ".join(fails) or "holds at every cf"))
+    out = [
+        Score(texts[0], zero, "max dropless rate 0" if zero else "a non-zero dropless rate"),
+        _cross_check(texts[1], options, collectors[trained_run]),
+        Score(texts[2], not rising, "holds for every policy" if not rising else f"rises for {rising}"),
+        Score(texts[3], not fails, "; ".join(fails) or "holds at every cf"),
+    ]
     ref = means.get(pooled_wave_policy(options, REFERENCE_POOLED_WAVE_CF))
     if ref is None:
         out.append(Score(texts[4], False, f"cf {REFERENCE_POOLED_WAVE_CF:g} is not in the sweep"))
     else:
         ratio = ref / REFERENCE_POOLED_WAVE_RATE
         out.append(Score(texts[4], 1 / 3 <= ratio <= 3, f"{ref:.3%} = {ratio:.2f}x the reference"))
+    return out, _grade(predictions, control, means)
+
+
+def _cross_check(claim: str, options: StudyOptions, trained: DropCollector) -> Score:
+    """The trainer's measured drop against the counterfactual at the trained cf, layer by layer."""
+    cf = options.trained_capacity_factor
+    counterfactual = trained.series.get(Policy("megatron", cf))
+    measured = trained.series[Policy("trainer")]
+    if counterfactual is None:
+        return Score(claim, False, f"cf {cf:g} is not in the sweep")
+    pairs = [
+        (a, b) for sa, sb in zip(counterfactual, measured, strict=True) for a, b in zip(sa, sb, strict=False)
+    ]
+    complete = len(pairs) == sum(len(sa) for sa in counterfactual) and all(
+        len(sa) == len(sb) for sa, sb in zip(counterfactual, measured, strict=True)
+    )
+    worst = max((abs(a - b) for a, b in pairs), default=0.0)
+    detail = f"{len(pairs)} layer-steps, largest difference {worst:.3g}"
+    return Score(claim, complete and bool(pairs) and worst == 0.0, detail)
+
+
+def _rising(options: StudyOptions, means: dict[Policy, float]) -> list[str]:
+    """The policy families whose mean drop rises somewhere as cf rises."""
+    families: list[tuple[str, Callable[[float], Policy]]] = [("megatron", partial(Policy, "megatron"))]
+    for setup in options.pooled_wave:
+        families.append(
+            (f"pooled-wave {setup[0]}x{setup[1]}", partial(pooled_wave_policy, options, setup=setup))
+        )
+    rising = []
+    for name, make in families:
+        seq = [means[make(c)] for c in sorted(options.capacity_factors)]
+        if any(b > a + 1e-12 for a, b in itertools.pairwise(seq)):
+            rising.append(name)
+    return rising
+
+
+def _grade(
+    predictions: Sequence[Prediction], control: DropCollector, means: dict[Policy, float]
+) -> list[dict[str, Any]]:
+    """Each prediction against the control run's measured mean."""
     graded = []
     by_label = {p.label: p for p in control.series}
     for pred in predictions:
-        policy = by_label[pred.policy]
-        got = means[policy]
+        got = means[by_label[pred.policy]]
         graded.append(
             {
                 "policy": pred.policy,
@@ -179,4 +198,4 @@ def score(
                 "error": got - pred.point,
             }
         )
-    return out, graded
+    return graded

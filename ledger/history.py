@@ -1,0 +1,339 @@
+"""A run's history as a story: each history row (an event, a GitHub row) told as one line.
+
+The narration ``ledger history`` prints and ``ledger diff`` quotes: ``ledger.query.Reader.history``
+reads the rows and the code each attempt ran; this module turns them into ``HistoryItem`` sentences,
+and summarises a long history to a screen (``summarise_history``, ``history_range``,
+``history_counts``). No queries here: everything it tells comes in as arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import jsonpatch
+import jsonpointer
+import msgspec
+
+from schemas import Envelope
+from schemas import catalogue as c
+from schemas.config_patch import ConfigPatchError, apply_config_patch
+
+
+@dataclass
+class HistoryItem:
+    time: datetime
+    step: int | None
+    attempt: int | None
+    kind: str
+    text: str
+
+    @property
+    def routine(self) -> bool:
+        """An interval checkpoint or a GitHub event other than a merge: a summary counts these."""
+        if self.kind == "checkpoint.saved":
+            return self.text.startswith("checkpoint saved (interval)")
+        return self.kind == "github" and not _MERGE_TEXT.match(self.text)
+
+
+_MERGE_TEXT = re.compile(r"PR #\d+ merged \(")  # github_item's line for a merge
+
+
+# A history longer than this is summarised unless asked for in full: what a terminal table shows
+# (cli.output.TABLE_ROWS_DEFAULT), so a summary is never cut by the row limit.
+SCREEN_LINES = 40
+
+
+def history_range(
+    items: Sequence[HistoryItem], from_step: int | None, to_step: int | None
+) -> list[HistoryItem]:
+    """The items of steps ``from_step``..``to_step`` (either end open), and the step-less ones
+    (GitHub events) that happened between the first and the last of those."""
+    lo = from_step if from_step is not None else -1
+    hi = to_step if to_step is not None else float("inf")
+    stepped = [i for i in items if i.step is not None and lo <= i.step <= hi]
+    if not stepped:
+        return []
+    start, end = min(i.time for i in stepped), max(i.time for i in stepped)
+    return [
+        i
+        for i in items
+        if (i.step is not None and lo <= i.step <= hi) or (i.step is None and start <= i.time <= end)
+    ]
+
+
+def summarise_history(items: Sequence[HistoryItem], max_lines: int = SCREEN_LINES) -> list[HistoryItem]:
+    """A history that fits ``max_lines`` as it is; else its notable items (launches, config changes,
+    crashes, merges, notes, ends) with each stretch of routine items between them as one counted line;
+    if that is still longer than a screen (a months-long run), only what changed the run: launches,
+    config changes, notes, ends, and each crash with the resume that followed it as one line."""
+    if len(items) <= max_lines:
+        return list(items)
+    notable = _notable(items)
+    return notable if len(notable) <= max_lines else _turning_points(items)
+
+
+def _notable(items: Sequence[HistoryItem]) -> list[HistoryItem]:
+    out: list[HistoryItem] = []
+    stretch: list[HistoryItem] = []
+    for item in [*items, None]:
+        if item is not None and item.routine:
+            stretch.append(item)
+            continue
+        if stretch:
+            out.append(_routine_line(stretch))
+            stretch = []
+        if item is not None:
+            out.append(item)
+    return out
+
+
+def _turning_points(items: Sequence[HistoryItem]) -> list[HistoryItem]:
+    """No routine lines and no GitHub events (the title counts them); a crash and its resume fused."""
+    kept = [i for i in items if not i.routine and i.kind != "github"]
+    out: list[HistoryItem] = []
+    for item in kept:
+        previous = out[-1] if out else None
+        if item.kind == "run.resumed" and previous is not None and previous.kind == "run.crashed":
+            where = f" from step {item.step:,}" if item.step is not None else ""
+            text = f"resumed as attempt {item.attempt}{where} after {previous.text}"
+            out[-1] = HistoryItem(previous.time, previous.step, previous.attempt, "crash → resume", text)
+        else:
+            out.append(item)
+    return out
+
+
+def _routine_line(stretch: Sequence[HistoryItem]) -> HistoryItem:
+    checkpoints = [i for i in stretch if i.kind != "github"]
+    parts = []
+    if checkpoints:
+        steps = [i.step for i in checkpoints if i.step is not None]
+        where = f" (steps {min(steps):,}–{max(steps):,})" if steps else ""
+        parts.append(f"{len(checkpoints):,} checkpoint{'s' if len(checkpoints) != 1 else ''}{where}")
+    github = len(stretch) - len(checkpoints)
+    if github:
+        parts.append(f"{github:,} GitHub event{'s' if github != 1 else ''}")
+    attempts = {i.attempt for i in checkpoints}
+    first = checkpoints[0] if checkpoints else stretch[0]
+    return HistoryItem(
+        first.time,
+        first.step,
+        attempts.pop() if len(attempts) == 1 else None,
+        "routine",
+        "… " + ", ".join(parts),
+    )
+
+
+def history_counts(items: Sequence[HistoryItem]) -> str:
+    """``20 attempts, 19 crashes, 4 config changes, 780 checkpoints, 212 GitHub events``."""
+    kinds = [i.kind for i in items]
+    counted = [
+        (sum(k in ("run.started", "run.resumed") for k in kinds), "attempt"),
+        (kinds.count("run.crashed"), "crash"),
+        (kinds.count("config.changed"), "config change"),
+        (kinds.count("config.rejected"), "refused change"),
+        (kinds.count("checkpoint.saved"), "checkpoint"),
+        (kinds.count("github"), "GitHub event"),
+    ]
+    return ", ".join(
+        f"{n:,} {what}{'es' if what == 'crash' and n != 1 else 's' if n != 1 else ''}"
+        for n, what in counted
+        if n
+    )
+
+
+PrLookup = Callable[[str | None], list[dict[str, Any]]]
+
+
+def history_item(
+    e: Envelope,
+    previous_config: dict[str, Any] | None = None,
+    code: dict[str, Any] | None = None,
+    prs_for_commit: PrLookup | None = None,
+) -> HistoryItem:
+    """One event as a line of the story; ``previous_config`` is the config live just before it."""
+    d = e.data
+    t = e.type
+    if t == c.RUN_STARTED:
+        text = (
+            f"run started at {_commit_text(d.git_commit, d.git_dirty, code)}, host {d.host}, "
+            f"world size {d.world_size}, config {d.config_hash[:12]}"
+        )
+    elif t == c.RUN_RESUMED:
+        text = (
+            f"attempt {e.attempt} resumed from checkpoint step {d.from_checkpoint_step:,} at "
+            f"{_commit_text(d.git_commit, d.git_dirty, code)} on {d.host}"
+        )
+        if previous_config is not None:
+            changed = [
+                op_text(op, previous_config) for op in jsonpatch.make_patch(previous_config, d.config).patch
+            ]
+            if changed:
+                text += f"; config vs attempt {d.previous_attempt}: " + "; ".join(changed)
+    elif t == c.CONFIG_CHANGED:
+        ops = "; ".join(op_text(op, previous_config) for op in d.patch)
+        text = f"config changed at step {e.step:,}: {ops} ({_cause_text(d.cause, prs_for_commit)})"
+    elif t == c.CONFIG_REJECTED:
+        ops = "; ".join(op_text(op, previous_config) for op in d.patch)
+        text = f"config change refused: {ops} — {d.reason}"
+    elif t == c.CHECKPOINT_SAVED:
+        text = f"checkpoint saved ({d.reason}): {d.path}"
+    elif t == c.RUN_CRASHED:
+        text = f"{_crash_text(d)} on rank {d.rank}" + (f" {d.host}" if d.host else "")
+    elif t == c.STEP_SKIPPED:
+        text = f"step skipped: {d.reason} ({d.value})"
+    elif t == c.RUN_FINISHED:
+        text = f"attempt finished: {d.status}"
+    elif t == c.ANNOTATION:
+        text = f"note by {d.author}: {d.text}"
+    else:
+        text = t
+    return HistoryItem(e.time, e.step, e.attempt, t.removeprefix("runledger."), text)
+
+
+def _crash_text(d: Any) -> str:
+    """``crash (exception): RuntimeError boom``; a signal stop reads ``interrupted by SIGINT: …``."""
+    message = (d.message or "").strip()
+    if d.kind != "signal":
+        return f"crash ({d.kind}): " + (
+            " ".join(part for part in (d.exc_type, message) if part) or "no message"
+        )
+    name = _signal_name(d.signal)
+    detail = message.removeprefix(f"{name}:").strip()
+    # A bare exception text (``signal 2`` from a second signal, empty from KeyboardInterrupt) adds nothing.
+    if detail in (name, f"signal {d.signal}"):
+        detail = ""
+    if d.exc_type == "SignalStop":
+        detail = detail or "stopped at once, mid-step (a second signal)"
+    return f"interrupted by {name}" + (f": {detail}" if detail else "")
+
+
+def _signal_name(signum: int | None) -> str:
+    if signum is None:
+        return "a signal"
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def github_item(g: dict[str, Any]) -> HistoryItem:
+    kind, action, number, actor = g["kind"], g["action"], g["number"], g["actor"]
+    if kind == "pull_request" and g["merged"] and action in ("closed", "snapshot"):
+        text = f"PR #{number} merged ({_short(g['sha'])}) by {actor}: {g['title']}"
+    elif kind == "push":
+        text = f"push to {g['title']} ({_short(g['sha'])}) by {actor}"
+    elif kind == "commit":
+        text = f"commit {_short(g['sha'])} by {actor}: {g['title']}"
+    elif kind in ("issues", "pull_request"):
+        label = "issue" if kind == "issues" else "PR"
+        text = f"{label} #{number} {action}: {g['title']}"
+    elif kind == "pull_request_review":
+        text = f"review of PR #{number} by {actor}: {g['state'] or action}" + _excerpt(g["body"])
+    elif kind in ("issue_comment", "pull_request_review_comment"):
+        where = "PR" if kind == "pull_request_review_comment" else "#"
+        text = f"comment on {where}{' #' if where == 'PR' else ''}{number} by {actor}" + _excerpt(g["body"])
+    else:
+        text = f"{kind} {action or ''}".strip() + (f" #{number}" if number else "") + f" by {actor}"
+    return HistoryItem(g["time"], None, None, "github", text)
+
+
+def _excerpt(body: str | None, width: int = 80) -> str:
+    if not body:
+        return ""
+    flat = " ".join(body.split())
+    return ": " + (flat if len(flat) <= width else flat[: width - 1] + "…")
+
+
+def config_after(e: Envelope, config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The config live after event ``e`` (launches replace it; accepted changes patch it)."""
+    if e.type in (c.RUN_STARTED, c.RUN_RESUMED):
+        return e.data.config
+    if e.type == c.CONFIG_CHANGED and config is not None:
+        try:
+            return apply_config_patch(config, e.data.patch)
+        except ConfigPatchError:
+            return config  # the fold reports a patch that does not apply; the story goes on
+    return config
+
+
+def _commit_text(sha: str | None, dirty: bool | None, code: dict[str, Any] | None) -> str:
+    full = (code or {}).get("commit_sha") or sha
+    text = f"commit {_short(full)}{' (dirty)' if dirty else ''}"
+    if code and code.get("commit_title"):
+        text += f" “{code['commit_title']}”"
+    if code and code.get("pr_number") is not None:
+        how = "merged" if code.get("pr_relation") == "merge_commit" else "head"
+        text += f" (PR #{code['pr_number']} {how}: {code['pr_title']})"
+    return text
+
+
+def _cause_text(cause: Any, prs_for_commit: PrLookup | None) -> str:
+    if cause.commit:
+        what = f"commit {_short(cause.commit)}"
+        prs = prs_for_commit(cause.commit) if prs_for_commit else []
+        if prs:
+            what += " (" + ", ".join(f"PR #{pr['number']}" for pr in prs) + ")"
+        if cause.kind != "commit":
+            what = f"{cause.kind}, {what}"
+    else:
+        what = cause.kind
+    if cause.detail:
+        what += f" {cause.detail}"
+    return what + (f" by {cause.actor}" if cause.actor else "")
+
+
+def op_text(op: Any, config: dict[str, Any] | None = None) -> str:
+    """``moe.capacity_factor 1.0 → 1.15``: the key, the value it replaced (when known), the new value."""
+    kind, path = _get(op, "op"), _get(op, "path")
+    key = _dotted(path)
+    if kind in ("move", "copy"):
+        return f"{kind} {_dotted(_get(op, 'from'))} → {key}"
+    if kind == "test":
+        return f"test {key} = {_value(_get(op, 'value'))}"
+    old = value_at(config, path)
+    before = _value(old) if old is not MISSING else None
+    if kind == "remove":
+        return f"{key} {before} → removed" if before is not None else f"{key} removed"
+    after = _value(_get(op, "value"))
+    return f"{key} {before} → {after}" if before is not None else f"{key} = {after}"
+
+
+MISSING = object()  # ``value_at``'s answer for a path the config does not have
+
+
+def _get(op: Any, name: str) -> Any:
+    if isinstance(op, dict):
+        return op.get(name)
+    return getattr(op, "from_" if name == "from" else name, None)
+
+
+def _dotted(path: str | None) -> str:
+    if not path:
+        return "(root)"
+    return ".".join(part.replace("~1", "/").replace("~0", "~") for part in path.lstrip("/").split("/"))
+
+
+def value_at(config: dict[str, Any] | None, path: str | None) -> Any:
+    """The value at JSON pointer ``path`` in ``config``, or ``MISSING``."""
+    if config is None or path is None:
+        return MISSING
+    try:
+        return jsonpointer.resolve_pointer(config, path)
+    except jsonpointer.JsonPointerException:
+        return MISSING
+
+
+def _value(value: Any) -> str:
+    if value is msgspec.UNSET:
+        return "?"
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def _short(sha: str | None) -> str:
+    return sha[:7] if sha else "unknown"

@@ -1,0 +1,363 @@
+"""The demo (``ledger demo``): the main job, end to end on CPU, as a library function.
+
+A tiny Megatron-Core MoE trains on the shipped corpus; mid-run its config file is edited (the
+capacity factor), a crash is injected, the run resumes from its last checkpoint; every event goes
+through the embedded spool into a fresh ledger, which is signed, verified and asked a few questions.
+``run_demo`` returns all of it as a ``DemoResult``; while it runs it tells a ``DemoObserver`` (the
+CLI's prints the progress bar and the attempts' endings). It prints nothing itself.
+
+The work folder: the demo only ever removes what it creates itself (``DEMO_OUTPUTS``). It makes the
+folder, or takes an empty one, and marks it with ``MARKER``; a rerun reuses a marked folder. A
+non-empty folder it did not make is refused unless ``force``; the current folder, any folder above
+it, $HOME and / are always refused (``prepare_workdir``, ``DemoError``).
+
+SIGINT or SIGTERM: the trainer stops at the next step boundary and records the stop; the demo folds
+what was spooled into the ledger (commits are atomic, so a second signal leaves it consistent too),
+does not resume, and returns with ``DemoResult.stop`` set. A signal that lands while the trainer's
+own handlers are not installed is deferred (``SignalDeferral``, the demo's only signal code) and
+acted on at the next safe point the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from runledger import signals as signals_lib
+
+if TYPE_CHECKING:
+    from ingest.bus import SpoolSink
+    from ingest.spool_ingester import IngestStats
+    from ledger.history import HistoryItem
+    from ledger.integrity import Report
+    from ledger.query import Reader, Result
+    from trainer.loop import TrainResult
+    from trainer.telemetry import StepReport
+
+DEMO_DIR = Path(".runledger/demo")
+MARKER = ".runledger-demo"  # written into every work folder the demo made or took over
+# All the demo writes there.
+DEMO_OUTPUTS = ("checkpoints", "spool", "ledger", "keys", "config.toml", "report.html")
+PRODUCER = "demo-trainer"  # the trainer's producer key, registered in the ledger
+
+
+class DemoError(Exception):
+    """A work folder the demo refuses (nothing was removed or written): one line for the user."""
+
+
+# --- the work folder ---------------------------------------------------------------------------
+
+
+def _protected(target: Path) -> str | None:
+    """Why ``target`` (resolved) must never be a work folder, or None."""
+    if target == Path(target.anchor):
+        return "it is the root folder"
+    try:
+        if target == Path.home().resolve():
+            return "it is your home folder"
+    except RuntimeError:  # no home folder can be determined
+        pass
+    cwd = Path.cwd().resolve()
+    if target == cwd:
+        return "it is the current folder"
+    if target in cwd.parents:
+        return "it holds the current folder"
+    return None
+
+
+def prepare_workdir(workdir: Path, *, force: bool = False) -> None:
+    """Make ``workdir`` ready for a demo, removing only the demo's own outputs; refuse anything else
+    (``DemoError``)."""
+    target = workdir.expanduser().resolve()
+    why = _protected(target)
+    if why is not None:
+        raise DemoError(
+            f"refusing --workdir {workdir}: {why}; the demo needs a folder of its own, "
+            f"e.g. --workdir {DEMO_DIR}"
+        )
+    if target.exists() or target.is_symlink():
+        if not target.is_dir():
+            raise DemoError(f"refusing --workdir {workdir}: it is not a folder")
+        ours = (target / MARKER).is_file()
+        if not ours and not force and any(target.iterdir()):
+            raise DemoError(
+                f"refusing --workdir {workdir}: it is not empty and was not made by `ledger demo`; "
+                "give a new or empty folder, or --force to use it (removes only "
+                + ", ".join(DEMO_OUTPUTS)
+                + " there)"
+            )
+        for name in DEMO_OUTPUTS:
+            path = target / name
+            if path.is_symlink() or path.is_file():
+                path.unlink()
+            elif path.is_dir():
+                shutil.rmtree(path)
+    target.mkdir(parents=True, exist_ok=True)
+    (target / MARKER).write_text(
+        "This folder was made by `ledger demo`; a rerun replaces its outputs: "
+        + ", ".join(DEMO_OUTPUTS)
+        + ".\n"
+    )
+
+
+# --- signals -----------------------------------------------------------------------------------
+
+
+class SignalDeferral:
+    """SIGINT/SIGTERM outside the trainer's own handlers: remembered (``signum``, the first one), not
+    raised, and acted on by the demo at its next safe point. The demo's only signal code.
+
+    The trainer installs its own handlers while it trains and puts these back when it returns, so a
+    second Ctrl-C that lands after the trainer stopped is remembered here instead of tearing the demo
+    down half-way through folding the spool."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    def deferring(self) -> contextlib.AbstractContextManager[signals_lib.Handlers | None]:
+        """This object as the SIGINT/SIGTERM handler inside the block (``runledger.signals``: main
+        thread only, the previous handlers put back after)."""
+        return signals_lib.handling(self)
+
+
+# --- what the demo reports and returns ---------------------------------------------------------
+
+
+class DemoObserver:
+    """What ``run_demo`` tells while it runs, in this order; every method does nothing here."""
+
+    def started(self, run_id: str, steps: int) -> None:
+        """The run's config is written, nothing trained yet."""
+
+    @contextlib.contextmanager
+    def training(self, steps: int) -> Iterator[None]:
+        """Around both attempts (a progress display lives here)."""
+        yield
+
+    def step(self, report: StepReport) -> None:
+        """A step is done (its update applied)."""
+
+    def resuming(self) -> None:
+        """Attempt 1 crashed as planned; attempt 2 resumes from its last checkpoint."""
+
+    def attempt_ended(self, result: TrainResult, *, resumed: bool) -> None:
+        """An attempt returned (``resumed``: the second one)."""
+
+    def folded(self, stats: IngestStats, ledger_dir: Path) -> None:
+        """The spool is in the ledger; signing, verifying and the questions follow unless stopped."""
+
+
+@dataclass(frozen=True)
+class DemoStop:
+    """A signal stopped the demo: which (None: unknown) and where (``step 12 of attempt 1``)."""
+
+    signum: int | None
+    where: str
+
+
+@dataclass
+class DemoResult:
+    """What a demo did. On a ``stop`` it ends after the fold: no signature, verification, answers or
+    report."""
+
+    run_id: str
+    workdir: Path
+    ledger_dir: Path
+    attempts: list[TrainResult]
+    ingested: IngestStats
+    stop: DemoStop | None = None
+    verify: Report | None = None
+    public_key: Path | None = None  # the log key the checkpoints are signed with
+    history: list[HistoryItem] = field(default_factory=list)
+    answers: list[tuple[str, Result]] = field(default_factory=list)  # (question, its SQL's answer)
+    report: Path | None = None
+    elapsed_s: float = 0.0
+
+
+# --- the steps ---------------------------------------------------------------------------------
+
+
+def _write_config(workdir: Path, run_id: str, *, steps: int, crash_at: int) -> Path:
+    from trainer.config import load_config, write_config
+
+    cfg = load_config(
+        None,
+        [
+            f"run.run_id={run_id}",
+            f"run.steps={steps}",
+            "run.device=cpu",
+            "moe.capacity_factor=1.0",
+            f"checkpoint.dir={workdir / 'checkpoints'}",
+            f"checkpoint.interval={max(5, min(50, crash_at // 3 // 5 * 5))}",
+            f"debug.crash_at_step={crash_at}",
+            "telemetry.peak_tflops=0.2",
+        ],
+    )
+    config_path = workdir / "config.toml"
+    write_config(config_path, cfg)
+    return config_path
+
+
+def _signal_stop(result: TrainResult, attempt: str) -> DemoStop | None:
+    """The trainer's recorded signal stop of ``result``, if it was one (``attempt``: which, in words)."""
+    if result.status != "signal":
+        return None
+    return DemoStop(result.crash.signal if result.crash else None, f"step {result.final_step} of {attempt}")
+
+
+def _train(
+    config_path: Path,
+    sink: SpoolSink,
+    *,
+    steps: int,
+    change_at: int,
+    observer: DemoObserver,
+    deferral: SignalDeferral,
+) -> tuple[list[TrainResult], DemoStop | None]:
+    """Attempt 1 (its config file edited after ``change_at``, crashing as configured), then attempt 2
+    resumed from the last checkpoint, unless a signal stopped the run."""
+    from trainer.loop import SignalStop, train
+
+    attempts: list[TrainResult] = []
+    stop: DemoStop | None = None
+    edited = False
+
+    def on_step(report: StepReport) -> None:
+        nonlocal edited
+        observer.step(report)
+        if report.step >= change_at and not edited:
+            # A person edits the watched config file: picked up at the next step boundary.
+            text = config_path.read_text().replace("capacity_factor = 1.0", "capacity_factor = 1.25")
+            config_path.write_text(text)
+            edited = True
+
+    try:
+        with deferral.deferring(), observer.training(steps):
+            first = train(config_path, sink, progress=on_step)
+            attempts.append(first)
+            observer.attempt_ended(first, resumed=False)
+            stop = _signal_stop(first, "attempt 1")
+            if stop is None and deferral.signum is not None:  # between the trainer's handlers: do not resume
+                stop = DemoStop(deferral.signum, f"step {first.final_step} of attempt 1")
+            if stop is None:
+                observer.resuming()
+                second = train(config_path, sink, resume_from="latest", progress=on_step)
+                attempts.append(second)
+                observer.attempt_ended(second, resumed=True)
+                stop = _signal_stop(second, f"attempt {second.attempt}")
+    except SignalStop as exc:  # a second signal while the trainer was recording the first
+        stop = DemoStop(exc.signum, "a step boundary")
+    return attempts, stop
+
+
+def _fold(workdir: Path, producer_pub: Path, deferral: SignalDeferral) -> IngestStats:
+    """A fresh ledger that admits the trainer's key, and the whole spool folded into it."""
+    from ingest.spool_ingester import ingest_spool
+    from ledger.registry import register_producer
+    from ledger.store import Ledger
+    from schemas.payloads import ProducerScope
+
+    with deferral.deferring():  # the fold is short and leaves whole commits: let it finish
+        ledger = Ledger.create(workdir / "ledger")
+        register_producer(ledger, PRODUCER, producer_pub.read_text(), ProducerScope(sources=["trainer/"]))
+        return ingest_spool(ledger, workdir / "spool")
+
+
+def _sign_and_verify(workdir: Path, ledger_dir: Path) -> tuple[Report, Path]:
+    """Every stream's checkpoint signed with a fresh log key; the ledger verified with it."""
+    from ledger.integrity import sign_checkpoints, verify_ledger
+    from schemas.note import write_keypair
+
+    private, public = write_keypair(workdir / "keys", "demo")
+    sign_checkpoints(ledger_dir, private.read_text().strip())
+    return verify_ledger(ledger_dir, public.read_text().strip()), public
+
+
+def demo_questions(run_id: str, *, change_at: int, crash_at: int) -> list[tuple[str, str]]:
+    """The demo's questions to its ledger: (title, SQL)."""
+    return [
+        (
+            "loss by attempt (superseded steps kept, not overwritten)",
+            "SELECT attempt, count(*) AS steps, sum(superseded::INT) AS superseded, round(min(value), 3) AS min_loss, "
+            "round(max(value), 3) AS max_loss FROM metrics_all WHERE name = 'loss' GROUP BY attempt ORDER BY attempt",
+        ),
+        (
+            "token-drop rate before and after the capacity-factor change",
+            f"SELECT CASE WHEN step < {change_at + 1} THEN 'capacity 1.0' ELSE 'capacity 1.25' END AS phase, "
+            "round(avg(token_drop_rate) * 100, 3) AS drop_pct, count(DISTINCT step) AS steps "
+            "FROM moe_layer_stats GROUP BY phase ORDER BY phase",
+        ),
+        (
+            "config live at the crash step, from SQL",
+            f"SELECT attempt, step, json_extract(config, '$.moe.capacity_factor') AS capacity_factor, "
+            f"left(config_hash, 12) AS hash FROM config_at('{run_id}', {crash_at})",
+        ),
+    ]
+
+
+def _ask(reader: Reader, result: DemoResult, *, change_at: int, crash_at: int) -> None:
+    """The run's history and the answers to ``demo_questions``, into ``result``."""
+    result.history = reader.history(result.run_id)
+    questions = demo_questions(result.run_id, change_at=change_at, crash_at=crash_at)
+    result.answers = [(title, reader.sql(sql)) for title, sql in questions]
+
+
+# --- the demo ----------------------------------------------------------------------------------
+
+
+def run_demo(
+    workdir: Path,
+    *,
+    steps: int,
+    crash_at: int,
+    change_at: int,
+    observer: DemoObserver | None = None,
+) -> DemoResult:
+    """The demo in ``workdir`` (made ready by ``prepare_workdir``). A signal stop does not raise: the
+    result's ``stop`` says which and where, and the ledger holds the run up to it."""
+    from ingest.bus import SpoolSink
+    from ledger.query import Reader
+    from ledger.report import write_report
+    from schemas.note import write_keypair
+    from schemas.signing import Sealer
+
+    observer = observer or DemoObserver()
+    started = time.perf_counter()
+    workdir.mkdir(parents=True, exist_ok=True)
+    ledger_dir = workdir / "ledger"
+    run_id = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    config_path = _write_config(workdir, run_id, steps=steps, crash_at=crash_at)
+    # The trainer signs (and chains) its events with its own producer key; the ledger registers it.
+    producer_key, producer_pub = write_keypair(workdir / "keys", PRODUCER)
+    sink = SpoolSink(workdir / "spool", sealer=Sealer(producer_key.read_text()))
+    observer.started(run_id, steps)
+
+    deferral = SignalDeferral()
+    try:
+        attempts, stop = _train(
+            config_path, sink, steps=steps, change_at=change_at, observer=observer, deferral=deferral
+        )
+    finally:
+        sink.close()
+    stats = _fold(workdir, producer_pub, deferral)
+    if stop is None and deferral.signum is not None:
+        stop = DemoStop(deferral.signum, "the end of training")
+    observer.folded(stats, ledger_dir)
+    result = DemoResult(run_id, workdir, ledger_dir, attempts, stats, stop=stop)
+    if stop is None:
+        result.verify, result.public_key = _sign_and_verify(workdir, ledger_dir)
+        _ask(Reader(ledger_dir), result, change_at=change_at, crash_at=crash_at)
+        result.report, _ = write_report(
+            ledger_dir, [run_id], workdir / "report.html", public_key_path=result.public_key
+        )
+    result.elapsed_s = time.perf_counter() - started
+    return result
