@@ -39,9 +39,9 @@ from ingest.spool_ingester import ingest_spool
 from ledger.history import history_counts, summarise_history
 from ledger.query import Reader
 from ledger.store import Ledger
-from runledger.durable import write_durably
 from schemas import config_hash, make_event
 from schemas import payloads as p
+from schemas.durable import write_durably
 from schemas.github import GitHubIssue, GitHubPullRequest
 
 REFERENCE_STEPS = 390_000

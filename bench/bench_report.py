@@ -33,9 +33,9 @@ from ledger.projectors import STEP_SCALARS
 from ledger.query import Reader
 from ledger.report import CURVES, build_report, render_html
 from ledger.store import Ledger, SourceRecord
-from runledger.durable import write_durably
 from schemas import Envelope, encode_event
 from schemas import catalogue as c
+from schemas.durable import write_durably
 
 BATCH_RECORDS = 4000
 

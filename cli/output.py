@@ -32,7 +32,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from runledger.durable import write_durably
+from schemas.durable import write_durably
 
 DEFAULT_LEDGER = Path(".runledger/ledger")
 DEMO_LEDGER = Path(".runledger/demo/ledger")  # where `make demo` (`ledger demo`) leaves its ledger

@@ -62,8 +62,8 @@ from ingest.github_events import (
     review_event,
     valid_repo,
 )
-from runledger.durable import write_durably
 from schemas import Envelope, Event, decode_event
+from schemas.durable import write_durably
 
 log = logging.getLogger("runledger.github_backfill")
 
@@ -107,7 +107,7 @@ class MemoryCursorStore:
 class JsonCursorStore:
     """``{"version": 1, "repos": {"owner/name": {"issues": "2024-03-01T10:00:00Z", …}}}``.
 
-    Replaced atomically and durably (``runledger.durable.write_durably``) on every ``set``.
+    Replaced atomically and durably (``schemas.durable.write_durably``) on every ``set``.
     """
 
     def __init__(self, path: str | Path) -> None:

@@ -56,8 +56,8 @@ from kafka.errors import KafkaError
 
 from ingest.kafka_config import client_kwargs, events_topic
 from ingest.spool import SpoolReader, SpoolRecord, SpoolWriter
-from runledger.durable import write_durably
 from schemas import Envelope, encode_event
+from schemas.durable import write_durably
 from schemas.signing import Sealer
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from runledger.durable import fsync_dir, write_durably
+from schemas.durable import fsync_dir, write_durably
 
 MAGIC = b"RLSPOOL1"
 HEADER = struct.Struct("<II")

@@ -49,9 +49,9 @@ from ledger.merkle import CompactRange, MerkleTree, leaf_hash, root_from_leaf_ha
 from ledger.parquet_schemas import TABLES, tables_of
 from ledger.projectors import FoldState, RowBuffer, rows_for_event
 from ledger.store import Ledger, LedgerError
-from runledger.durable import write_durably
 from schemas import Event, decode_event
 from schemas.codec import CONFLICT
+from schemas.durable import write_durably
 from schemas.note import parse_private_key
 
 CHECKPOINTS = "_checkpoints"

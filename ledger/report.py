@@ -30,7 +30,7 @@ from ledger.integrity import checkpoint_path, origin_of, recorded_streams
 from ledger.log_checkpoint import parse_and_verify_checkpoint, parse_checkpoint
 from ledger.merkle import root_from_leaf_hashes
 from ledger.query import QueryError, Reader
-from runledger.durable import write_durably
+from schemas.durable import write_durably
 
 # The curves drawn against step, in page order: (metric name in the `metrics` view, label).
 CURVES = (

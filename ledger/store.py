@@ -57,7 +57,6 @@ from ledger.merkle import CompactRange, leaf_hash
 from ledger.parquet_schemas import TABLES
 from ledger.projectors import FoldState, RowBuffer, rows_for_event
 from ledger.seen_index import SeenIndex, record_digest, record_key, seen_key
-from runledger.durable import fsync_dir, write_durably
 from schemas.codec import (
     CONFLICT,
     CORRUPT,
@@ -80,6 +79,7 @@ from schemas.codec import (
     refused_event,
     stream_run_mismatch,
 )
+from schemas.durable import fsync_dir, write_durably
 
 log = logging.getLogger(__name__)
 

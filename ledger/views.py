@@ -11,7 +11,7 @@ from pathlib import Path
 import duckdb
 
 from ledger.parquet_schemas import TABLES, tables_of
-from runledger.durable import write_durably
+from schemas.durable import write_durably
 
 # Physical tables whose public name is a derived view (the physical one gets a leading underscore).
 _DERIVED = {"metrics", "moe_layer_stats", "github"}

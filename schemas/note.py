@@ -37,7 +37,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from runledger.durable import write_durably
+from schemas.durable import write_durably
 
 __all__ = [
     "ALG_ED25519",
@@ -149,7 +149,7 @@ def generate_keypair(name: str) -> tuple[str, str]:
 def write_keypair(directory: str | os.PathLike[str], name: str, stem: str | None = None) -> tuple[Path, Path]:
     """Generate a key pair and write ``<stem>.key`` (mode 0600) and ``<stem>.pub`` in ``directory``.
 
-    Both are written with ``runledger.durable.write_durably(..., exclusive=True)``: the private file's
+    Both are written with ``schemas.durable.write_durably(..., exclusive=True)``: the private file's
     temporary file is created with O_EXCL and mode 0o600 in a single open() (no window in which the
     key exists with wider permissions), and the finished file is linked into place only if no file
     of that name exists, so an existing key is never overwritten, nor a key left half written.

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from runledger import attempts as attempts_lib
-from runledger.durable import fsync_dir, write_durably
+from schemas.durable import fsync_dir, write_durably
 from trainer.distributed import DistEnv, barrier
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")

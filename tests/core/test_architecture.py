@@ -21,7 +21,7 @@ MAX_FUNCTION_BODY_LINES = 80  # statements after the signature and docstring
 
 # The parts, bottom up. A module belongs to the first part whose prefix it starts with.
 PARTS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("runledger.durable",)),
+    ("base", ("schemas.durable",)),
     ("catalogue", ("schemas",)),
     ("bus", ("ingest.bus", "ingest.spool", "ingest.kafka_sink", "ingest.kafka_config")),
     ("workflows", ("runledger.workflows",)),

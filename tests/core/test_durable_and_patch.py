@@ -1,4 +1,4 @@
-"""The shared helpers: durable whole-file writes (runledger.durable) and config patches."""
+"""The shared helpers: durable whole-file writes (schemas.durable) and config patches."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from ledger.projectors import PROJECTORS
-from runledger.durable import fsync_dir, write_durably
 from schemas import CATALOGUE
 from schemas.config_patch import ConfigPatchError, apply_config_patch
+from schemas.durable import fsync_dir, write_durably
 from schemas.payloads import PatchOp
 
 # --------------------------------------------------------------------------- write_durably

@@ -131,6 +131,7 @@ print(json.dumps(out))
 
 OLD_NAMES = [f"runledger.{folder}" for folder in FOLDERS]  # the names of the former package-dir mapping
 
+
 @pytest.fixture(scope="module")
 def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     """The wheel installed (no deps) into a fresh venv that borrows the dev venv's site-packages for the

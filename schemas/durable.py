@@ -10,7 +10,8 @@ create-if-absent, ``FileExistsError`` otherwise), so two racing creators agree o
 ``fsync_dir(path)``: make a directory's entries (files created, renamed, removed) durable; also for
 code that appends to its own files and fsyncs them itself.
 
-Standard library only: imported by the trainer, the bus and the ledger alike.
+Standard library only: imported by the catalogue (key files), the client, the trainer, the bus and the
+ledger alike, so it sits at the bottom of the house, beside the catalogue (docs/architecture.md).
 """
 
 from __future__ import annotations
