@@ -41,6 +41,7 @@ from typing import Any
 from ingest.bus import EventSink
 from schemas import Envelope, config_hash, make_event
 from schemas import payloads as p
+from schemas.launch import Provenance, launch_event, launch_fields
 
 log = logging.getLogger("runledger.wandb")
 
@@ -260,20 +261,20 @@ class _Importer:
         if run.get("entity"):
             external["wandb_entity"] = str(run["entity"])
         git = run.get("git") or {}
-        self.emit(
-            p.RunStarted(
-                config=self.config,
-                config_hash=config_hash(self.config),
-                git_commit=git.get("commit") or None,
-                repository=_repository_of(git.get("remote_url")),
+        fields = launch_fields(
+            config=self.config,
+            config_hash=config_hash(self.config),
+            provenance=Provenance(
                 host=str(run.get("host") or ""),
+                git_commit=git.get("commit") or None,
                 software={"wandb": version} if version else {},
-                external=external,
-                name=run.get("display_name") or None,
             ),
-            kind="started",
-            time=self.start_time,
+            repository=_repository_of(git.get("remote_url")),
+            world_size=1,
+            external=external,
         )
+        started, _ = launch_event(fields, attempt=1, name=run.get("display_name") or None)
+        self.emit(started, kind="started", time=self.start_time)
 
     def on_config(self, record: Mapping[str, Any], num: int) -> None:
         update, removed = _config_update(record)

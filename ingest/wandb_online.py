@@ -46,6 +46,7 @@ from ingest.wandb_cursor import CursorStore, RunCursor
 from ingest.wandb_import import RUN_ID_RE, split_history_item
 from schemas import config_hash, make_event
 from schemas import payloads as p
+from schemas.launch import Provenance, launch_event, launch_fields
 
 log = logging.getLogger("runledger.wandb")
 
@@ -178,16 +179,6 @@ def _unix(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, UTC)
 
 
-class _LaunchFields(TypedDict):
-    """The ``p.Launch`` fields a W&B run gives; shared by its ``RunStarted`` and each ``RunResumed``."""
-
-    config: dict[str, Any]
-    config_hash: str
-    git_commit: str | None
-    software: dict[str, str]
-    external: dict[str, str]
-
-
 class _Where(TypedDict):
     """The ``_RunImport.emit`` arguments a run's summary and its finish share."""
 
@@ -280,11 +271,14 @@ class _RunImport:
         if not RUN_ID_RE.match(run_id):
             raise OnlineImportError(f"W&B run id {run_id!r} is not a valid ledger run id; pass --run-id")
         self.stats = OnlineRunStats(run_id=run_id, wandb_path=self.key, wandb_url=url)
-        self.launch = _LaunchFields(
+        self.launch = launch_fields(
             config=config,
             config_hash=config_hash(config),
-            git_commit=getattr(self.run, "commit", None) or None,
-            software=self.software,
+            provenance=Provenance(
+                host="", git_commit=getattr(self.run, "commit", None) or None, software=self.software
+            ),
+            repository=None,
+            world_size=1,
             external={
                 "wandb_run_id": self.wandb_id,
                 "wandb_project": self.project,
@@ -297,7 +291,7 @@ class _RunImport:
             created = _parse_time(getattr(self.run, "created_at", None)) or _unix(0)
             cursor.attempt_starts = [created.timestamp()]
             self.emit(
-                p.RunStarted(**self.launch, name=getattr(self.run, "name", None) or None),
+                launch_event(self.launch, attempt=1, name=getattr(self.run, "name", None) or None)[0],
                 source=self.source,
                 seq=0,
                 kind="started",
@@ -399,9 +393,7 @@ class _RunImport:
         cursor.attempt += 1
         cursor.attempt_starts.append(started)
         self.emit(
-            p.RunResumed(
-                **self.launch, from_checkpoint_step=max(from_step, 0), previous_attempt=cursor.attempt - 1
-            ),
+            launch_event(self.launch, attempt=cursor.attempt, resumed_from_step=max(from_step, 0))[0],
             source=self.source,
             seq=cursor.lifecycle_seq,
             kind=f"resumed/{cursor.attempt}",

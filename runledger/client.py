@@ -8,7 +8,7 @@
             run.log_router(step, counts=counts, drop=drop, aux_loss=aux, top_k=8)
 
 What it finds by itself: git commit/branch/dirty of the script's checkout, host, cluster and job id
-(``trainer.provenance``), rank and world size from torchrun / JAX / SLURM / MPI variables,
+(``runledger.provenance``), rank and world size from torchrun / JAX / SLURM / MPI variables,
 the bus from the environment (``open_rank_sink``: the spool, or Kafka with
 ``RUNLEDGER_KAFKA_BOOTSTRAP``; signed with ``RUNLEDGER_PRODUCER_KEY``), and the attempt number
 (``runledger.attempts``). Events are the trainer's own (``schemas.payloads``), built by the
@@ -54,10 +54,10 @@ from runledger import host_values, provenance
 from runledger import signals as signals_lib
 from runledger.crashes import CrashKind, NonFinite, cause_of, crashed
 from runledger.emitter import Emitter, open_rank_sink
-from runledger.launch import launch_event, launch_fields
 from runledger.step_payloads import layer_stats_from_arrays, metrics_from_values
 from schemas import config_hash
 from schemas.envelope import RunId
+from schemas.launch import launch_event, launch_fields
 from schemas.payloads import (
     Annotation,
     ChangeCause,
@@ -787,7 +787,7 @@ def init(
         fields = launch_fields(
             config=tree,
             config_hash=config_hash(tree),
-            provenance=provenance.Provenance.of_this_process(_code_root(), host_name=host),
+            provenance=provenance.of_this_process(_code_root(), host_name=host),
             repository=repository,
             world_size=placement.world_size,
             parallelism=parallelism,

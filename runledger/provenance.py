@@ -1,6 +1,7 @@
 """Where and what code runs: git commit and dirty flag, software versions, host, cluster, job.
 
-Standard library only: the client library asks it before anything heavy (torch) is imported.
+Standard library only (and the catalogue's ``Provenance``): the client library asks it before anything
+heavy (torch) is imported.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import platform
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+
+from schemas.launch import Provenance
 
 CODE_ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,28 +82,15 @@ def job_id() -> str | None:
     )
 
 
-@dataclass(frozen=True)
-class Provenance:
-    """What a launch record says about the code and the machine (``run.started``/``run.resumed``)."""
-
-    host: str
-    git_commit: str | None = None
-    git_dirty: bool | None = None
-    git_branch: str | None = None
-    cluster: str | None = None
-    job_id: str | None = None
-    software: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def of_this_process(cls, code_root: Path = CODE_ROOT, *, host_name: str | None = None) -> Provenance:
-        """This process's: the git checkout holding ``code_root``, this host, the scheduler's ids."""
-        commit, dirty, branch = git_info(code_root)
-        return cls(
-            host=host() if host_name is None else host_name,
-            git_commit=commit,
-            git_dirty=dirty,
-            git_branch=branch,
-            cluster=cluster(),
-            job_id=job_id(),
-            software=software(),
-        )
+def of_this_process(code_root: Path = CODE_ROOT, *, host_name: str | None = None) -> Provenance:
+    """This process's: the git checkout holding ``code_root``, this host, the scheduler's ids."""
+    commit, dirty, branch = git_info(code_root)
+    return Provenance(
+        host=host() if host_name is None else host_name,
+        git_commit=commit,
+        git_dirty=dirty,
+        git_branch=branch,
+        cluster=cluster(),
+        job_id=job_id(),
+        software=software(),
+    )

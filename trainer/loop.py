@@ -51,11 +51,11 @@ import msgspec
 import torch
 
 from ingest.bus import EventSink
+from runledger import provenance
 from runledger import signals as signals_lib
 from runledger.crashes import CrashKind, NonFinite, SignalStop, cause_of, crashed
 from runledger.emitter import Emitter
-from runledger.launch import launch_event, launch_fields
-from runledger.provenance import Provenance
+from schemas.launch import launch_event, launch_fields
 from schemas.payloads import (
     ChangeCause,
     CheckpointSaved,
@@ -457,7 +457,7 @@ def _announce_launch(ctx: RunContext) -> None:
     fields = launch_fields(
         config=resolved(cfg),
         config_hash=config_hash(cfg),
-        provenance=Provenance.of_this_process(host_name=ctx.env.host),
+        provenance=provenance.of_this_process(host_name=ctx.env.host),
         repository=cfg.run.repository,
         world_size=ctx.env.world_size,
         parallelism=ctx.env.parallelism,

@@ -1,18 +1,33 @@
 """The launch record: one builder of ``run.started`` / ``run.resumed`` for every producer.
 
-The client library (``runledger.init``), runledger's own trainer (``trainer.loop``) and the reference
-simulator (``runledger.workflows.simulate``) all announce an attempt through ``launch_event``, so a
-launch record has one shape whoever writes it; they differ only in where the facts come from (this
-process's ``Provenance``, or the published facts the simulator replays).
+The client library (``runledger.init``), runledger's own trainer (``trainer.loop``), the reference
+simulator (``runledger.workflows.simulate``) and the W&B importers (``ingest.wandb_import``,
+``ingest.wandb_online``) all announce an attempt through ``launch_fields`` and ``launch_event``, so a
+launch record has one shape whoever writes it; they differ only in where the ``Provenance`` comes
+from (this process's, ``runledger.provenance.of_this_process``; the published facts the simulator
+replays; what W&B recorded).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from runledger.provenance import Provenance
 from schemas.payloads import RunResumed, RunStarted
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What a launch record says about the code and the machine (``run.started``/``run.resumed``)."""
+
+    host: str
+    git_commit: str | None = None
+    git_dirty: bool | None = None
+    git_branch: str | None = None
+    cluster: str | None = None
+    job_id: str | None = None
+    software: dict[str, str] = field(default_factory=dict)
 
 
 def launch_fields(
