@@ -11,6 +11,7 @@ such path exists, an online ``ENTITY/PROJECT[/RUN]`` (``ingest.wandb_online``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -32,16 +33,21 @@ from cli.output import (
     DEFAULT_LEDGER,
     LedgerOption,
     SpoolOption,
+    commits_counted,
     console,
+    disk_full,
+    disk_full_error,
     err_console,
     fail,
     plural,
     print_json,
+    progress,
     user_errors,
 )
 from ingest.bus import EventSink, default_spool_dir, open_sink
 from ingest.kafka_config import COMMIT_BATCH_MAX
 from ingest.spool import SpoolLockedError
+from schemas import Envelope
 from schemas.signing import PRODUCER_KEY_ENV, Sealer
 
 
@@ -59,10 +65,12 @@ def ingest_spool(
     from ingest import spool_ingester
     from ledger.store import Ledger
 
-    with user_errors():
+    with user_errors(ledger), progress("ingest spool", "records") as report:
         if not spool.is_dir():
             raise fail(f"no spool at {spool}")
-        stats = spool_ingester.ingest_spool(Ledger.create(ledger), spool, batch_size=batch_size)
+        stats = spool_ingester.ingest_spool(
+            Ledger.create(ledger), spool, batch_size=batch_size, on_commit=commits_counted(report)
+        )
     console.print(
         f"ingested {plural(stats.accepted, 'event')} ({plural(stats.metric_values, 'metric value')}) in "
         f"{plural(stats.commits, 'commit')}; {plural(stats.duplicates, 'duplicate')} dropped, "
@@ -198,7 +206,7 @@ def ingest_github(
         # No cursor recorded: resume from the backfill events already on the spool, if any.
         for kind, value in cursor_from_spool(where, repo).items():
             store.set(repo, kind, value)
-    sink = _open_sink(spool)
+    sink = _open_sink(spool, "ingest github")
     if token is None:  # said once nothing else can fail first, so an error stays one line
         err_console.print(
             "note: no token ($GITHUB_TOKEN or --token-file): anonymous, 60 requests/hour",
@@ -242,6 +250,14 @@ def ingest_wandb(
         Path | None,
         typer.Option("--cursor-file", help="Online: resume cursors (default: beside the spool)."),
     ] = None,
+    accept_partial: Annotated[
+        bool,
+        typer.Option(
+            "--accept-partial",
+            help="Offline: exit 0 although wandb's reader skipped damaged data (what it read is "
+            "imported either way; without this the import exits 1 and says what was skipped).",
+        ),
+    ] = False,
 ) -> None:
     """Import W&B runs as ledger events: an offline run directory, or online runs through W&B's API.
 
@@ -259,11 +275,18 @@ def ingest_wandb(
     if not Path(target).exists() and TARGET_RE.match(target):
         _ingest_wandb_online(target, run_id, spool, cursor_file)
     else:
-        _ingest_wandb_offline(Path(target), run_id, spool)
+        _ingest_wandb_offline(Path(target), run_id, spool, accept_partial)
 
 
-def _ingest_wandb_offline(directory: Path, run_id: str | None, spool: Path | None) -> None:
-    from ingest.wandb_import import WandbImportError, find_offline_runs, import_offline_run
+def _ingest_wandb_offline(
+    directory: Path, run_id: str | None, spool: Path | None, accept_partial: bool = False
+) -> None:
+    from ingest.wandb_import import (
+        PartialImportError,
+        WandbImportError,
+        find_offline_runs,
+        import_offline_run,
+    )
 
     try:
         files = find_offline_runs(directory)
@@ -271,11 +294,14 @@ def _ingest_wandb_offline(directory: Path, run_id: str | None, spool: Path | Non
         raise fail(str(exc), 2) from None
     if run_id is not None and len(files) > 1:
         raise fail(f"{directory} holds {len(files)} runs; --run-id needs exactly one", 2)
-    sink = _open_sink(spool)
+    sink = _open_sink(spool, "ingest wandb")
     try:
         for wandb_file in files:
             try:
-                stats = import_offline_run(wandb_file, sink, run_id=run_id)
+                stats = import_offline_run(wandb_file, sink, run_id=run_id, accept_partial=accept_partial)
+            except PartialImportError as exc:
+                print_json(exc.stats.as_dict())
+                raise fail(str(exc), 1) from None
             except WandbImportError as exc:
                 raise fail(str(exc), 2 if "run id" in str(exc) else 1) from None
             print_json(stats.as_dict())
@@ -301,7 +327,7 @@ def _ingest_wandb_online(
         api = open_api()
     except OnlineImportError as exc:
         raise fail(str(exc), 1) from None
-    sink = _open_sink(spool)
+    sink = _open_sink(spool, "ingest wandb")
     try:
         result = import_online(target, sink, cursors, api=api, run_id=run_id)
     finally:
@@ -327,17 +353,46 @@ def _producer_sealer() -> Sealer | None:
         raise fail(f"producer key ${PRODUCER_KEY_ENV} is not a private key: {exc}", 2) from None
 
 
-def _open_sink(spool: Path | None) -> EventSink:
+def _open_sink(spool: Path | None, what: str = "") -> EventSink:
+    """The producer's sink (signed when a key is set); with ``what``, it shows its progress (events
+    written) until it is closed."""
     sealer = _producer_sealer()
+    where = spool if spool is not None else default_spool_dir()
     try:
-        return open_sink(spool, sealer=sealer)
+        sink = open_sink(spool, sealer=sealer)
     except SpoolLockedError:
-        where = spool if spool is not None else default_spool_dir()
         raise fail(
             f"spool {where} already has a live writer (another producer?); give this one its own --spool", 2
         ) from None
     except OSError as exc:
+        if disk_full(exc) is not None:
+            raise disk_full_error(exc, [Path(where)]) from None
         raise fail(f"cannot open spool: {exc.strerror}: {exc.filename}", 2) from None
+    return _ProgressSink(sink, what) if what else sink
+
+
+class _ProgressSink:
+    """A sink that shows how many events went through it (``cli.output.progress``) until closed."""
+
+    def __init__(self, sink: EventSink, what: str) -> None:
+        self.sink = sink
+        self.events = 0
+        self._shown = contextlib.ExitStack()
+        self._report = self._shown.enter_context(progress(what, "events"))
+
+    def emit(self, envelope: Envelope) -> None:
+        self.sink.emit(envelope)
+        self.events += 1
+        self._report(self.events, None)
+
+    def sync(self) -> None:
+        self.sink.sync()
+
+    def close(self) -> None:
+        try:
+            self.sink.close()
+        finally:
+            self._shown.close()
 
 
 def _parse_since(text: str) -> datetime:

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from cli.output import console, fail, plural, user_errors
+from cli.output import commits_counted, console, fail, plural, progress, user_errors
 from ingest.kafka_config import COMMIT_BATCH_MAX
 
 BootstrapOption = Annotated[
@@ -100,7 +100,7 @@ def replay(
     from ingest import kafka_replay
     from ledger.registry import read_registry
 
-    with kafka_errors():
+    with kafka_errors(), progress("replay", "records") as report:
         registry = read_registry(registry_from) if registry_from is not None else []
         stats = kafka_replay.replay(
             bootstrap,
@@ -110,6 +110,7 @@ def replay(
             connect_timeout_s=connect_timeout,
             ledger_id=ledger_id,
             registry=registry,
+            on_commit=commits_counted(report),
         )
     rate = stats.metric_values / stats.seconds if stats.seconds else 0.0
     console.print(

@@ -42,8 +42,9 @@ def _reader(ledger: Path):
     return Reader(ledger)
 
 
-def _run_id(reader, run: str) -> str:
-    """The run a RUN argument names: `latest` is the run started most recently."""
+def resolve_run(reader, run: str) -> str:
+    """The run a RUN argument names: `latest` is the run started most recently (every command that
+    takes a run id: history, state, diff, blame, report, plot)."""
     if run != "latest":
         return run
     rows = reader.sql("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 1").rows
@@ -116,11 +117,15 @@ def history(
     fmt = resolve_format(fmt, output)
     with user_errors(ledger):
         reader = _reader(ledger)
-        run = _run_id(reader, run)
+        run = resolve_run(reader, run)
         items = reader.history(run)
+        ranged = from_step is not None or to_step is not None
+        window = (
+            reader.step_window(run, from_step or 0, 2**62 if to_step is None else to_step) if ranged else None
+        )
     title = f"history of {run}"
-    if from_step is not None or to_step is not None:
-        items = history_range(items, from_step, to_step)
+    if ranged:
+        items = history_range(items, from_step, to_step, window)
         title += f", steps {from_step if from_step is not None else 0}..{'' if to_step is None else to_step}"
     elif not every:
         shown = summarise_history(items)
@@ -165,7 +170,7 @@ def state(
         at = at.replace(tzinfo=UTC)
     with user_errors(ledger):
         reader = _reader(ledger)
-        run = _run_id(reader, run)
+        run = resolve_run(reader, run)
         result = reader.state(run, step=step, at=at)
         if at is not None and result.attempt is None:
             # Like --step out of range: no state exists before the run's first event.
@@ -224,7 +229,7 @@ def diff(
     fmt = resolve_format(fmt, output)
     with user_errors(ledger):
         reader = _reader(ledger)
-        run = _run_id(reader, run)
+        run = resolve_run(reader, run)
         result = reader.diff(run, from_step, to_step)
     if fmt == Format.json:
         print_json(result, output)
@@ -276,7 +281,7 @@ def blame(
     fmt = resolve_format(fmt, output)
     with user_errors(ledger):
         reader = _reader(ledger)
-        run = _run_id(reader, run)
+        run = resolve_run(reader, run)
         result = reader.blame(run, key, step)
     if fmt == Format.json:
         print_json(result, output)

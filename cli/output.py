@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import csv
 import enum
+import errno
 import io
 import json
 import os
 import re
 import shutil
 import sys
+import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import date, datetime
 from pathlib import Path
@@ -31,6 +33,7 @@ import msgspec
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperGroup
 
 from schemas.durable import write_durably
 
@@ -128,6 +131,10 @@ def user_errors(ledger: Path | None = None) -> Iterator[None]:
         raise fail(message) from None
     except (FileNotFoundError, NotADirectoryError, PermissionError) as exc:
         raise fail(f"{exc.strerror}: {exc.filename}") from None
+    except Exception as exc:  # a full disk surfaces as OSError, SQLite's error, or in their context
+        if disk_full(exc) is None:
+            raise
+        raise disk_full_error(exc, [ledger] if ledger is not None else []) from None
     except ValueError as exc:
         raise fail(str(exc)) from None
 
@@ -389,3 +396,219 @@ def _write_text(text: str, output: Path | None) -> None:
         sys.stdout.flush()
     else:
         write_durably(output, text)
+
+
+# -- a full disk -----------------------------------------------------------------------------------
+
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+# The options naming where a command writes: a full disk's line names the fullest of them.
+WRITE_OPTIONS = ("--ledger", "--spool", "--to", "--output", "-o", "--workdir")
+WRITE_ENV = {
+    "--ledger": ("RUNLEDGER_LEDGER", ".runledger/ledger"),
+    "--spool": ("RUNLEDGER_SPOOL", ".runledger/spool"),
+}
+
+
+def disk_full(exc: BaseException) -> BaseException | None:
+    """The ENOSPC/EDQUOT ``OSError`` (or SQLite's ``SQLITE_FULL``: the ledger's dedupe index) behind
+    ``exc`` (itself, its cause or its context: a full disk often surfaces while closing a file after
+    the first failure), or None."""
+    import sqlite3
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in DISK_FULL_ERRNOS:
+            return current
+        if isinstance(current, sqlite3.OperationalError) and (
+            getattr(current, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+            or "database or disk is full" in str(current)
+        ):
+            return current
+        # ``raise … from None`` (an error already said in one line) hides its context: so does this.
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    return None
+
+
+def disk_full_error(exc: BaseException, candidates: Sequence[Path]) -> typer.Exit:
+    """One line for a full disk (or an exceeded quota): where, how much is free, what to do. Exit 1.
+
+    The path is the one the operating system named, else the candidate on the fullest filesystem
+    (pyarrow's and a spool's write errors name no file)."""
+    found = disk_full(exc)
+    filename = getattr(found, "filename", None)
+    where = Path(filename) if filename else _fullest([Path(c) for c in candidates])
+    quota = isinstance(found, OSError) and found.errno == errno.EDQUOT
+    what = "disk quota exceeded" if quota else "no space left on device"
+    free = _free_text(where) if where is not None else ""
+    place = f" writing {where}{free}" if where is not None else ""
+    return fail(
+        f"{what}{place}: free some space there (or point the command at a larger disk) and run it "
+        "again; what was stored before the disk filled is kept"
+    )
+
+
+def _fullest(paths: Sequence[Path]) -> Path | None:
+    """The path (of ``paths``) whose filesystem has the least space free."""
+    best: tuple[int, Path] | None = None
+    for path in paths:
+        usage = _usage(path)
+        if usage is not None and (best is None or usage.free < best[0]):
+            best = (usage.free, path)
+    return best[1] if best else (paths[0] if paths else None)
+
+
+def _usage(path: Path) -> Any:
+    """``shutil.disk_usage`` of the nearest folder of ``path`` that exists, or None."""
+    for folder in (path, *path.parents):
+        if folder.exists():
+            try:
+                return shutil.disk_usage(folder)
+            except OSError:
+                return None
+    return None
+
+
+def _free_text(path: Path) -> str:
+    usage = _usage(path)
+    if usage is None:
+        return ""
+    return f" ({_bytes_text(usage.free)} free of {_bytes_text(usage.total)})"
+
+
+def _bytes_text(count: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if count < 1024 or unit == "GB":
+            return f"{count:,.0f} {unit}" if unit in ("B", "KB") else f"{count:,.1f} {unit}"
+        count /= 1024  # type: ignore[assignment]
+    return f"{count:,.1f} TB"
+
+
+def write_paths(args: Sequence[str]) -> list[Path]:
+    """The paths a command line names after its writing options (``--ledger X``, ``--spool=X``…),
+    and the defaults of ``--ledger``/``--spool`` when not given: where a command may have filled a disk."""
+    found: dict[str, str] = {}
+    for i, arg in enumerate(args):
+        name, sep, value = arg.partition("=")
+        if name in WRITE_OPTIONS:
+            if sep:
+                found[name] = value
+            elif i + 1 < len(args):
+                found[name] = args[i + 1]
+    for option, (env, default) in WRITE_ENV.items():
+        found.setdefault(option, os.environ.get(env) or default)
+    return [Path(v) for v in found.values()]
+
+
+class DiskFullGroup(TyperGroup):
+    """The app's group: a full disk (ENOSPC, EDQUOT) in any command is one line naming where and
+    what to do, never a traceback (the commands that know their path say it through ``user_errors``)."""
+
+    def invoke(self, ctx: Any) -> Any:
+        args = [*getattr(ctx, "protected_args", []), *ctx.args]  # the subcommand and its arguments
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            if disk_full(exc) is None:
+                raise
+            raise disk_full_error(exc, write_paths(args)) from None
+
+
+# -- progress --------------------------------------------------------------------------------------
+
+# Seconds between progress lines on stderr when it is not a terminal (a log, a pipe, CI); 0: every
+# update, "off": none. On a terminal a rich progress bar is drawn instead.
+PROGRESS_ENV = "RUNLEDGER_PROGRESS_S"
+PROGRESS_EVERY_S = 5.0
+
+# What a library loop calls with how far it got: (done, total or None when unknown).
+ProgressCallback = Callable[[int, int | None], None]
+
+
+@contextmanager
+def progress(what: str, unit: str) -> Iterator[ProgressCallback]:
+    """Progress of long work, the same in every command: yields ``report(done, total=None)`` for the
+    library's loop to call. A rich bar on a terminal (gone when the work ends); otherwise one line
+    every ``$RUNLEDGER_PROGRESS_S`` seconds (default 5) on stderr, e.g.
+    ``ingest spool: 120,000 records, 24,000/s, 5 s`` or ``verify: 3,000 of 12,000 events (25%), …``."""
+    if err_console.is_terminal:
+        with _bar(what, unit) as report:
+            yield report
+        return
+    yield _line_reporter(what, unit, _progress_interval())
+
+
+def _progress_interval() -> float | None:
+    text = os.environ.get(PROGRESS_ENV, "").strip().lower()
+    if text in ("off", "none", "no"):
+        return None
+    try:
+        return max(0.0, float(text)) if text else PROGRESS_EVERY_S
+    except ValueError:
+        return PROGRESS_EVERY_S
+
+
+def _line_reporter(what: str, unit: str, every_s: float | None) -> ProgressCallback:
+    started = time.monotonic()
+    last = [started]
+
+    def report(done: int, total: int | None = None) -> None:
+        now = time.monotonic()
+        if every_s is None or now - last[0] < every_s:
+            return
+        last[0] = now
+        err_console.print(
+            progress_line(what, unit, done, total, now - started), highlight=False, markup=False
+        )
+
+    return report
+
+
+def progress_line(what: str, unit: str, done: int, total: int | None, seconds: float) -> str:
+    """``verify: 3,000 of 12,000 events (25%), 1,500/s, 2 s``."""
+    count = f"{done:,} of {total:,} {unit}" if total else f"{done:,} {unit}"
+    if total:
+        count += f" ({100 * done / total:.0f}%)"
+    rate = f", {done / seconds:,.0f}/s" if seconds > 0 else ""
+    return f"{what}: {count}{rate}, {seconds:.0f} s"
+
+
+@contextmanager
+def _bar(what: str, unit: str) -> Iterator[ProgressCallback]:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn(unit),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=err_console, transient=True) as bar:
+        task = bar.add_task(what, total=None)
+
+        def report(done: int, total: int | None = None) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield report
+
+
+def commits_counted(report: ProgressCallback) -> Callable[[Any], None]:
+    """An ingester's ``on_commit`` that reports the records read so far (each record of a batch is
+    accepted, a duplicate, skipped or quarantined: ``ledger.store.CommitResult``)."""
+    read = [0]
+
+    def on_commit(result: Any) -> None:
+        read[0] += result.accepted + result.duplicates + result.skipped + len(result.quarantined)
+        report(read[0], None)
+
+    return on_commit

@@ -17,7 +17,10 @@ ToStep = Annotated[int | None, typer.Option("--to-step", help="Last step shown (
 
 
 def report(
-    runs: Annotated[list[str], typer.Argument(metavar="RUN", help="Run id(s); several runs are overlaid.")],
+    runs: Annotated[
+        list[str],
+        typer.Argument(metavar="RUN", help="Run id(s), or `latest`; several runs are overlaid."),
+    ],
     output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path(
         "report.html"
     ),
@@ -41,7 +44,8 @@ def report(
 
     if output.suffix.lower() not in (".html", ".htm"):
         raise fail(f"--output {output}: give an .html file", 2)
-    with user_errors():
+    with user_errors(ledger):
+        runs = _resolve_runs(ledger, runs)
         path, data = write_report(
             ledger,
             runs,
@@ -59,7 +63,7 @@ def report(
 
 
 def plot(
-    run: Annotated[str, typer.Argument(help="Run id.")],
+    run: Annotated[str, typer.Argument(metavar="RUN", help="Run id, or `latest`.")],
     metrics: Annotated[
         list[str], typer.Argument(metavar="METRIC", help="Metric names, e.g. loss lr grad_norm.")
     ],
@@ -76,6 +80,19 @@ def plot(
 
     if output.suffix.lower() not in (".png", ".svg"):
         raise fail(f"--output {output}: give a .png or .svg file", 2)
-    with user_errors():
+    with user_errors(ledger):
+        (run,) = _resolve_runs(ledger, [run])
         path = write_plot(ledger, run, metrics, output, from_step=from_step, to_step=to_step, buckets=buckets)
     console.print(f"wrote {path}", highlight=False)
+
+
+def _resolve_runs(ledger: Path, runs: list[str]) -> list[str]:
+    """The run ids the RUN arguments name (``latest``: the most recently started run), as every
+    command that takes a run id reads them."""
+    if "latest" not in runs:
+        return runs
+    from cli.ledger_cmd import resolve_run
+    from ledger.query import Reader
+
+    reader = Reader(ledger)
+    return [resolve_run(reader, run) for run in runs]

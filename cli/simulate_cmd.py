@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from cli.kafka_cmd import BootstrapOption, kafka_errors
-from cli.output import SpoolOption, err_console, fail, print_json
+from cli.output import SpoolOption, fail, print_json, progress
 
 
 class Scenario(enum.StrEnum):
@@ -78,21 +78,13 @@ def simulate(
         raise fail("--bus kafka needs --bootstrap (or RUNLEDGER_KAFKA_BOOTSTRAP)", 2)
     spool_dir = spool if spool is not None else default_spool_dir()
     started = time.perf_counter()
-    shown = [started]
-
-    def progress(step: int, total: int) -> None:
-        now = time.perf_counter()
-        if now - shown[0] >= 5.0:
-            shown[0] = now
-            err_console.print(f"step {step:,} of {total:,} ({now - started:.0f} s)", highlight=False)
-
-    with kafka_errors():
+    with kafka_errors(), progress("simulate", "steps") as report:
         try:
             sink: EventSink = SpoolSink(spool_dir) if bus is Bus.spool else open_sink(spool_dir, bootstrap)
         except SpoolLockedError as exc:
             raise fail(str(exc)) from None
         try:
-            stats = run_simulation(sink, options, progress=progress)
+            stats = run_simulation(sink, options, progress=report)
         finally:
             sink.close()
     print_json(

@@ -179,11 +179,133 @@ def edit(
 
     try:
         parsed = {".".join(keys): value for keys, value in map(parse_override, changes)}
+        for key, value in parsed.items():
+            check_config_value(key, value)
+        _check_edited_config(config, parsed)
         edit_config_file(config, parsed, author=author)
     except ConfigError as exc:
         raise fail(str(exc), 2) from None
+    for key in _not_live(parsed):
+        err_console.print(
+            f"note: {key} is not changeable while the run is live: a running run refuses it (needs a restart)",
+            highlight=False,
+            markup=False,
+        )
     who = f" by {author}" if author else " (author unknown)"
     err_console.print(f"edited {config}: {', '.join(changes)}{who}", highlight=False, markup=False)
+
+
+def check_config_value(key: str, value: Any) -> None:
+    """Refuse (``ConfigError``) a key the trainer's config does not have, or a value its type does not
+    take, naming the key's type: what the run would refuse at its next step, said before the edit.
+
+    Types are checked as the trainer reads its file (``trainer.config.from_dict``: not strict, so
+    ``1`` is a float and ``"0.5"`` a number); ``none`` removes a key, which only a key that defaults
+    to none allows."""
+    import msgspec
+
+    from trainer.config import CHANGE_TABLE, ConfigError, TrainConfig
+
+    field = _config_field(TrainConfig, key.split("."), key)
+    if isinstance(field.type, type) and issubclass(field.type, msgspec.Struct):
+        names = ", ".join(f.name for f in msgspec.structs.fields(field.type))
+        raise ConfigError(f"{key} is a section, not a key; name one of its keys: {names}")
+    if key.split(".")[0] == CHANGE_TABLE:
+        raise ConfigError(f"{key}: the [{CHANGE_TABLE}] table records who edited the file; use --author")
+    if value is None:
+        if field.default is not None:
+            raise ConfigError(f"{key} cannot be none: it expects {_type_text(field.type)}")
+        return
+    try:
+        msgspec.convert(value, field.type, strict=False)
+    except msgspec.ValidationError:
+        raise ConfigError(
+            f"{key} expects {_type_text(field.type)}, not {_toml_text(value)} ({_kind_of(value)})"
+        ) from None
+
+
+def _config_field(struct: Any, parts: list[str], key: str) -> Any:
+    """The ``msgspec`` field a dotted key names, or ``ConfigError`` naming the keys there are."""
+    import msgspec
+
+    from trainer.config import ConfigError
+
+    fields = {f.name: f for f in msgspec.structs.fields(struct)}
+    found = fields.get(parts[0])
+    if found is None:
+        where = "the config" if struct.__name__ == "TrainConfig" else key.rsplit(".", len(parts))[0]
+        raise ConfigError(f"unknown config key {key!r}: {where} has {', '.join(sorted(fields))}")
+    rest = parts[1:]
+    if not rest:
+        return found
+    if not (isinstance(found.type, type) and issubclass(found.type, msgspec.Struct)):
+        raise ConfigError(
+            f"unknown config key {key!r}: {key.rsplit('.', len(rest))[0]} is a key, not a section"
+        )
+    return _config_field(found.type, rest, key)
+
+
+def _type_text(kind: Any) -> str:
+    """``a number``, ``an integer or none``, ``one of 'probs', 'position'``: a config type in words."""
+    import types
+    import typing
+
+    words = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    if kind in words:
+        return words[kind]
+    origin = typing.get_origin(kind)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(v) for v in typing.get_args(kind))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join("none" if a is type(None) else _type_text(a) for a in typing.get_args(kind))
+    if origin in (list, tuple):
+        (item, *_) = typing.get_args(kind) or (Any,)
+        return f"a list of {_type_text(item).removeprefix('a ').removeprefix('an ')}"
+    return getattr(kind, "__name__", str(kind))
+
+
+def _kind_of(value: Any) -> str:
+    kinds = {bool: "true/false", int: "an integer", float: "a number", str: "a string", list: "a list"}
+    return kinds.get(type(value), "a table" if isinstance(value, dict) else type(value).__name__)
+
+
+def _toml_text(value: Any) -> str:
+    import json
+
+    return json.dumps(value, default=str)
+
+
+def _check_edited_config(path: Path, changes: dict[str, Any]) -> None:
+    """The whole config after the edit must load as the run loads it (cross-key rules included,
+    e.g. ``moe.top_k`` within ``1..moe.num_experts``); else ``ConfigError``, and the file is left."""
+    import tomllib
+
+    from trainer.config import CHANGE_TABLE, ConfigError, from_dict, validate
+
+    try:
+        tree = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    tree.pop(CHANGE_TABLE, None)
+    for dotted, value in changes.items():
+        *sections, last = dotted.split(".")
+        node = tree
+        for part in sections:
+            node = node.setdefault(part, {})
+        if value is None:
+            node.pop(last, None)
+        else:
+            node[last] = value
+    try:
+        validate(from_dict(tree))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: the run would refuse this edit: {exc}") from None
+
+
+def _not_live(changes: dict[str, Any]) -> list[str]:
+    from trainer.config import LIVE_KEYS
+
+    return [key for key in changes if "/" + key.replace(".", "/") not in LIVE_KEYS]
 
 
 def _wandb_line(external: dict[str, str]) -> str:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -261,9 +262,14 @@ def make_github(
     retries: int = 8,
     timeout: int = 30,
     on_wait: Callable[[float, int], None] | None = None,
+    connect_retries: int = 2,
 ) -> Github:
+    # A refused or unreachable server is retried ``connect_retries`` times (about a second), not
+    # ``retries`` times with doubling waits (two silent minutes): a wrong --base-url or a server that
+    # is down is said at once. Rate limits and 5xx answers keep the full ``retries``.
     retry = RateLimitRetry(
         total=retries,
+        connect=connect_retries,
         backoff_factor=0.5,
         status_forcelist=[429, 500, 502, 503, 504],
         secondary_rate_wait=60.0,
@@ -387,13 +393,20 @@ def backfill(
     except GithubException as exc:
         raise BackfillError(_describe(exc, repo), 2 if exc.status in (401, 404) else 1) from None
     except requests.RequestException as exc:
-        raise BackfillError(f"cannot reach {base_url}: {type(exc).__name__}") from None
+        raise BackfillError(f"cannot reach {base_url}: {_unreachable_reason(exc)}") from None
     finally:
         gh.close()
     sink.sync()
     stats.duration_s = round(time.monotonic() - started, 3)
     log.info("backfill of %s done: %d events", stats.repo, stats.events)
     return stats
+
+
+def _unreachable_reason(exc: requests.RequestException) -> str:
+    """``Connection refused (ConnectionError)``: the operating system's words when it gave some."""
+    found = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", str(exc))
+    kind = type(exc).__name__
+    return f"{found.group(1).strip()} ({kind})" if found else kind
 
 
 def _describe(exc: GithubException, repo: str) -> str:

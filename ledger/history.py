@@ -50,16 +50,25 @@ SCREEN_LINES = 40
 
 
 def history_range(
-    items: Sequence[HistoryItem], from_step: int | None, to_step: int | None
+    items: Sequence[HistoryItem],
+    from_step: int | None,
+    to_step: int | None,
+    window: tuple[datetime, datetime] | None = None,
 ) -> list[HistoryItem]:
     """The items of steps ``from_step``..``to_step`` (either end open), and the step-less ones
-    (GitHub events) that happened between the first and the last of those."""
+    (GitHub events) that happened meanwhile: within ``window``, the times the run was at those steps
+    (``Reader.step_window``: from step ``from_step``'s time to the last event of the range), else
+    between the first and the last item of the range. The window matters: a run's history items are
+    its launches, changes and checkpoints, so the PR merged shortly before a change at a step inside
+    the range happened before the range's first history item."""
     lo = from_step if from_step is not None else -1
     hi = to_step if to_step is not None else float("inf")
     stepped = [i for i in items if i.step is not None and lo <= i.step <= hi]
-    if not stepped:
-        return []
-    start, end = min(i.time for i in stepped), max(i.time for i in stepped)
+    if window is None:
+        if not stepped:
+            return []
+        window = (min(i.time for i in stepped), max(i.time for i in stepped))
+    start, end = window
     return [
         i
         for i in items
@@ -137,6 +146,7 @@ def history_counts(items: Sequence[HistoryItem]) -> str:
         (kinds.count("run.crashed"), "crash"),
         (kinds.count("config.changed"), "config change"),
         (kinds.count("config.rejected"), "refused change"),
+        (kinds.count("producer.dropped") + kinds.count("ledger.incident"), "incident"),
         (kinds.count("checkpoint.saved"), "checkpoint"),
         (kinds.count("github"), "GitHub event"),
     ]
@@ -191,9 +201,31 @@ def history_item(
         text = f"attempt finished: {d.status}"
     elif t == c.ANNOTATION:
         text = f"note by {d.author}: {d.text}"
+    elif t in (c.PRODUCER_DROPPED, c.LEDGER_INCIDENT):
+        text = incident_text(e)
     else:
         text = t
     return HistoryItem(e.time, e.step, e.attempt, t.removeprefix("runledger."), text)
+
+
+def incident_text(e: Envelope) -> str:
+    """``1,203 events lost by trainer/r/a1/rank0 (steps 318–1,520; seq 319–1,521): bus down (…)``,
+    ``gap in trainer/r/a1/rank0: 5 events missing (seq 40–44)``, ``fork in …``."""
+    d = e.data
+    if e.type == c.PRODUCER_DROPPED:
+        where = [f"steps {_span(d.first_step, d.last_step)}"] if d.first_step is not None else []
+        if d.first_seq is not None:
+            where.append(f"seq {_span(d.first_seq, d.last_seq)}")
+        detail = f" ({'; '.join(where)})" if where else ""
+        return f"{d.count:,} event{'s' if d.count != 1 else ''} lost by {e.source}{detail}: {d.reason}"
+    if d.kind == "gap":
+        return f"gap in {d.source}: {d.missing:,} events missing (seq {_span(d.expected_seq, d.got_seq - 1)})"
+    extra = f": {d.detail}" if getattr(d, "detail", None) else ""
+    return f"{d.kind} in {d.source} at seq {d.got_seq:,} (expected {d.expected_seq:,}){extra}"
+
+
+def _span(first: int, last: int | None) -> str:
+    return f"{first:,}" if last is None or last == first else f"{first:,}–{last:,}"
 
 
 def _crash_text(d: Any) -> str:

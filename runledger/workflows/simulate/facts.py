@@ -7,6 +7,7 @@ constants); the rest of the simulator builds its story and values from them.
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import MappingProxyType
@@ -92,7 +93,9 @@ class SimOptions:
     crashes: int = REFERENCE_CRASHES
     seed: int = 0
     run_id: str = RUN_ID
-    repository: str = REPOSITORY
+    # "": the reference run's repository for its run id, else the run's own (``own_repository``),
+    # so a second simulated run in one ledger never rewrites the first one's PRs and commits.
+    repository: str = ""
 
     def __post_init__(self) -> None:
         for name in ("steps", "metrics_every", "expert_counts_every", "rank_stats_every"):
@@ -106,6 +109,31 @@ class SimOptions:
             raise ValueError("steps must be at least 200 (the story needs room)")
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", self.run_id):
             raise ValueError(f"run id {self.run_id!r}: letters, digits, '.', '_' and '-', at most 128")
+        if not self.repository:
+            object.__setattr__(self, "repository", own_repository(self.run_id))
+
+    @property
+    def github_salt(self) -> tuple[int, ...]:
+        """Mixed into the seed of the GitHub story's ids (commit SHAs, delivery ids) and PR numbers:
+        none for the reference run id (its bytes stay as they were), the run id's CRC-32 for any other,
+        so two runs of one seed do not share commits."""
+        return () if self.run_id == RUN_ID else (zlib.crc32(self.run_id.encode()),)
+
+    @property
+    def first_number(self) -> int:
+        """The repository's first issue/PR number: 1201 for the reference run, else past it by a
+        run-specific stride, so no simulated run reuses the reference run's PR numbers."""
+        salt = self.github_salt
+        return 1201 if not salt else 1201 + 1000 * (1 + salt[0] % 89)
+
+
+def own_repository(run_id: str) -> str:
+    """``openlab/moe-535b`` for the reference run id, ``openlab/<run id>`` for any other."""
+    if run_id == RUN_ID:
+        return REPOSITORY
+    owner = REPOSITORY.split("/")[0]
+    name = run_id[:100]  # GitHub's longest repository name
+    return f"{owner}/{name}-run" if name.endswith(".git") else f"{owner}/{name}"
 
 
 def at(steps: int, reference_step: float) -> int:

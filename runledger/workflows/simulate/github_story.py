@@ -158,7 +158,7 @@ class _GitHub:
 
 def lay_out_github(story: Plan, rng: np.random.Generator) -> None:
     """Issues, PRs, reviews, pushes and comments over the run's months; attempts get their commits."""
-    gh = _GitHub(story, rng, _Ids(np.random.default_rng([story.options.seed, 4])))
+    gh = _GitHub(story, rng, _Ids(np.random.default_rng([story.options.seed, 4, *story.options.github_salt])))
     end_s = _end_of(story.segments[-1])
 
     # PRs: the launch config, the new dispatcher, one per config change, crash fixes, routine work.
@@ -178,7 +178,7 @@ def lay_out_github(story: Plan, rng: np.random.Generator) -> None:
 
     # Numbers in the order things were opened, as GitHub assigns them; the changes name their PRs.
     things: list[_Pr | _Issue] = sorted([*gh.prs, *gh.issues], key=lambda x: x.open_s)
-    for number, thing in enumerate(things, start=1201):
+    for number, thing in enumerate(things, start=story.options.first_number):
         thing.number = number
     for change, made in change_prs:
         change.pr = made.number
