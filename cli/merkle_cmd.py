@@ -21,6 +21,7 @@ from cli.output import (
     fail,
     plural,
     print_json,
+    progress,
     user_errors,
 )
 
@@ -33,6 +34,39 @@ def _read_key(keys: Path, suffix: str) -> str:
     if not found:
         raise fail(f"no {suffix} key in {keys} (create one with `ledger keys init`)")
     return found[0].read_text().strip()
+
+
+def _log_signing_key(ledger: Path, keys: Path, name: str | None) -> str:
+    """The private key a `ledger checkpoint` signs with, chosen without guessing: a key file is named
+    after its key (``NAME.key``), producer keys of the ledger are never it, and among several the
+    one that signed the ledger's checkpoints so far (or ``--name``) is; otherwise a one-line error."""
+    from ledger.integrity import CHECKPOINTS
+    from ledger.log_checkpoint import note_signers
+    from ledger.registry import producers
+    from ledger.store import Ledger
+    from schemas.note import parse_private_key
+    from schemas.signing import key_id_of
+
+    found = {path: parse_private_key(path.read_text()) for path in sorted(keys.glob("*.key"))}
+    if not found:
+        raise fail(f"no .key key in {keys} (create one with `ledger keys init` or `ledger init`)")
+    registered = set(producers(Ledger.open(ledger)).keys)
+    candidates = {p: k for p, k in found.items() if key_id_of(k) not in registered}
+    if name is not None:
+        candidates = {p: k for p, k in candidates.items() if k.name == name}
+    if len(candidates) > 1:
+        signed = {s for note in (ledger / CHECKPOINTS).glob("*.txt") for s in note_signers(note.read_text())}
+        candidates = {p: k for p, k in candidates.items() if key_id_of(k) in signed} or candidates
+    if len(candidates) != 1:
+        names = ", ".join(p.name for p in (candidates or found))
+        why = "several log keys" if candidates else "no log key (producer keys of this ledger are not)"
+        raise fail(f"{why} in {keys}: {names}; pass --name NAME (the log key's name)")
+    (path,) = candidates
+    return path.read_text().strip()
+
+
+def _public_keys(keys: Path) -> list[tuple[Path, str]]:
+    return [(path, path.read_text().strip()) for path in sorted(keys.glob("*.pub"))] if keys.is_dir() else []
 
 
 def keys_init(
@@ -54,7 +88,13 @@ def keys_init(
     console.print(f"public key:  {public}")
 
 
-def checkpoint(ledger: LedgerOption = DEFAULT_LEDGER, keys: KeyDir = DEFAULT_KEYS) -> None:
+def checkpoint(
+    ledger: LedgerOption = DEFAULT_LEDGER,
+    keys: KeyDir = DEFAULT_KEYS,
+    name: Annotated[
+        str | None, typer.Option("--name", help="The log key's name, when the folder holds several keys.")
+    ] = None,
+) -> None:
     """Sign a log checkpoint of each stream's current size and root (publish the files under <ledger>/_checkpoints).
 
     Example: ledger checkpoint --keys .runledger/keys
@@ -62,7 +102,7 @@ def checkpoint(ledger: LedgerOption = DEFAULT_LEDGER, keys: KeyDir = DEFAULT_KEY
     from ledger.integrity import sign_checkpoints
 
     with user_errors(ledger):
-        written = sign_checkpoints(ledger, _read_key(keys, ".key"))
+        written = sign_checkpoints(ledger, _log_signing_key(ledger, keys, name))
     console.print(f"signed {plural(len(written), 'stream checkpoint')} in {ledger / '_checkpoints'}")
 
 
@@ -79,24 +119,37 @@ def verify(
 ) -> None:
     """Check the whole ledger against its Merkle trees and latest log checkpoints; name every bad event.
 
-    Exit status: 0 all checked and OK; 1 a problem found; 3 nothing wrong found, but signed log
-    checkpoints are on disk that were not checked (no public key: pass --public-key or --keys).
+    Exit status: 0 all checked and OK; 1 a problem found, or a checkpoint signed by none of the keys
+    tried (said as that, with the signer's and the tried keys' names: with --keys DIR each checkpoint is
+    checked with the key it names, and never with a producer key of the ledger); 3 nothing wrong
+    found, but signed log checkpoints are on disk that were not checked (no public key: pass
+    --public-key or --keys).
 
     Example: ledger verify --public-key .runledger/demo/keys/demo.pub
     """
     from ledger.integrity import CHECKPOINTS, verify_ledger
 
-    with user_errors(ledger):
-        key = public_key.read_text().strip() if public_key else None
-        if key is None and keys.is_dir() and list(keys.glob("*.pub")):
-            key = _read_key(keys, ".pub")
-        report = verify_ledger(ledger, key)
+    with user_errors(ledger), progress("verify", "events") as shown:
+        # Every key of the folder is tried: each checkpoint is checked with the one it names.
+        tried = [(public_key, public_key.read_text().strip())] if public_key else _public_keys(keys)
+        key = [text for _, text in tried] or None
+        report = verify_ledger(ledger, key, progress=shown)
     for problem in report.problems:
         console.print(problem.line(), highlight=False, markup=False)
     for warning in report.warnings:
         console.print(f"WARNING: {warning}", style="yellow", highlight=False, markup=False)
     counted = f"{plural(report.streams, 'stream')}, {plural(report.events, 'event')}"
     signed = plural(report.checkpoints, "signed checkpoint")
+    if report.problems and all(problem.kind == "key" for problem in report.problems):
+        files = ", ".join(str(path) for path, _ in tried)
+        console.print(
+            f"NOT VERIFIED ({plural(len(report.problems), 'checkpoint')} not signed by a log key tried: "
+            f"{files}); no tampering found: {counted} match the commit log. Pass the log key with "
+            "--public-key FILE",
+            highlight=False,
+            markup=False,
+        )
+        raise typer.Exit(1)
     if not report.ok:
         console.print(
             f"FAILED ({plural(len(report.problems), 'problem')}): {counted}, {signed} checked",

@@ -2,7 +2,9 @@
 
 DuckDB's own shell when a ``duckdb`` binary is on PATH (``pip install duckdb-cli`` puts one in the
 venv; also https://duckdb.org/docs/installation), started on an in-memory database with the views
-defined by an init file; it can write files like any DuckDB session. Otherwise (or with
+defined by an init file, locked as ``ledger query``'s connection is (SQL reaches only the ledger's
+tables), but without the statement check: it can write into the ledger's table folders (``COPY``)
+and wherever its dot-commands are told to. Otherwise (or with
 ``--builtin``) a small read-only loop: statements end with ``;``, each printed as ``ledger query``
 prints a table; ``.tables`` lists the views, ``.quit`` (or Ctrl-D) leaves.
 """
@@ -53,12 +55,22 @@ def shell(
     _builtin_shell(reader)
 
 
-def _duckdb_shell(binary: str, root: Path) -> int:
+def init_sql(root: Path) -> str:
+    """DuckDB's shell's init file: the views, then the lock of ``ledger query``'s connection (SQL
+    reaches only the ledger's tables). DuckDB's shell has no statement check, and its dot-commands
+    (``.output``, ``.shell``) write where they are told: ``--builtin`` is the read-only one."""
+    from ledger.parquet_schemas import tables_of
+    from ledger.sql_guard import lock_sql
     from ledger.views import views_sql
 
+    lock = lock_sql([root / name for name in tables_of(root)])
+    return "SET TimeZone = 'UTC';\n" + views_sql(root) + "\n" + lock
+
+
+def _duckdb_shell(binary: str, root: Path) -> int:
     with tempfile.TemporaryDirectory(prefix="runledger-shell-") as tmp:
         init = Path(tmp) / "views.sql"
-        init.write_text("SET TimeZone = 'UTC';\n" + views_sql(root) + "\n")
+        init.write_text(init_sql(root))
         # Ctrl-C belongs to DuckDB's shell (it cancels a query there); this process just waits.
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
@@ -72,8 +84,7 @@ def _duckdb_shell(binary: str, root: Path) -> int:
 
 
 def _builtin_shell(reader) -> None:
-    import duckdb
-
+    from ledger.sql_guard import RefusedStatement, split_statements
     from ledger.store import LedgerError
 
     err_console.print(f"runledger shell on {reader.root} (read-only). {HELP}", highlight=False)
@@ -97,8 +108,8 @@ def _builtin_shell(reader) -> None:
         text = "\n".join(pending)
         pending.clear()
         try:  # several statements on a line run in order, as in duckdb's shell
-            statements = [st.query for st in reader.con.extract_statements(text)]
-        except duckdb.Error:
+            statements = split_statements(reader.con, text)
+        except RefusedStatement:
             statements = [text]  # reader.sql reports the parser error with its caret
         for statement in statements:
             try:

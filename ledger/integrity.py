@@ -24,9 +24,11 @@ from __future__ import annotations
 import base64
 import bisect
 import json
+import os
+import shutil
 import tempfile
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -43,8 +45,9 @@ from ledger.admission import (
     RegistryTimeline,
     authenticate,
     is_own,
+    load_state,
 )
-from ledger.log_checkpoint import parse_and_verify_checkpoint, sign_checkpoint
+from ledger.log_checkpoint import note_signers, parse_and_verify_checkpoint, sign_checkpoint
 from ledger.merkle import CompactRange, MerkleTree, leaf_hash, root_from_leaf_hashes
 from ledger.parquet_schemas import TABLES, tables_of
 from ledger.projectors import FoldState, RowBuffer, rows_for_event
@@ -52,7 +55,8 @@ from ledger.store import Ledger, LedgerError
 from schemas import Event, decode_event
 from schemas.codec import CONFLICT
 from schemas.durable import write_durably
-from schemas.note import parse_private_key
+from schemas.note import NoteVerifier, parse_private_key, parse_public_key
+from schemas.signing import key_id_of
 
 CHECKPOINTS = "_checkpoints"
 
@@ -60,7 +64,9 @@ CHECKPOINTS = "_checkpoints"
 @dataclass(frozen=True)
 class Problem:
     stream: str
-    kind: str  # modified | removed | inserted | reordered | table-mismatch | checkpoint | unreadable | log | producer
+    # modified | removed | inserted | reordered | table-mismatch | checkpoint | unreadable | log | producer
+    # | key (a checkpoint not signed by any key tried: a mix-up of keys, or a signer not trusted)
+    kind: str
     detail: str
     stream_seq: int | None = None
     event_id: str | None = None
@@ -271,16 +277,24 @@ def _envelope_mismatches(row: EventRow, stream: str, event: Event) -> list[str]:
     return [name for name in expected if expected[name] != stored[name]]
 
 
-def verify_ledger(root: str | Path, public_key: str | None = None) -> Report:
+def verify_ledger(
+    root: str | Path,
+    public_key: str | Sequence[str] | None = None,
+    progress: Callable[[int, int | None], None] | None = None,
+) -> Report:
     """Check the whole ledger (see the module's docstring), streaming: event rows are read a batch at
     a time and the per-step tables are compared on disk, so memory stays bounded (about 250 bytes per
-    event for the log's leaves and ids, plus DuckDB's limit) whatever the ledger's size."""
+    event for the log's leaves and ids, plus DuckDB's limit) whatever the ledger's size.
+    ``progress(rows checked, events recorded)`` is called after each batch of event rows."""
     ledger = Ledger.open(root)
     report = Report()
+    log_keys = LogKeys.of(ledger, public_key)
     recorded = recorded_streams(ledger, report)
+    total = sum(len(rec.leaves) for rec in recorded.values())
+    checked = 0
     timeline = _registry_timeline(ledger.root, recorded.get(REGISTRY_STREAM))
     checks: dict[str, _StreamCheck] = {}
-    with tempfile.TemporaryDirectory(prefix="runledger-verify-") as spill:
+    with _spill_folder() as spill:
         tables = _TableCheck(ledger.root, Path(spill))
         for batch in _event_batches(ledger.root, report):
             good: list[tuple[int, Event]] = []
@@ -296,17 +310,60 @@ def verify_ledger(root: str | Path, public_key: str | None = None) -> Report:
                     if problem is not None:
                         check.edited.append(problem)
             tables.add(good)
+            checked += len(batch)
+            if progress is not None:
+                progress(checked, total)
         for stream in sorted(set(recorded) | set(checks)):
             report.streams += 1
             rec = recorded.get(stream, RecordedStream())
             check = checks.get(stream) or _StreamCheck(rec, bytearray(len(rec.leaves)))
             report.events += check.rows
             report.problems.extend(check.problems(stream))
-            _check_checkpoint(ledger, stream, rec, public_key, report)
+            _check_checkpoint(ledger, stream, rec, log_keys, report)
         tables.check(recorded, report)
     _check_quarantine_count(ledger, report)
     _report_conflicts(ledger, report)
     return report
+
+
+SPILL_PREFIX = "runledger-verify-"
+
+
+def _spill_folder() -> tempfile.TemporaryDirectory[str]:
+    """The verifier's scratch folder in the temp directory, named with this process's id; the ones
+    a killed verify left (their process is gone) are removed first."""
+    sweep_dead_spills(Path(tempfile.gettempdir()))
+    return tempfile.TemporaryDirectory(prefix=f"{SPILL_PREFIX}{os.getpid()}-")
+
+
+def sweep_dead_spills(directory: Path) -> list[Path]:
+    """Remove the scratch folders in ``directory`` of verifies whose process no longer runs (this
+    user's only: a live or foreign process's folder is left alone). The folders removed."""
+    removed = []
+    for path in directory.glob(f"{SPILL_PREFIX}*-*"):
+        pid = path.name[len(SPILL_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        try:
+            if not path.is_dir() or path.is_symlink() or path.stat().st_uid != os.getuid():
+                continue
+        except FileNotFoundError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)  # another verify may be sweeping it too
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 def _check_row(check: _StreamCheck, stream: str, row: EventRow) -> Event | None:
@@ -458,14 +515,50 @@ def _check_quarantine_count(ledger: Ledger, report: Report) -> None:
         )
 
 
+@dataclass
+class LogKeys:
+    """The public keys a verify may check log checkpoints with, and the ledger's producer keys
+    (which never sign its checkpoints: a key of a producer's is refused as the log's signer)."""
+
+    keys: list[NoteVerifier]
+    producers: set[str]
+
+    @classmethod
+    def of(cls, ledger: Ledger, public_key: str | Sequence[str] | None) -> LogKeys:
+        texts = [public_key] if isinstance(public_key, str) else list(public_key or [])
+        producers = set(load_state(ledger).keys) if texts else set()
+        return cls([parse_public_key(text) for text in texts], producers)
+
+    def signer_of(self, note: str) -> NoteVerifier | None:
+        """The key the note says signed it, among ours (matched by name and key hash, so a folder of
+        several keys holds no ambiguity)."""
+        claimed = set(note_signers(note))
+        return next((key for key in self.keys if key_id_of(key) in claimed), None)
+
+    def tried(self) -> str:
+        return ", ".join(key_id_of(key) for key in self.keys)
+
+
 def _check_checkpoint(
-    ledger: Ledger, stream: str, rec: RecordedStream, public_key: str | None, report: Report
+    ledger: Ledger, stream: str, rec: RecordedStream, log_keys: LogKeys, report: Report
 ) -> None:
     path = checkpoint_path(ledger.root, stream)
-    if not path.exists() or public_key is None:
+    if not path.exists() or not log_keys.keys:
+        return
+    note = path.read_text()
+    key = log_keys.signer_of(note)
+    # A key mix-up is said as one, never as tampering: which key signed, which keys were tried.
+    signers = ", ".join(note_signers(note)) or "no readable signature line"
+    if key is None:
+        detail = f"{path.name} is signed by {signers}, none of the keys tried ({log_keys.tried()})"
+        report.problems.append(Problem(stream, "key", detail))
+        return
+    if key_id_of(key) in log_keys.producers:
+        detail = f"{path.name} is signed by {key_id_of(key)}, a producer key of this ledger, not a log key"
+        report.problems.append(Problem(stream, "key", detail))
         return
     try:
-        cp = parse_and_verify_checkpoint(path.read_text(), public_key, origin=origin_of(ledger, stream))
+        cp = parse_and_verify_checkpoint(note, key, origin=origin_of(ledger, stream))
     except ValueError as exc:
         report.problems.append(Problem(stream, "checkpoint", f"{path.name}: {exc}"))
         return

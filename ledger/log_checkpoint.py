@@ -32,6 +32,7 @@ from schemas.note import (
 __all__ = [
     "Checkpoint",
     "format_checkpoint",
+    "note_signers",
     "parse_and_verify_checkpoint",
     "parse_checkpoint",
     "sign_checkpoint",
@@ -115,3 +116,19 @@ def parse_and_verify_checkpoint(
     if origin is not None and checkpoint.origin != origin:
         raise CheckpointError(f"checkpoint origin {checkpoint.origin!r} is not the expected {origin!r}")
     return checkpoint
+
+
+def note_signers(text: str) -> list[str]:
+    """The key ids (``<name>+<8 hex key hash>``) a signed note's signature lines claim, unverified:
+    which key to check it with, and what to name when none of the keys at hand is one of them."""
+    split = text.rfind("\n\n")
+    signers = []
+    for line in text[split + 2 :].splitlines() if split >= 0 else []:
+        name, _, blob = line.removeprefix("— ").partition(" ")
+        try:
+            raw = base64.b64decode(blob, validate=True)
+        except ValueError:
+            continue
+        if len(raw) >= 4 and name and line.startswith("— "):
+            signers.append(f"{name}+{int.from_bytes(raw[:4], 'big'):08x}")
+    return signers

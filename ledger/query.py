@@ -8,7 +8,6 @@ The CLI is a thin shell over these functions; tests and other programs call them
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,18 +20,26 @@ import msgspec
 import pyarrow as pa
 
 from ledger.fold import STATE_TYPES, RunState, attempts_of, fold_run, on_lineage
-from ledger.history import MISSING, HistoryItem, config_after, github_item, history_item, op_text, value_at
+from ledger.history import (
+    MISSING,
+    HistoryItem,
+    config_after,
+    github_item,
+    history_item,
+    history_range,
+    op_text,
+    value_at,
+)
 from ledger.parquet_schemas import tables_of
+from ledger.sql_guard import RefusedStatement, lock_connection, read_only_statement
 from ledger.store import Ledger, LedgerError, settled_merges
 from ledger.views import connect
 from schemas import Envelope, decode_event
 from schemas import catalogue as c
 from schemas.config_patch import ConfigPatchError, apply_config_patch
 
-READ_ONLY_STATEMENTS = {"SELECT", "EXPLAIN"}
 _T = TypeVar("_T")
 _MERGE_RETRIES = 3  # a query that overlapped a compaction runs again, this many times at most
-_PIVOT = re.compile(r"\s*(PIVOT|PIVOT_WIDER)\b", re.IGNORECASE)
 
 
 class QueryError(LedgerError):
@@ -56,6 +63,9 @@ class Reader:
         self.ledger = Ledger.open(root)
         self.root = Path(root)
         self.con = connect(self.root)
+        # DuckDB itself refuses to reach outside the ledger's tables, and nothing can undo that
+        # (``ledger.sql_guard``); the statement check in ``_run`` is the second wall.
+        lock_connection(self.con, [self.root / name for name in tables_of(self.root)])
         # Commits from this number on may be compactions a query overlaps (only the newest can be
         # unfinished when the reader opens).
         self._watch = self.ledger.last_commit
@@ -90,28 +100,13 @@ class Reader:
         """One read-only statement, answered by ``fetch(query, params)``; run again if it overlapped
         a compaction (the rows of the files it merged are briefly missing from a glob)."""
         try:
-            statements = self.con.extract_statements(statement)
-        except duckdb.Error as exc:
-            raise QueryError(str(exc).strip()) from None
-        if not statements:
-            raise QueryError("empty query")
-        for st in statements:
-            kind = st.type.name
-            # A PIVOT without IN parses as MULTI (DuckDB first makes an enum type of the pivoted
-            # values in this in-memory connection, then selects): read-only as far as the ledger goes.
-            if kind == "MULTI" and _PIVOT.match(st.query):
-                continue
-            if kind not in READ_ONLY_STATEMENTS:
-                raise QueryError(f"refused: the ledger is read-only here ({kind} statements are not allowed)")
-        if len(statements) > 1:
-            raise QueryError(
-                f"{len(statements)} statements given; run one at a time (or several in `ledger shell`)"
-            )
-        (st,) = statements
+            query = read_only_statement(self.con, statement)
+        except RefusedStatement as exc:
+            raise QueryError(str(exc)) from None
         watch, _ = settled_merges(self.root, self._watch)
         for _ in range(_MERGE_RETRIES):
             try:
-                answer = fetch(st.query, params)
+                answer = fetch(query, params)
             except duckdb.Error as exc:
                 # A file a compaction removed after the glob listed it: settled below, then again.
                 error: duckdb.Error | None = exc
@@ -121,6 +116,10 @@ class Reader:
             if not merged:
                 break
             watch = self._watch
+        if isinstance(error, duckdb.PermissionException) or "configuration has been locked" in str(error):
+            # The first wall, DuckDB's own refusal: its first line says what was refused.
+            reason = str(error).strip().splitlines()[0].split(" Error: ", 1)[-1]
+            raise QueryError(f"refused: SQL here reads only the ledger's tables ({reason})") from None
         if error is not None:
             raise QueryError(str(error).strip()) from None
         return answer
@@ -180,6 +179,15 @@ class Reader:
         )
         return res.records()
 
+    def step_window(self, run_id: str, from_step: int, to_step: int) -> tuple[datetime, datetime] | None:
+        """When the run was at steps ``from_step``..``to_step``: the time of the first of its events in
+        that range and of the last (every attempt's), or None when it logged none there."""
+        first, last = self.sql(
+            "SELECT min(time), max(time) FROM events WHERE stream = ? AND step BETWEEN ? AND ?",
+            [run_id, from_step, to_step],
+        ).rows[0]
+        return None if first is None else (first, last)
+
     def last_step(self, run_id: str) -> int | None:
         return self.sql("SELECT max(step) FROM events WHERE stream = ?", [run_id]).rows[0][0]
 
@@ -230,11 +238,10 @@ class Reader:
         after = self._state(run_id, events, step=to_step, github=github)
         patch = jsonpatch.make_patch(before.config, after.config).patch
         lo, hi = sorted((from_step, to_step))
-        happened = [
-            item
-            for item in self._history(run_id, events, github)
-            if item.step is not None and lo < item.step <= hi and item.kind != "github"
-        ]
+        # Every event after step lo up to hi, and the GitHub events from step lo's time to hi's.
+        happened = history_range(
+            self._history(run_id, events, github), lo + 1, hi, self.step_window(run_id, lo, hi)
+        )
         return {
             "from": {
                 "step": from_step,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -168,6 +169,8 @@ class SeenIndex:
         try:
             self._connect()
         except sqlite3.DatabaseError as exc:  # not a database, or damaged: the log rebuilds it
+            if "disk is full" in str(exc):  # not damage: rebuilding would fill the disk again
+                raise OSError(errno.ENOSPC, "no space left on device", str(self.path)) from exc
             log.warning("dedupe index %s unreadable (%s): rebuilding it from the commit log", self.path, exc)
             self.close()
             for suffix in ("", "-wal", "-shm"):

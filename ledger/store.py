@@ -216,12 +216,12 @@ class Ledger:
         root.mkdir(parents=True, exist_ok=True)
         marker = root / "LEDGER.json"
         if not marker.exists():
-            (root / COMMITS).mkdir(exist_ok=True)
-            for table in TABLES.values():
-                _write_empty(root, table.name)
-            # "tables": what this ledger keeps from its first commit on (parquet_schemas.tables_of).
-            meta = {"id": ledger_id or uuid.uuid4().hex[:16], "tables": sorted(TABLES)}
-            write_durably(marker, json.dumps(FORMAT | meta))
+            # Under the writers' lock: another creator's writes, and a writer's sweep of tmp files
+            # (which would take a creator's half-written ones), wait; the marker is made once.
+            with open(root / ".writer.lock", "a+b") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not marker.exists():
+                    _create_files(root, ledger_id)
         ledger = cls.open(root)
         if ledger_id is not None and ledger.ledger_id != ledger_id:
             raise LedgerError(f"{root} is ledger {ledger.ledger_id}, not {ledger_id}")
@@ -885,6 +885,16 @@ def _refusal(event: Event, raw: bytes, stored_leaf: bytes | None, leaf: bytes) -
     else:
         return None
     return refused_event(env, raw, code, reason)
+
+
+def _create_files(root: Path, ledger_id: str | None) -> None:
+    """A new ledger's files; the format marker last (a ledger exists once it is there)."""
+    (root / COMMITS).mkdir(exist_ok=True)
+    for table in TABLES.values():
+        _write_empty(root, table.name)
+    # "tables": what this ledger keeps from its first commit on (parquet_schemas.tables_of).
+    meta = {"id": ledger_id or uuid.uuid4().hex[:16], "tables": sorted(TABLES)}
+    write_durably(root / "LEDGER.json", json.dumps(FORMAT | meta), exclusive=True)
 
 
 def _write_empty(root: Path, table: str) -> None:
