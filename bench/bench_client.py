@@ -13,7 +13,12 @@ expert counts as a 48 × 384 array. Values change every step (a decaying noisy l
   keys, each layer's counts as an array, which W&B turns into a histogram), offline, caller time per
   step, and end-to-end including ``wandb.finish``.
 
-    python -m bench.bench_client [--steps 300]
+* ``run.log`` of 4 scalars alone (``--logs`` calls), from 1 thread and from 16 threads logging to
+  one run: the hot path's cost per call, what the emitter's one lock (``seq`` taken with the put,
+  so threads never interleave the numbering) costs a single-threaded loop and how it holds up when
+  16 threads contend for it.
+
+    python -m bench.bench_client [--steps 300] [--logs 20000]
 """
 
 from __future__ import annotations
@@ -124,6 +129,39 @@ def bench_runledger(work: Path, steps: Steps, n: int, as_torch: bool) -> tuple[f
     return caller_us, total_us, run.dropped
 
 
+def bench_plain_log(work: Path, threads: int, n: int) -> tuple[float, float, int]:
+    """(caller µs per ``run.log`` of 4 scalars, end-to-end µs per call, dropped) with ``threads``
+    threads sharing ``n`` calls on one run."""
+    import threading
+
+    import runledger
+
+    run = runledger.init(
+        f"bench-log-{threads}",
+        spool=work / f"spool-log-{threads}",
+        state_dir=work / "state",
+        queue_size=n + 16,
+        handle_signals=False,
+    )
+    per_thread = n // threads
+
+    def work_of(k: int) -> None:
+        for i in range(per_thread):
+            run.log({"loss": 2.0, "lr": 3e-4, "grad_norm": 1.0, "i": float(i)}, step=k * per_thread + i)
+
+    workers = [threading.Thread(target=work_of, args=(k,)) for k in range(threads)]
+    t0 = time.perf_counter()
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    caller = time.perf_counter() - t0
+    run.finish()
+    total = time.perf_counter() - t0
+    calls = per_thread * threads
+    return 1e6 * caller / calls, 1e6 * total / calls, run.dropped
+
+
 def bench_wandb(work: Path, steps: Steps, n: int) -> tuple[float, float]:
     from ingest.wandb_mirror import offline_environment
 
@@ -157,6 +195,7 @@ def bench_wandb(work: Path, steps: Steps, n: int) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--logs", type=int, default=20_000, help="run.log calls of the plain-log lines")
     args = parser.parse_args()
     n = args.steps + WARMUP
     steps = Steps(n)
@@ -176,6 +215,12 @@ def main() -> None:
         else:
             caller, total, dropped = bench_runledger(work, steps, n, as_torch=True)
             lines.append(("runledger log+log_router (torch)", caller, total, f"{dropped} dropped"))
+        plain = []
+        for threads in (1, 16):
+            caller, total, dropped = bench_plain_log(work, threads, args.logs)
+            plain.append(
+                (f"runledger log, 4 scalars, {threads} thread(s)", caller, total, f"{dropped} dropped")
+            )
         caller, total = bench_wandb(work, steps, n)
         lines.append(("wandb.log offline (baseline)", caller, total, ""))
     width = max(len(line[0]) for line in lines)
@@ -184,6 +229,12 @@ def main() -> None:
         print(
             f"{name:{width}}  {caller_us:15,.0f} {1e6 / caller_us:9,.0f}   "
             f"{total_us:19,.0f} {1e6 / total_us:9,.0f}  {note}"
+        )
+    print(f"\nper run.log call ({args.logs:,} calls):")
+    for name, caller_us, total_us, note in plain:
+        print(
+            f"{name:{width}}  {caller_us:15,.1f} {1e6 / caller_us:9,.0f}   "
+            f"{total_us:19,.1f} {1e6 / total_us:9,.0f}  {note}"
         )
     base = lines[-1]
     for name, caller_us, total_us, _ in lines[:-1]:

@@ -11,6 +11,11 @@ is hashed again here and compared with the hash its producer recorded; where the
 lists it (``hash_mismatches``) and the answers flag it, rather than trusting either side. Events the
 ledger admitted unsigned under its policy (``unauthenticated``: their (source, id)) are marked
 ``authenticated: False`` and listed in ``RunState.unauthenticated``, so every answer can say so.
+
+What the record is missing is said too: a producer's ``producer.dropped`` report (events that never
+reached the bus: a full queue, a full disk) and ingest's ``ledger.incident`` (a gap or fork in a
+chained source) are the state's ``incidents`` (every attempt's, up to the step), whether or not the
+producer signs its events.
 """
 
 from __future__ import annotations
@@ -39,7 +44,11 @@ STATE_TYPES = (
     c.STEP_SKIPPED,
     c.RUN_FINISHED,
     c.ANNOTATION,
+    c.PRODUCER_DROPPED,  # what a producer lost, and ingest's gaps and forks: the state's incidents
+    c.LEDGER_INCIDENT,
 )
+# Facts of every attempt, not only of the lineage: a crash, and events that were lost.
+_ANY_ATTEMPT_TYPES = frozenset({c.RUN_CRASHED, c.PRODUCER_DROPPED, c.LEDGER_INCIDENT})
 
 
 @dataclass
@@ -80,6 +89,8 @@ class RunState:
     hash_mismatches: list[dict[str, Any]] = field(default_factory=list)
     # The facts of this state that were admitted unsigned (kind, step, attempt, source).
     unauthenticated: list[dict[str, Any]] = field(default_factory=list)
+    # What the record lacks: producers' drop reports and ingest's gaps and forks, up to the step.
+    incidents: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = msgspec.to_builtins(self.__dict__)
@@ -94,6 +105,8 @@ def attempts_of(
         if e.type in (c.RUN_STARTED, c.RUN_RESUMED):
             d = e.data
             attempt = e.attempt or 1
+            if attempt in out:
+                continue  # a second launch of one attempt (a duplicate-launch incident): the first holds
             out[attempt] = Attempt(
                 attempt=attempt,
                 start_step=getattr(d, "from_checkpoint_step", 0) or 0,
@@ -169,7 +182,7 @@ def fold_run(
         in_live = attempt == live and (step is None or e.step is None or e.step <= step)
         # Earlier attempts count only up to where the lineage left them.
         in_past = attempt < live and on_lineage(attempts, attempt, e.step)
-        if not (in_live or in_past or (attempt < live and e.type == c.RUN_CRASHED)):
+        if not (in_live or in_past or (attempt < live and e.type in _ANY_ATTEMPT_TYPES)):
             continue
         if in_live and e.time > cut_time:
             cut_time = e.time
@@ -248,7 +261,36 @@ def _fold_event(
         )
     elif e.type == c.ANNOTATION and (in_live or in_past):
         state.annotations.append({"step": e.step, "author": d.author, "text": d.text, "time": e.time})
+    elif e.type in (c.PRODUCER_DROPPED, c.LEDGER_INCIDENT):
+        state.incidents.append(incident_fact(e))
     return config
+
+
+def incident_fact(e: Envelope) -> dict[str, Any]:
+    """A drop report or a gap/fork as the state lists it: kind (``dropped``/``gap``/``fork``), how
+    many events, their steps and seq numbers, which source, why."""
+    d = e.data
+    fact: dict[str, Any] = {"step": e.step, "attempt": e.attempt, "time": e.time}
+    if e.type == c.PRODUCER_DROPPED:
+        return fact | {
+            "kind": "dropped",
+            "count": d.count,
+            "first_step": d.first_step,
+            "last_step": d.last_step,
+            "first_seq": d.first_seq,
+            "last_seq": d.last_seq,
+            "source": e.source,
+            "reason": d.reason,
+        }
+    gap = d.kind == "gap"  # seq numbers expected_seq..got_seq - 1 are missing; else the one event
+    return fact | {
+        "kind": d.kind,
+        "count": d.missing if gap else 1,
+        "first_seq": d.expected_seq if gap else d.got_seq,
+        "last_seq": d.got_seq - 1 if gap else d.got_seq,
+        "source": d.source,
+        "reason": getattr(d, "detail", None),
+    }
 
 
 def _change(e: Envelope, *, accepted: bool, authenticated: bool = True) -> dict[str, Any]:

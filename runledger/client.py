@@ -19,11 +19,15 @@ Ranks: run-level events (launch, step metrics, router stats, config changes, che
 come from rank 0; on other ranks those calls return False and send nothing. Every rank may send its
 own rank stats (``log_rank``), annotations and its own crash.
 
-Bounds on the calling thread: ``log``/``log_router``/``log_rank`` never wait (a full queue drops the
-event, counts it and later says so with ``producer.dropped``); lifecycle events (launch, config
-change, checkpoint, finish, crash) wait for queue room at most ``critical_timeout_s``; ``finish`` and
-crash capture drain and sync the queue, waiting at most about 3 × ``flush_timeout_s`` even when the
-bus hangs; ``init`` on ranks other than 0 waits at most ``attempt_wait_s`` for rank 0's attempt.
+Bounds on the calling thread: ``log``/``log_router``/``log_rank`` never wait while the bus takes
+events (a full queue drops the event, counts it in ``dropped`` and later says so with
+``producer.dropped``); while the bus is down (it refused an event: a full disk, Kafka away) they
+queue while there is room, then wait for room at most ``outage_wait_s`` in all per outage, then drop
+and count at once until the bus is back (see docs/client.md, "When the bus is down"); lifecycle
+events (launch, config change, checkpoint, finish, crash) wait for queue room at most
+``critical_timeout_s``; ``finish`` and crash capture drain and sync the queue, waiting at most about
+3 × ``flush_timeout_s`` even when the bus hangs (a bus still down then: what is left is dropped and
+counted); ``init`` on ranks other than 0 waits at most ``attempt_wait_s`` for rank 0's attempt.
 """
 
 from __future__ import annotations
@@ -259,7 +263,9 @@ class Run:
 
     @property
     def dropped(self) -> int:
-        """Events dropped because the queue was full (each one also leaves a recorded gap)."""
+        """Events that did not reach the bus: dropped on a full queue, while the bus was down, or
+        still queued when ``finish`` found it down. Each used its ``seq`` and is reported by a
+        ``producer.dropped`` event once the bus takes events again."""
         return self.emitter.dropped
 
     # -- steps
@@ -277,7 +283,9 @@ class Run:
         """One step's values (W&B-like): known names to ``StepMetrics``' typed fields, the rest named
         scalars. Python/NumPy numbers and torch scalars (one device-to-host copy per call); strings,
         media and arrays are skipped and counted in ``skipped``. Nested dicts are flattened with
-        ``/``. True if the event was queued (rank 0 only)."""
+        ``/``. True if the event was queued (rank 0 only): it then reaches the bus, or, if the bus
+        is down until ``finish``, is counted in ``dropped``. False: not sent, or dropped and counted
+        (queue full, or the bus down and the wait for room spent)."""
         if not isinstance(values, Mapping):
             raise TypeError(f"log() takes a mapping of name → value, not {type(values).__name__}")
         flat = host_values.flatten(values)  # refused (too deep) before the step counter moves
@@ -516,8 +524,9 @@ class Run:
         if self._owns_sink and drained:  # a stuck emitter thread may still be inside the sink
             try:
                 self.sink.close()
-            except Exception:
-                log.exception("runledger: closing the sink failed")
+            except Exception as exc:
+                if not self.emitter.bus_down:  # a bus that is down has been reported in one line
+                    log.error("runledger: closing the sink failed: %s: %s", type(exc).__name__, exc)
 
     # -- context manager
 
@@ -726,6 +735,7 @@ def init(
     queue_size: int = 4096,
     critical_timeout_s: float = 10.0,
     flush_timeout_s: float = 10.0,
+    outage_wait_s: float = 1.0,
     attempt_wait_s: float = 60.0,
     handle_signals: bool = True,
     capture_exceptions: bool = True,
@@ -738,6 +748,8 @@ def init(
     otherwise ``spool``/``kafka_bootstrap``/the environment pick one per rank (closed by ``finish``).
     ``state_dir`` (``RUNLEDGER_STATE``, default ``.runledger/runs``): where attempts are numbered;
     every rank must see it. ``rank``/``world_size``/``local_rank`` override the environment's.
+    ``outage_wait_s``: while the bus is down, how long ``log`` calls may wait for queue room in all
+    (per outage) before they drop and count (docs/client.md, "When the bus is down").
     """
     if resume_from_step is not None and (
         isinstance(resume_from_step, bool) or not isinstance(resume_from_step, int) or resume_from_step < 0
@@ -768,6 +780,7 @@ def init(
         attempt=attempt,
         queue_size=queue_size,
         critical_timeout_s=critical_timeout_s,
+        outage_wait_s=outage_wait_s,
     )
     start_step = 0 if resume_from_step is None else resume_from_step + 1
     run = Run(

@@ -6,10 +6,18 @@ Standard library, msgspec and the bus only (no torch, no Megatron): a process th
 through ``runledger`` never imports them.
 
 Bounds on the caller (the training thread):
-  * ``submit`` of a metrics event never waits: a full queue drops it and counts it;
+  * ``submit`` of a metrics event never waits while the bus takes events: a full queue drops it
+    and counts it. While the bus is down (it refused an event: a full disk, Kafka away) a full queue
+    makes metrics submits wait for room, at most ``outage_wait_s`` in all per outage, then they drop
+    and count at once until the bus takes events again;
   * ``submit(critical=True)`` (a lifecycle event: start, checkpoint, crash, finish) waits for room
     at most ``critical_timeout_s``;
-  * ``flush``/``close`` wait at most their ``timeout``.
+  * ``flush``/``close`` wait at most (about twice) their ``timeout``.
+
+Every event that does not reach the bus is counted (``dropped``) and reported by a
+``runledger.producer.dropped`` event (count, first and last step and seq, why) as soon as the bus
+takes events again, or at ``close``; only a bus still down at ``close`` leaves the count unreported
+(one error line says so).
 """
 
 from __future__ import annotations
@@ -17,10 +25,11 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -28,7 +37,7 @@ from typing import Any
 import msgspec
 
 from ingest.bus import EventSink
-from schemas import make_event
+from schemas import Envelope, make_event
 from schemas.envelope import utc_now
 from schemas.payloads import ProducerDropped
 from schemas.signing import Sealer
@@ -37,26 +46,137 @@ log = logging.getLogger("runledger.emitter")
 
 PayloadLike = msgspec.Struct | Callable[[], msgspec.Struct]
 
+HICCUP_RETRIES = 2  # a failing emit is retried this often (0.05 s, 0.1 s) before the bus counts as down
+PROBE_MAX_S = 0.2  # while the bus is down, the held event is retried at most this far apart
+ROOM_POLL_S = 0.005  # how often a waiting submit looks for room in the queue
+MAX_REASONS = 3  # distinct reasons a drop report names
+
 
 class _Flush:
-    def __init__(self, sync: bool) -> None:
+    def __init__(self, sync: bool, final: bool = False) -> None:
         self.sync = sync
+        self.final = final  # close's marker: report what is left, then the thread ends
         self.done = threading.Event()
 
 
-_STOP = object()
+class _Buffer:
+    """The emitter's queue: a bounded deque that only the emitter's puts fill, each under its
+    ``_seq_lock`` after a look at ``full``, and its one thread empties. No lock of its own (unlike
+    ``queue.Queue``, whose two acquisitions per put made 16 logging threads convoy on the emitter's
+    lock): ``deque.append`` and ``popleft`` are atomic, and an event wakes the thread when idle."""
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = max(1, maxsize)
+        self._items: deque[Any] = deque()
+        self._ready = threading.Event()  # set when items may be there; cleared by the idle thread
+
+    def full(self) -> bool:
+        return len(self._items) >= self.maxsize
+
+    def put_nowait(self, item: Any) -> None:
+        self._items.append(item)
+        if not self._ready.is_set():
+            self._ready.set()
+
+    def get(self) -> Any:
+        while True:
+            try:
+                return self._items.popleft()
+            except IndexError:
+                pass
+            self._ready.clear()
+            if not self._items:  # a put after the clear sets it again
+                self._ready.wait()
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+
+@dataclass
+class _Drops:
+    """Dropped events not yet reported: how many, their steps and seq numbers, and why."""
+
+    count: int = 0
+    first_step: int | None = None
+    last_step: int | None = None
+    first_seq: int | None = None
+    last_seq: int | None = None
+    reasons: list[str] = field(default_factory=list)
+
+    def add(self, step: int | None, seq: int | None, reason: str, count: int = 1) -> None:
+        self.count += count
+        self.first_step, self.last_step = _widen(self.first_step, self.last_step, step, step)
+        self.first_seq, self.last_seq = _widen(self.first_seq, self.last_seq, seq, seq)
+        if reason not in self.reasons and len(self.reasons) < MAX_REASONS:
+            self.reasons.append(reason)
+
+    def merge(self, report: ProducerDropped) -> None:
+        """A report that did not reach the bus either: back into the tally."""
+        self.count += report.count
+        self.first_step, self.last_step = _widen(
+            self.first_step, self.last_step, report.first_step, report.last_step
+        )
+        self.first_seq, self.last_seq = _widen(
+            self.first_seq, self.last_seq, report.first_seq, report.last_seq
+        )
+        for reason in report.reason.split("; "):
+            if reason not in self.reasons and len(self.reasons) < MAX_REASONS:
+                self.reasons.append(reason)
+
+    def report(self) -> ProducerDropped:
+        return ProducerDropped(
+            count=self.count,
+            first_step=self.first_step,
+            last_step=self.last_step,
+            reason="; ".join(self.reasons) or "queue full",
+            first_seq=self.first_seq,
+            last_seq=self.last_seq,
+        )
+
+
+def _widen(
+    lo: int | None, hi: int | None, new_lo: int | None, new_hi: int | None
+) -> tuple[int | None, int | None]:
+    lo = new_lo if lo is None else lo if new_lo is None else min(lo, new_lo)
+    hi = new_hi if hi is None else hi if new_hi is None else max(hi, new_hi)
+    return lo, hi
+
+
+@dataclass
+class _Outage:
+    """The bus refused an event (after the hiccup retries): since when, why, drops before it."""
+
+    since: float
+    reason: str
+    dropped_before: int
+
+
+def _text(exc: BaseException) -> str:
+    """An exception as one short line: ``OSError: [Errno 28] No space left on device``."""
+    message = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {message[:200]}" if message else type(exc).__name__
 
 
 class Emitter:
     """Hands events to a sink from a background thread.
 
-    The loop calls ``submit``: it enqueues (payload or payload factory, step, time) and returns.
-    Queue full: a metrics event is dropped and counted (``dropped``); a lifecycle event
-    (``critical=True``) waits for space for at most ``critical_timeout_s`` (it is rare, and losing it
-    would break the run's lineage). Sequence numbers are assigned at ``submit``, so a dropped event
-    leaves a gap in ``seq`` that ingest records as an incident (``ledger.admission``); and
-    the emitter says why with a ``runledger.producer.dropped`` event (count, first and last step),
-    queued as soon as there is room again, or at ``close``.
+    The loop calls ``submit``: it takes the event's ``seq`` and enqueues (payload or payload factory,
+    step, time, seq) under one lock, so events are numbered in the order they enter the queue, which
+    is the order the one emitter thread hands them to the sink (and a sealing sink chains them):
+    many threads logging to one run make no false gap or fork. Every event that does not reach the
+    bus still used its seq (a chained source shows ingest the gap) and is counted (``dropped``):
+
+    * queue full while the bus takes events (it is slow): a metrics event is dropped at once;
+    * the bus refuses an event (``sink.emit`` or, during an outage, ``sink.sync`` raises): after
+      ``HICCUP_RETRIES`` quick retries the bus is *down* (one warning line); the thread holds that
+      event and retries it (at most ``PROBE_MAX_S`` apart) until the bus takes it, so nothing queued
+      is lost to a passing outage; submits queue while there is room, then wait for room at most
+      ``outage_wait_s`` in all per outage, then drop and count at once;
+    * ``close`` while the bus is still down: what is left is tried once more and dropped.
+
+    The drops are reported by a ``runledger.producer.dropped`` event (count, first and last step
+    and seq, reasons), queued as soon as there is room and the bus takes events again, or at
+    ``close``.
     """
 
     def __init__(
@@ -70,6 +190,7 @@ class Emitter:
         queue_size: int = 4096,
         critical_timeout_s: float = 30.0,
         start_seq: int = 0,
+        outage_wait_s: float = 1.0,
     ) -> None:
         self.sink = sink
         self.source = source
@@ -77,89 +198,142 @@ class Emitter:
         self.run_id = run_id
         self.attempt = attempt
         self.critical_timeout_s = critical_timeout_s
-        # seq numbers are taken with one atomic ``next`` (no read-then-increment a signal handler
-        # could interrupt), and the lock is re-entrant: the client library records a crash from a
-        # SIGTERM handler, which may run on the very thread that holds the lock in ``submit``.
+        self.outage_wait_s = outage_wait_s
+        # seq numbers are taken with one atomic ``next`` under ``_seq_lock`` together with the put:
+        # every put into the queue holds it (the thread's own only when free), so queue order is seq
+        # order. Re-entrant: the client library records a crash from a SIGTERM handler, which may
+        # run on the very thread that holds the lock in ``submit``.
         self._seq = itertools.count(start_seq)
-        self.dropped = 0
-        self._unreported: list[Any] = [0, None, None]  # drops not yet reported: count, first, last step
         self._seq_lock = threading.RLock()
+        self._tally_lock = threading.RLock()  # ``dropped`` and ``_drops``: submitters and the thread
+        self.dropped = 0
+        self._drops = _Drops()
+        self._outage: _Outage | None = None  # set and cleared by the thread only
+        self._wait_left_s = outage_wait_s  # what metrics submits may still wait in this outage
         self.emitted = 0
         self.errors = 0
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, queue_size))
+        self._queue = _Buffer(queue_size)
+        self._closing = threading.Event()  # close ran out of time: stop holding refused events
         self._thread = threading.Thread(target=self._run, name=f"emitter-{source}", daemon=True)
         self._closed = False
         self._thread.start()
 
-    def submit(self, payload: PayloadLike, *, step: int | None, critical: bool = False) -> bool:
-        """Enqueue one event; True if it was accepted."""
-        if self._closed:
-            return False
-        if self._unreported[0]:
-            with self._seq_lock:
-                self._report_drops(wait=False)
-        item = (payload, step, utc_now(), next(self._seq))
-        try:
-            if critical:
-                self._queue.put(item, timeout=self.critical_timeout_s)
-            else:
-                self._queue.put_nowait(item)
-        except queue.Full:
-            with self._seq_lock:
-                self.dropped += 1
-                tally = self._unreported
-                tally[0] += 1
-                if step is not None:
-                    tally[1] = step if tally[1] is None else min(tally[1], step)
-                    tally[2] = step if tally[2] is None else max(tally[2], step)
-            if critical:
-                log.error("emitter queue full for %.0fs: lifecycle event lost", self.critical_timeout_s)
-            return False
-        return True
+    @property
+    def bus_down(self) -> bool:
+        """True while the bus refuses events (the thread holds one and retries it)."""
+        return self._outage is not None
 
-    def _report_drops(self, *, wait: bool) -> None:
-        """Queue a ``producer.dropped`` event for the drops not yet reported (under ``_seq_lock``).
-        Not waiting, it takes a seq only when the queue has room (if another thread fills it in
-        between, that seq is one more gap, which ingest records like the others)."""
-        count, first, last = self._unreported
-        if not count or (not wait and self._queue.full()):
+    # -- the caller's side ------------------------------------------------------------------------
+
+    def submit(self, payload: PayloadLike, *, step: int | None, critical: bool = False) -> bool:
+        """Enqueue one event; True if it was queued (it then reaches the bus, or is counted in
+        ``dropped`` and reported); False if it was dropped (counted) or the emitter is closed."""
+        when = utc_now()
+        with self._seq_lock:
+            if self._closed:
+                return False
+            if self._drops.count and self._outage is None:
+                self._enqueue_report()
+            if not self._queue.full():
+                self._queue.put_nowait((payload, step, when, next(self._seq)))
+                return True
+        return self._submit_waiting(payload, step, when, critical)
+
+    def _submit_waiting(self, payload: PayloadLike, step: int | None, when: datetime, critical: bool) -> bool:
+        """The queue is full: wait for room (a lifecycle event ``critical_timeout_s``; a metrics
+        event only while the bus is down, what is left of ``outage_wait_s``), else drop and count."""
+        outage = self._outage
+        wait_s = self.critical_timeout_s if critical else self._wait_left_s if outage is not None else 0.0
+        started = time.monotonic()
+        deadline = started + wait_s
+        while True:
+            with self._seq_lock:
+                if self._closed:
+                    return False
+                if not self._queue.full():
+                    self._queue.put_nowait((payload, step, when, next(self._seq)))
+                    queued = True
+                    break
+                if time.monotonic() >= deadline:
+                    outage = self._outage
+                    reason = f"bus down ({outage.reason})" if outage is not None else "queue full"
+                    self._drop(step, next(self._seq), reason)
+                    queued = False
+                    break
+            time.sleep(min(ROOM_POLL_S, max(0.0, deadline - time.monotonic())))
+        if not critical and self._outage is not None and wait_s:
+            self._wait_left_s = max(0.0, self._wait_left_s - (time.monotonic() - started))
+        if critical and not queued and self._outage is None:  # an outage has its own lines
+            log.error("runledger emitter: no room in the queue for %.0fs: lifecycle event lost", wait_s)
+        return queued
+
+    def _drop(self, step: int | None, seq: int | None, reason: str) -> None:
+        with self._tally_lock:
+            self.dropped += 1
+            self._drops.add(step, seq, reason)
+
+    def _enqueue_report(self) -> None:
+        """Queue a ``producer.dropped`` for the drops not yet reported, if there is room (under
+        ``_seq_lock``: the report takes the next seq in queue order)."""
+        if self._queue.full():
             return
-        report = ProducerDropped(count=count, first_step=first, last_step=last)
-        self._unreported = [0, None, None]
-        try:
-            if wait:
-                self._queue.put((report, last, utc_now(), next(self._seq)), timeout=self.critical_timeout_s)
-            else:
-                self._queue.put_nowait((report, last, utc_now(), next(self._seq)))
-        except queue.Full:
-            with self._seq_lock:  # not reported after all: back into the tally
-                tally = self._unreported
-                tally[0] += count
-                for index, value, pick in ((1, first, min), (2, last, max)):
-                    if value is not None:
-                        tally[index] = value if tally[index] is None else pick(tally[index], value)
+        with self._tally_lock:
+            drops, self._drops = self._drops, _Drops()
+        if drops.count:
+            self._queue.put_nowait((drops.report(), drops.last_step, utc_now(), next(self._seq)))
+
+    def _put_marker(self, marker: _Flush, deadline: float) -> bool:
+        """Put a flush marker behind everything queued (under ``_seq_lock``), waiting for room."""
+        while True:
+            with self._seq_lock:
+                if not self._queue.full():
+                    self._queue.put_nowait(marker)
+                    return True
+            if time.monotonic() >= deadline or not self._thread.is_alive():
+                return False
+            time.sleep(ROOM_POLL_S)
+
+    # -- the thread's side ------------------------------------------------------------------------
 
     def _run(self) -> None:
         while True:
             item = self._queue.get()
             try:
-                if item is _STOP:
-                    return
                 if isinstance(item, _Flush):
+                    if item.final:
+                        self._final_report()
                     if item.sync:
-                        self._guarded(self.sink.sync)
+                        self._sync_quietly()
                     item.done.set()
+                    if item.final:
+                        return
                     continue
-                payload, step, when, seq = item
-                self._emit(payload() if callable(payload) else payload, step, when, seq)
-            except Exception:  # a bad payload must not kill the thread
+                self._deliver(*item)
+            except Exception:  # a bug here must not kill the thread
                 self.errors += 1
                 log.exception("emitter: could not emit an event")
-            finally:
-                self._queue.task_done()
 
-    def _emit(self, payload: msgspec.Struct, step: int | None, when: datetime, seq: int) -> None:
-        envelope = make_event(
+    def _deliver(self, payload: PayloadLike, step: int | None, when: datetime, seq: int) -> None:
+        try:
+            built = payload() if callable(payload) else payload
+            envelope = self._envelope(built, step, when, seq)
+        except Exception as exc:  # a bad payload: its seq is a gap, so it is a drop like the others
+            self.errors += 1
+            if self.errors == 1:
+                log.exception("runledger emitter: could not build an event (later ones are only counted)")
+            self._drop(step, seq, f"could not build the event ({_text(exc)})")
+            return
+        if self._hand_over(envelope):
+            return
+        reason = f"bus down at close ({self._outage.reason if self._outage else 'refused'})"
+        if isinstance(built, ProducerDropped):  # a report that did not get through: back in the tally
+            with self._tally_lock:
+                self._drops.merge(built)
+        else:
+            self._drop(step, seq, reason)
+
+    def _envelope(self, payload: msgspec.Struct, step: int | None, when: datetime, seq: int) -> Envelope:
+        return make_event(
             payload,
             source=self.source,
             stream=self.stream,
@@ -169,49 +343,118 @@ class Emitter:
             step=step,
             time=when,
         )
-        for attempt in range(3):
+
+    def _hand_over(self, envelope: Envelope) -> bool:
+        """True once the sink took ``envelope`` (while the bus is down: took it and synced); False
+        only when ``close`` ran out of time and the bus still refuses it. A retry hands the same
+        envelope again: a copy that did get through is a duplicate the ledger drops."""
+        tries, pause = 0, 0.01
+        while True:
             try:
                 self.sink.emit(envelope)
-                break
-            except Exception:
-                if attempt == 2:
-                    raise  # counted by _run; its seq is a gap that ingest records
-                time.sleep(0.05 * (attempt + 1))
-        self.emitted += 1
+                if self._outage is not None:
+                    self.sink.sync()  # the bus is back only once what it took is durable
+            except Exception as exc:
+                tries += 1
+                if self._outage is None:
+                    if tries <= HICCUP_RETRIES:
+                        time.sleep(0.05 * tries)
+                        continue
+                    self._begin_outage(exc)
+                if self._closing.is_set():
+                    return False
+                self._closing.wait(pause)
+                pause = min(2 * pause, PROBE_MAX_S)
+                continue
+            self.emitted += 1
+            if self._outage is not None:
+                self._end_outage()
+            return True
 
-    def _guarded(self, fn: Callable[[], None]) -> None:
+    def _begin_outage(self, exc: BaseException) -> None:
+        self._wait_left_s = self.outage_wait_s
+        self._outage = _Outage(time.monotonic(), _text(exc), self.dropped)
+        log.warning(
+            "runledger: the bus refused an event (%s); events wait for it, then are dropped and "
+            "counted (run.dropped) and reported once it takes events again",
+            self._outage.reason,
+        )
+
+    def _end_outage(self) -> None:
+        outage, self._outage = self._outage, None
+        assert outage is not None
+        log.info(
+            "runledger: the bus takes events again after %.1fs; %d events dropped meanwhile (reported)",
+            time.monotonic() - outage.since,
+            self.dropped - outage.dropped_before,
+        )
+        if self._seq_lock.acquire(blocking=False):  # else the next submit reports them
+            try:
+                if not self._closed:
+                    self._enqueue_report()
+            finally:
+                self._seq_lock.release()
+
+    def _final_report(self) -> None:
+        """At close, behind everything else: report the drops not reported yet (closed: no submit
+        takes a seq any more, so the report's is the last one)."""
+        with self._tally_lock:
+            drops, self._drops = self._drops, _Drops()
+        if not drops.count:
+            return
+        report = drops.report()
+        envelope = self._envelope(report, drops.last_step, utc_now(), next(self._seq))
+        if not self._hand_over(envelope):
+            outage = self._outage
+            log.error(
+                "runledger: the bus is still down at close (%s): %d dropped events not reported in "
+                "the ledger (run.dropped = %d)",
+                outage.reason if outage else "refused",
+                report.count,
+                self.dropped,
+            )
+
+    def _sync_quietly(self) -> None:
         try:
-            fn()
-        except Exception:
+            self.sink.sync()
+        except Exception as exc:
             self.errors += 1
-            log.exception("emitter: sink call failed")
+            if self._outage is None:  # during an outage the one warning line has said it
+                log.warning("runledger emitter: sink sync failed: %s", _text(exc))
+
+    # -- flush and close --------------------------------------------------------------------------
 
     def flush(self, *, sync: bool = True, timeout: float = 60.0) -> bool:
         """Wait until everything submitted so far was handed to the sink (and synced: durable)."""
         if self._closed or not self._thread.is_alive():
             return False
         marker = _Flush(sync)
-        try:
-            self._queue.put(marker, timeout=timeout)
-        except queue.Full:
+        if not self._put_marker(marker, time.monotonic() + timeout):
             return False
         return marker.done.wait(timeout)
 
     def close(self, timeout: float = 60.0) -> bool:
-        """Flush, sync, stop the thread. The sink stays open (its owner closes it)."""
-        if self._closed:
-            return True
+        """Report what was dropped, flush, sync, stop the thread; the sink stays open (its owner
+        closes it). Waits ``timeout`` for the bus; if it is still down then, what is left is dropped
+        and counted (at most about one more ``timeout``). True if the thread finished."""
         with self._seq_lock:
-            if self._unreported[0] and self._thread.is_alive():
-                self._report_drops(wait=True)
-        ok = self.flush(sync=True, timeout=timeout)
-        self._closed = True
-        try:
-            self._queue.put(_STOP, timeout=timeout)
-        except queue.Full:
+            if self._closed:
+                return True
+            self._closed = True
+        if not self._thread.is_alive():
             return False
+        final = _Flush(sync=True, final=True)
+        deadline = time.monotonic() + timeout
+        if not self._put_marker(final, deadline):
+            self._closing.set()  # the bus is down and the queue full: drop what is left, now
+            if not self._put_marker(final, time.monotonic() + timeout):
+                return False
+        if not final.done.wait(max(0.0, deadline - time.monotonic())):
+            self._closing.set()
+            if not final.done.wait(timeout):
+                return False
         self._thread.join(timeout)
-        return ok and not self._thread.is_alive()
+        return not self._thread.is_alive()
 
     @property
     def pending(self) -> int:

@@ -73,6 +73,7 @@ GITHUB_PUSH = "github.push"
 GITHUB_COMMIT = "github.commit"
 GITHUB_RAW = "github.raw"
 PRODUCER_DROPPED = "runledger.producer.dropped"
+BUS_POSITIONS_MISSING = "bus.positions_missing"  # run-less when no run is known: not runledger.*
 PRODUCER_REGISTERED = "ledger.producer.registered"
 PRODUCER_ROTATED = "ledger.producer.rotated"
 PRODUCER_REVOKED = "ledger.producer.revoked"
@@ -113,7 +114,16 @@ CATALOGUE: dict[str, EventType] = {
         EventType(GITHUB_PUSH, {1: gh.GitHubPush}, doc="Commits pushed to a ref."),
         EventType(GITHUB_COMMIT, {1: gh.GitHubCommit}, doc="A commit seen by a backfill."),
         EventType(GITHUB_RAW, {1: gh.GitHubRaw}, doc="Any other GitHub event, kept whole."),
-        EventType(PRODUCER_DROPPED, {1: p.ProducerDropped}, doc="A producer dropped events (full queue)."),
+        EventType(
+            PRODUCER_DROPPED,
+            {1: p.ProducerDropped},
+            doc="A producer dropped events (full queue, bus down): count, steps, seq range, why.",
+        ),
+        EventType(
+            BUS_POSITIONS_MISSING,
+            {1: p.BusPositionsMissing},
+            doc="Positions of a bus source that hold no record any more (a deleted or damaged segment).",
+        ),
         EventType(PRODUCER_REGISTERED, {1: p.ProducerRegistered}, doc="A producer key and its scope."),
         EventType(PRODUCER_ROTATED, {1: p.ProducerRotated}, doc="A producer key replaced by a new one."),
         EventType(PRODUCER_REVOKED, {1: p.ProducerRevoked}, doc="A producer key refused from here on."),

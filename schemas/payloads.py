@@ -68,7 +68,7 @@ class StepMetrics(Payload, kw_only=True):
     loss: Float = None
     grad_norm: Float = None
     lr: Float = None
-    tokens: Count = 0  # tokens consumed by this step
+    tokens: Count | None = None  # tokens consumed by this step (None: not reported, never invented)
     total_tokens: Count | None = None
     tokens_per_second: Float = None
     mfu: Float = None  # percent: model FLOPs per second / peak FLOPs per second × 100
@@ -179,24 +179,48 @@ class RunSummary(Payload, kw_only=True):
 
 
 class ProducerDropped(Payload, kw_only=True):
-    """A producer had to drop events (its queue was full): how many, and the steps they were for.
-    The dropped events' ``seq`` numbers were used, so ingest also sees the gap."""
+    """A producer had to drop events (its queue was full, the bus refused them, e.g. a full disk):
+    how many, the steps they were for, why, and the range of ``seq`` numbers they used
+    (``first_seq``..``last_seq``; events of that range the ledger holds were not lost). The dropped
+    events' ``seq`` numbers were used, so ingest also sees the gap where the source is chained."""
 
     count: Annotated[int, msgspec.Meta(ge=1)]
     first_step: Count | None = None
     last_step: Count | None = None
     reason: str = "queue full"
+    first_seq: Count | None = None  # added later: None in reports of older producers
+    last_seq: Count | None = None
+
+
+class BusPositionsMissing(Payload, kw_only=True):
+    """Positions ``first``..``last`` of a bus source (``source``: ``spool:<spool id>``) hold no
+    record any more: ``count`` records lost to a deleted or damaged segment, recorded by ingest
+    instead of passing over them in silence."""
+
+    source: NonEmpty
+    first: Count
+    last: Count
+    count: Annotated[int, msgspec.Meta(ge=1)]
+    reason: str = ""
 
 
 class ProducerScope(msgspec.Struct, kw_only=True):
-    """What a producer key may write. Each list holds prefixes (``"trainer/"``, ``"github.")``; an
-    empty list of streams or types means any; ``sources`` must name at least one prefix."""
+    """What a producer key may write. Each list holds prefixes matched by whole segments
+    (``"trainer/r5"`` covers ``trainer/r5/a1/rank0``, not ``trainer/r5-evil``; ``"github."`` the
+    ``github.*`` types; ``ledger.admission.scope_matches``); an empty list of streams or types means
+    any; ``sources`` must name at least one prefix. ``run_scope`` is one run's."""
 
     sources: list[NonEmpty]
     streams: list[str] = []
     types: list[str] = []
     valid_from: datetime | None = None  # compared with the event's own ``time``
     valid_until: datetime | None = None
+
+
+def run_scope(run_id: str, source: str = "trainer") -> ProducerScope:
+    """The scope of a key made for one run: its sources under ``<source>/<run_id>`` (the trainer's
+    ``trainer/<run>/a<n>/rank<r>``, the client's ``<source_prefix>/<run>/…``) and the run's stream."""
+    return ProducerScope(sources=[f"{source}/{run_id}"], streams=[run_id])
 
 
 class ProducerRegistered(Payload, kw_only=True):
@@ -237,9 +261,11 @@ class PolicyChanged(Payload, kw_only=True):
 class LedgerIncident(Payload, kw_only=True):
     """What ingest saw wrong with a source's order, recorded instead of blocking: a ``gap`` (seq
     numbers missing before the event ``event_id``), or a ``fork`` (an event whose ``seq`` was already
-    taken, or whose ``prev`` is not the hash of the source's last event)."""
+    taken, or whose ``prev`` is not the hash of the source's last event), or a ``duplicate-launch``
+    (a second launch of a run's attempt, e.g. one run bridged live and imported again:
+    ``event_id`` is the second launch's id, ``expected_prev`` names the first as "source id")."""
 
-    kind: Literal["gap", "fork"]
+    kind: Literal["gap", "fork", "duplicate-launch"]
     source: NonEmpty
     expected_seq: Count
     got_seq: Count
