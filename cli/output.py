@@ -131,12 +131,12 @@ def user_errors(ledger: Path | None = None) -> Iterator[None]:
         raise fail(message) from None
     except (FileNotFoundError, NotADirectoryError, PermissionError) as exc:
         raise fail(f"{exc.strerror}: {exc.filename}") from None
+    except ValueError as exc:
+        raise fail(str(exc)) from None
     except Exception as exc:  # a full disk surfaces as OSError, SQLite's error, or in their context
         if disk_full(exc) is None:
             raise
         raise disk_full_error(exc, [ledger] if ledger is not None else []) from None
-    except ValueError as exc:
-        raise fail(str(exc)) from None
 
 
 def ledger_hint(path: Path) -> str:

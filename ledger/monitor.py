@@ -1,0 +1,214 @@
+"""`ledger monitor URL`: follow a published tile log and refuse any checkpoint that rewrites history.
+
+Each check fetches ``<URL>/checkpoint``, verifies its signature with the log's key, and compares it
+with the last checkpoint this monitor accepted (kept in a small JSON state file):
+
+* a smaller size is a **rollback**; the same size with another root, or a bigger tree whose tiles do
+  not give back the old root, is a **fork** (two histories signed by one key);
+* a bigger tree is accepted only when its tiles give its signed root, the first ``old size`` leaves
+  give the old root, and the RFC 6962 consistency proof built from those tiles verifies.
+
+With witness keys and a quorum, that many valid cosignatures are required. With ``entries``, each
+look also walks the entries new since the last accepted checkpoint and hashes the data files of
+the signed manifest not verified before: a remote verifier of what is new only.
+
+Only an accepted checkpoint is written to the state file, so a refused one is refused again.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ledger.log_checkpoint import parse_and_verify_checkpoint
+from ledger.merkle import ProofError, verify_consistency
+from ledger.tiles import (
+    TileError,
+    TileReader,
+    consistency_proof_from_tiles,
+    entries_path,
+    root_from_tiles,
+    root_of_prefix,
+    tile_path,
+    walk_new_entries,
+)
+from ledger.witness import parse_cosignature_key, verify_cosignatures
+from schemas.durable import write_durably
+from schemas.note import CheckpointError, open_note
+
+__all__ = ["MonitorError", "MonitorReport", "check_log"]
+
+_MAX_FETCH_BYTES = 1 << 20  # a checkpoint or a tile is far smaller
+_TIMEOUT_S = 10
+
+
+class MonitorError(ValueError):
+    """The log showed a fork, a rollback or a bad signature (``kind`` says which), or was unreachable."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class MonitorReport:
+    origin: str
+    old_size: int | None  # None: the first checkpoint this monitor saw
+    size: int
+    entries: int = 0  # entries walked and checked (with ``entries``)
+    files: int = 0  # data files fetched and checked against the signed manifest
+
+
+def _fetch(url: str) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as response:
+            data: bytes = response.read(_MAX_FETCH_BYTES + 1)
+    except (urllib.error.URLError, OSError) as exc:
+        raise MonitorError("unreachable", f"{url}: {exc}") from exc
+    if len(data) > _MAX_FETCH_BYTES:
+        raise MonitorError("malformed", f"{url} is larger than {_MAX_FETCH_BYTES} bytes")
+    return data
+
+
+def _tile_reader(base: str) -> TileReader:
+    def read(level: int, index: int, width: int) -> bytes:
+        return _fetch(base + tile_path(level, index, width))
+
+    return read
+
+
+def _check_growth(base: str, old: dict[str, object], size: int, root: bytes) -> None:
+    read = _tile_reader(base)
+    old_size = int(str(old["size"]))
+    old_root = base64.b64decode(str(old["root"]))
+    try:
+        if root_from_tiles(read, size) != root:
+            raise MonitorError("bad-tiles", f"the tiles of size {size} do not give the signed root")
+        if root_of_prefix(read, size, old_size) != old_root:
+            raise MonitorError(
+                "fork", f"the tree of size {size} does not extend the one of size {old_size} seen before"
+            )
+        verify_consistency(old_size, size, old_root, root, consistency_proof_from_tiles(read, old_size, size))
+    except (ProofError, TileError) as exc:
+        raise MonitorError("fork", f"no valid consistency proof from {old_size} to {size}: {exc}") from exc
+
+
+def _check_quorum(text: bytes, witnesses: Sequence[str], quorum: int) -> None:
+    keys = [parse_cosignature_key(w) for w in witnesses]
+    good = verify_cosignatures(text.decode(), keys)
+    if len(good) < quorum:
+        raise MonitorError(
+            "quorum", f"{len(good)} valid cosignatures of the {quorum} required ({', '.join(good) or 'none'})"
+        )
+
+
+def check_log(
+    url: str,
+    log_key: str,
+    state_path: Path,
+    *,
+    witnesses: Sequence[str] = (),
+    quorum: int = 0,
+    entries: bool = False,
+) -> MonitorReport:
+    """One look at the log at ``url``: raises MonitorError on a fork, rollback, bad signature, or
+    fewer than ``quorum`` valid cosignatures by ``witnesses``. With ``entries``, also walks every
+    entry new since the last accepted checkpoint and checks the new data files against the signed
+    manifest (only what is new: bounded by the growth, not the log)."""
+    base = url if url.endswith("/") else url + "/"
+    old = json.loads(state_path.read_bytes()) if state_path.exists() else None
+    text = _fetch(base + "checkpoint")
+    try:
+        checkpoint = parse_and_verify_checkpoint(text, log_key, old["origin"] if old else None)
+    except CheckpointError as exc:
+        raise MonitorError("bad-signature", f"{base}checkpoint: {exc}") from exc
+    if quorum:
+        _check_quorum(text, witnesses, quorum)
+    size, root = checkpoint.size, checkpoint.root
+    if old is not None:
+        old_size, old_root = old["size"], base64.b64decode(old["root"])
+        if size < old_size:
+            raise MonitorError("rollback", f"the log shrank from {old_size} to {size} entries")
+        if size == old_size and root != old_root:
+            raise MonitorError("fork", f"two different roots signed for size {size}")
+        if size > old_size:
+            _check_growth(base, old, size, root)
+    verified = dict(old.get("files", {})) if old else {}
+    counted = (0, 0)
+    if entries:
+        counted = _check_new_entries(
+            base, checkpoint.origin, log_key, old["size"] if old else 0, size, root, verified
+        )
+    state = {"url": base, "origin": checkpoint.origin, "size": size, "root": base64.b64encode(root).decode()}
+    state_path.parent.mkdir(parents=True, exist_ok=True)
+    write_durably(state_path, json.dumps(state | {"checkpoint": text.decode(), "files": verified}))
+    return MonitorReport(checkpoint.origin, None if old is None else old["size"], size, *counted)
+
+
+def _check_new_entries(
+    base: str, origin: str, log_key: str, old_size: int, size: int, root: bytes, verified: dict[str, str]
+) -> tuple[int, int]:
+    """Walk the entries [old_size, size) against the signed root, then the manifest the last
+    snapshot entry names and each data file in it not verified before. Returns (entries, files)."""
+    read = _tile_reader(base)
+
+    def read_bundle(index: int, width: int) -> bytes:
+        return _fetch(base + entries_path(index, width))
+
+    manifest_digest = None
+    count = 0
+    try:
+        for _, entry in walk_new_entries(read, read_bundle, old_size, size, root):
+            doc = json.loads(entry)
+            if doc.get("t") == "snapshot":
+                manifest_digest = doc["manifest_sha256"]
+            count += 1
+    except (ProofError, TileError, ValueError) as exc:
+        raise MonitorError(
+            "bad-entries", f"an entry of {base} does not match the signed tree: {exc}"
+        ) from exc
+    if manifest_digest is None:
+        return count, 0
+    return count, _check_data(base, origin, log_key, manifest_digest, verified)
+
+
+def _check_data(base: str, origin: str, log_key: str, digest: str, verified: dict[str, str]) -> int:
+    manifest = _fetch(base + "manifest.json")
+    if hashlib.sha256(manifest).hexdigest() != digest:
+        raise MonitorError(
+            "bad-manifest", "manifest.json is not the manifest the log's last snapshot entry names"
+        )
+    try:
+        signed = open_note(_fetch(base + "manifest.sig"), log_key).split("\n")
+    except CheckpointError as exc:
+        raise MonitorError("bad-signature", f"manifest.sig: {exc}") from exc
+    if signed[0] != f"{origin}/manifest" or base64.b64decode(signed[2]).hex() != digest:
+        raise MonitorError("bad-manifest", "manifest.sig does not sign this manifest")
+    checked = 0
+    for item in json.loads(manifest)["files"]:
+        if verified.get(item["path"]) == item["sha256"]:
+            continue  # verified on an earlier look: files never change once named
+        if _sha256_url(base + item["path"]) != item["sha256"]:
+            raise MonitorError(
+                "bad-data", f"{item['path']} does not match its SHA-256 in the signed manifest"
+            )
+        verified[item["path"]] = item["sha256"]
+        checked += 1
+    return checked
+
+
+def _sha256_url(url: str) -> str:
+    digest = hashlib.sha256()
+    try:
+        with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as response:
+            for block in iter(lambda: response.read(1 << 20), b""):
+                digest.update(block)
+    except (urllib.error.URLError, OSError) as exc:
+        raise MonitorError("unreachable", f"{url}: {exc}") from exc
+    return digest.hexdigest()

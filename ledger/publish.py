@@ -1,0 +1,581 @@
+"""`ledger publish DEST`: the whole ledger as one public C2SP tlog-tiles log, plus its Parquet files.
+
+DEST is a folder any static HTTP server can serve::
+
+    checkpoint                          signed note (origin ``runledger/<ledger id>``, size, root)
+    tile/<L>/<N>[.p/<W>]                hash tiles (``ledger.tiles``)
+    tile/entries/<N>[.p/<W>]            entry bundles
+    data/<table>/<partition>/part-*.parquet   the ledger's live Parquet files, byte for byte
+    manifest.json, manifest.sig         those files (path, bytes, SHA-256, leaf range), and a signed
+                                        note over the manifest's SHA-256 at the log size it is as of
+
+**One log for the whole ledger.** Its entries, in ledger order (commit by commit; in a commit, by
+stream then stream position), are compact JSON records (sorted keys, at most 64 KiB):
+
+* ``{"t": "event", ...}`` for each event: commit, stream, stream_seq, source, id, type, the
+  producer's key_id and sig, and ``sha256`` of its canonical bytes (the payload stays in Parquet);
+* ``{"t": "commit", ...}`` after each commit's events: the files it added and removed, and the
+  (size, root) of each stream tree it moved, so the per-stream checkpoints signed before stay
+  checkable against the one log;
+* ``{"t": "snapshot", ...}`` at the end of each publish: the SHA-256 of the manifest, so the table
+  snapshot is named by a leaf (never by a checkpoint extension line).
+
+**Write order (Sunlight's).** The trusted state (the last published checkpoint) lives beside the
+ledger in ``<ledger>/_publish/<dest id>/``, not in DEST. A publish stages every new file there,
+checks that the new tree extends the published one (the old root recomputed from the new tiles,
+and an RFC 6962 consistency proof verified), then swaps the signed checkpoint in the state file
+(the commit point), then uploads the staged files, the checkpoint last. Killed before the swap, the
+staging is thrown away and done again; killed after, the next publish finishes the upload first.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from ledger.log_checkpoint import parse_checkpoint, sign_checkpoint
+from ledger.merkle import EMPTY_ROOT, CompactRange, leaf_hash, verify_consistency
+from ledger.store import COMMITS, Ledger
+from ledger.tiles import (
+    MAX_ENTRY_BYTES,
+    TILE_WIDTH,
+    TileError,
+    check_bundle,
+    consistency_proof_from_tiles,
+    encode_bundle,
+    entries_path,
+    grow_tiles,
+    root_from_tiles,
+    root_of_prefix,
+    tile_path,
+)
+from ledger.witness import collect_cosignatures, load_policy
+from schemas.durable import write_durably
+from schemas.note import NoteSigner, open_note, parse_private_key, sign_note
+
+__all__ = ["PublishError", "PublishResult", "log_origin", "publish"]
+
+STATE_DIR = "_publish"
+CHECKPOINT = "checkpoint"
+MANIFEST = "manifest.json"
+MANIFEST_SIG = "manifest.sig"
+DATA = "data"
+
+
+class PublishError(ValueError):
+    """The publish cannot go on without risking a wrong or inconsistent public log."""
+
+
+def log_origin(ledger_id: str) -> str:
+    """The origin line of a ledger's one public log (per-stream checkpoints add ``/<stream>``)."""
+    return f"runledger/{ledger_id}"
+
+
+@dataclass
+class PublishState:
+    """What was last published to one DEST: the trusted side of the write order."""
+
+    size: int = 0
+    root: bytes = EMPTY_ROOT
+    checkpoint: str = ""
+    commit: int = -1  # the last ledger commit in the log
+    segments: dict[str, list[list[int]]] = field(default_factory=dict)  # stream -> [first seq, first leaf, n]
+    commit_leaves: dict[str, list[int]] = field(
+        default_factory=dict
+    )  # commit -> [first leaf, its record's leaf]
+    live: list[str] = field(default_factory=list)  # the ledger's live files as of ``commit``
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # rel path -> bytes, sha256, leaf_range
+    pending: bool = False  # swapped, upload not finished
+    removed: list[str] = field(default_factory=list)  # data files to delete from DEST after the upload
+    witness_sizes: dict[str, int] = field(default_factory=dict)  # the size each witness last cosigned
+
+    def to_json(self) -> dict[str, Any]:
+        doc = dict(self.__dict__)
+        doc["root"] = base64.b64encode(self.root).decode()
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> PublishState:
+        known = {k: v for k, v in doc.items() if k in cls.__dataclass_fields__}
+        return cls(**(known | {"root": base64.b64decode(doc["root"])}))
+
+
+@dataclass
+class PublishResult:
+    size: int
+    old_size: int
+    entries: int  # entries this publish added
+    events: int
+    files_copied: int
+    repaired: bool  # an interrupted upload was finished first
+    checkpoint: str
+    witnesses: dict[str, str] = field(default_factory=dict)  # witness -> what it answered
+
+
+# -------------------------------------------------------------------------------------------- entries
+
+
+class _Signed(msgspec.Struct):
+    key_id: str | None = None
+    signature: str | None = None
+
+
+_decode_signed = msgspec.json.Decoder(_Signed)
+
+
+def _entry(doc: dict[str, Any]) -> bytes:
+    """Compact JSON, keys sorted, UTF-8: one byte string per record."""
+    return msgspec.json.encode(doc, order="sorted")
+
+
+def _event_entry(row: dict[str, Any]) -> bytes:
+    canonical = row["canonical"].encode()
+    signed = _decode_signed.decode(canonical)
+    return _entry(
+        {
+            "t": "event",
+            "commit": row["commit"],
+            "stream": row["stream"],
+            "stream_seq": row["stream_seq"],
+            "source": row["source"],
+            "id": row["id"],
+            "type": row["type"],
+            "key_id": signed.key_id,
+            "sig": signed.signature,
+            "sha256": hashlib.sha256(canonical).hexdigest(),
+        }
+    )
+
+
+def _commit_entry(record: dict[str, Any]) -> bytes:
+    moved = record.get("appended", {})
+    streams = {
+        s: [h["size"], base64.b64encode(CompactRange.from_json(h["tree"]).root()).decode()]
+        for s, h in record["streams"].items()
+        if s in moved
+    }
+    doc = {
+        "t": "commit",
+        "commit": record["commit"],
+        "files": record["files"],
+        "removed": record.get("removed", []),
+        "streams": streams,
+    }
+    data = _entry(doc)
+    if len(data) > MAX_ENTRY_BYTES:  # a huge compaction: name its file lists by digest
+        for key in ("files", "removed", "streams"):
+            doc[key + "_sha256"] = hashlib.sha256(_entry({key: doc.pop(key)})).hexdigest()
+        data = _entry(doc)
+    return data
+
+
+def _new_events(
+    root: Path, live: Sequence[str], after_commit: int, last_commit: int
+) -> Iterator[dict[str, Any]]:
+    """The events of commits (``after_commit``, ``last_commit``], in ledger order (commit, stream,
+    stream_seq); a commit made meanwhile waits for the next publish."""
+    files = [str(root / rel) for rel in live if rel.startswith("events/")]
+    if not files:
+        return
+    dataset = ds.dataset(files, format="parquet", partitioning="hive")
+    columns = ["commit", "stream", "stream_seq", "source", "id", "type", "canonical"]
+    wanted = (ds.field("commit") > after_commit) & (ds.field("commit") <= last_commit)
+    table = dataset.to_table(columns=columns, filter=wanted)
+    table = table.sort_by([("commit", "ascending"), ("stream", "ascending"), ("stream_seq", "ascending")])
+    yield from table.to_pylist()
+
+
+def _read_commits(root: Path, after: int) -> list[dict[str, Any]]:
+    paths = sorted((root / COMMITS).glob("*.json"))
+    return [json.loads(p.read_bytes()) for p in paths if int(p.stem) > after]
+
+
+def _live_files(root: Path, live: Sequence[str], records: Iterable[dict[str, Any]]) -> list[str]:
+    """The ledger's live Parquet files after ``records``: each commit's files in, its removed out
+    (the empty file every table starts with is not in any commit)."""
+    files = set(live) or {str(p.relative_to(root)) for p in root.glob("*/*=_/part-0000000000-000.parquet")}
+    for record in records:
+        files.difference_update(record.get("removed", []))
+        files.update(record["files"])
+    return sorted(files)
+
+
+def _build_entries(
+    root: Path, state: PublishState, records: list[dict[str, Any]], live_after: list[str]
+) -> tuple[list[bytes], int]:
+    """The entries of ``records`` (their events, then a commit entry each), updating the state's
+    stream segments and commit leaf ranges. Returns (entries, events)."""
+    entries: list[bytes] = []
+    by_commit: dict[int, list[dict[str, Any]]] = {}
+    for row in _new_events(root, live_after, state.commit, records[-1]["commit"]):
+        by_commit.setdefault(row["commit"], []).append(row)
+    events = 0
+    for record in records:
+        first_leaf = state.size + len(entries)
+        for row in by_commit.get(record["commit"], []):
+            _note_leaf(state.segments, row["stream"], row["stream_seq"], state.size + len(entries))
+            data = _event_entry(row)
+            if len(data) > MAX_ENTRY_BYTES:
+                raise PublishError(f"event {row['source']} {row['id']}: its log entry exceeds 64 KiB")
+            entries.append(data)
+            events += 1
+        entries.append(_commit_entry(record))
+        state.commit_leaves[str(record["commit"])] = [first_leaf, state.size + len(entries) - 1]
+    return entries, events
+
+
+def _note_leaf(segments: dict[str, list[list[int]]], stream: str, seq: int, leaf: int) -> None:
+    runs = segments.setdefault(stream, [])
+    if runs and runs[-1][0] + runs[-1][2] == seq and runs[-1][1] + runs[-1][2] == leaf:
+        runs[-1][2] += 1
+    else:
+        runs.append([seq, leaf, 1])
+
+
+def _leaf_of(segments: dict[str, list[list[int]]], stream: str, seq: int) -> int | None:
+    for first_seq, first_leaf, count in segments.get(stream, []):
+        if first_seq <= seq < first_seq + count:
+            return first_leaf + seq - first_seq
+    return None
+
+
+# -------------------------------------------------------------------------------------------- manifest
+
+
+def _leaf_range(path: Path, state: PublishState) -> list[int] | None:
+    """[first, last] log leaf that the rows of a Parquet file come from (None: no rows)."""
+    table = pq.read_table(
+        path, columns=[c for c in ("stream", "stream_seq", "commit") if c in _columns(path)]
+    )
+    if table.num_rows == 0:
+        return None
+    leaves: list[int] = []
+    if "stream_seq" in table.column_names:
+        spans = table.group_by("stream").aggregate([("stream_seq", "min"), ("stream_seq", "max")])
+        for stream, lo, hi in zip(
+            *(spans.column(c).to_pylist() for c in ("stream", "stream_seq_min", "stream_seq_max")),
+            strict=True,
+        ):
+            leaves += [
+                x
+                for x in (_leaf_of(state.segments, stream, lo), _leaf_of(state.segments, stream, hi))
+                if x is not None
+            ]
+    elif "commit" in table.column_names:  # quarantine: the commit's span of the log
+        for commit in (min(table.column("commit").to_pylist()), max(table.column("commit").to_pylist())):
+            leaves += state.commit_leaves.get(str(commit), [])
+    return [min(leaves), max(leaves)] if leaves else None
+
+
+def _columns(path: Path) -> list[str]:
+    return list(pq.read_schema(path).names)
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _manifest(root: Path, state: PublishState, live: list[str], origin: str, log_size: int) -> bytes:
+    """The manifest of the live files (each described once: files never change once named)."""
+    files: dict[str, dict[str, Any]] = {}
+    for rel in live:
+        path = root / rel
+        known = state.files.get(rel)
+        if known is None:
+            if not path.exists():
+                raise PublishError(
+                    f"{rel} was removed while publishing (a compaction ran?); run publish again"
+                )
+            known = {
+                "bytes": path.stat().st_size,
+                "sha256": _sha256_file(path),
+                "leaf_range": _leaf_range(path, state),
+            }
+        files[rel] = known
+    state.files = files
+    doc = {
+        "origin": origin,
+        "log_size": log_size,
+        "commit": state.commit,
+        "files": [
+            {"path": f"{DATA}/{rel}", "table": rel.split("/", 1)[0], **meta}
+            for rel, meta in sorted(files.items())
+        ],
+    }
+    return json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
+
+
+def _views_sql(live: Sequence[str]) -> bytes:
+    """``views.sql``: one DuckDB view per table over the published files (paths relative to DEST:
+    ``cd DEST && duckdb -init views.sql``, or prefix them with the base URL for httpfs)."""
+    by_table: dict[str, list[str]] = {}
+    for rel in live:
+        by_table.setdefault(rel.split("/", 1)[0], []).append(f"'{DATA}/{rel}'")
+    lines = [
+        f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet([{', '.join(paths)}], "
+        "hive_partitioning = true, union_by_name = true);"
+        for table, paths in sorted(by_table.items())
+    ]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _manifest_note(origin: str, log_size: int, manifest: bytes, signer: NoteSigner) -> str:
+    digest = base64.b64encode(hashlib.sha256(manifest).digest()).decode()
+    return sign_note(f"{origin}/manifest\n{log_size}\n{digest}\n", signer)
+
+
+# -------------------------------------------------------------------------------------------- staging
+
+
+class _Files:
+    """DEST as a reader, with the staged files laid over it."""
+
+    def __init__(self, dest: Path, staged: Path) -> None:
+        self.dest, self.staged = dest, staged
+
+    def read(self, rel: str) -> bytes:
+        for base in (self.staged, self.dest):
+            with contextlib.suppress(FileNotFoundError):
+                return (base / rel).read_bytes()
+        raise PublishError(f"{self.dest} lacks {rel}: it is not the log published from this ledger")
+
+    def read_tile(self, level: int, index: int, width: int) -> bytes:
+        return self.read(tile_path(level, index, width))
+
+    def put(self, rel: str, data: bytes) -> None:
+        path = self.staged / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def _stage_bundles(files: _Files, old_size: int, entries: list[bytes]) -> None:
+    """The entry bundles the new entries fill or extend (the old partial bundle's entries first,
+    checked against the old tree's level-0 tile)."""
+    first = old_size // TILE_WIDTH
+    kept = old_size % TILE_WIDTH
+    pending = []
+    if kept:
+        try:
+            pending = check_bundle(
+                files.read(entries_path(first, kept)), first, kept, files.read_tile, old_size
+            )
+        except TileError as exc:
+            raise PublishError(
+                f"DEST's partial bundle does not match its tiles: {exc}; nothing was published"
+            ) from exc
+    pending += entries
+    for start in range(0, len(pending), TILE_WIDTH):
+        chunk = pending[start : start + TILE_WIDTH]
+        files.put(entries_path(first + start // TILE_WIDTH, len(chunk)), encode_bundle(chunk))
+
+
+def _check_extends(files: _Files, old: PublishState, new: PublishState) -> None:
+    """Refuse a new tree that is not an extension of the published one: the old root recomputed
+    from the new tiles, and the consistency proof between them verified (RFC 9162)."""
+    try:
+        if root_of_prefix(files.read_tile, new.size, old.size) != old.root:
+            raise PublishError(
+                f"the new tree does not extend the published checkpoint (size {old.size}): "
+                "DEST's tiles or bundles were changed; nothing was published"
+            )
+        proof = consistency_proof_from_tiles(files.read_tile, old.size, new.size)
+        verify_consistency(old.size, new.size, old.root, new.root, proof)
+    except (TileError, ValueError) as exc:
+        if isinstance(exc, PublishError):
+            raise
+        raise PublishError(f"the new tree is not consistent with the published one: {exc}") from exc
+
+
+def _stage_data(root: Path, files: _Files, new_files: Iterable[str]) -> int:
+    """Hard links (or copies) of the new Parquet files: immutable, and kept if a compaction
+    removes them from the ledger before the upload."""
+    count = 0
+    for rel in new_files:
+        target = files.staged / DATA / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(root / rel, target)
+        except OSError:
+            shutil.copyfile(root / rel, target)
+        count += 1
+    return count
+
+
+def _stage(
+    root: Path, files: _Files, state: PublishState, signer: NoteSigner, origin: str
+) -> tuple[PublishState, int, int, int] | None:
+    """Everything a publish will upload, in the staging folder; the new state (not yet swapped in).
+    Returns (new state, entries added, events added, data files staged), or None: nothing new."""
+    records = _read_commits(root, state.commit)
+    if not records:
+        return None
+    shutil.rmtree(files.staged, ignore_errors=True)  # an earlier publish killed before its swap
+    files.staged.mkdir(parents=True)
+    new = PublishState.from_json(json.loads(json.dumps(state.to_json())))
+    new.live = _live_files(root, state.live, records)
+    entries, events = _build_entries(root, new, records, new.live)
+    new.commit = records[-1]["commit"]
+    log_size = state.size + len(entries)
+    manifest = _manifest(root, new, new.live, origin, log_size)
+    digest = hashlib.sha256(manifest).hexdigest()
+    entries.append(
+        _entry({"t": "snapshot", "commit": new.commit, "log_size": log_size, "manifest_sha256": digest})
+    )
+    for tile in grow_tiles(state.size, [leaf_hash(e) for e in entries], files.read_tile):
+        files.put(tile.path, tile.data)
+    _stage_bundles(files, state.size, entries)
+    new.size = state.size + len(entries)
+    new.root = root_from_tiles(files.read_tile, new.size)
+    _check_extends(files, state, new)
+    copied = _stage_data(root, files, [rel for rel in new.live if rel not in state.files])
+    files.put(MANIFEST, manifest)
+    files.put("views.sql", _views_sql(new.live))
+    files.put(MANIFEST_SIG, _manifest_note(origin, log_size, manifest, signer).encode())
+    new.checkpoint = sign_checkpoint(origin, new.size, new.root, signer)
+    files.put(CHECKPOINT, new.checkpoint.encode())
+    new.removed = [rel for rel in state.live if rel not in set(new.live)]
+    new.pending = True
+    return new, len(entries), events, copied
+
+
+# -------------------------------------------------------------------------------------------- upload
+
+
+def _put(source: Path, target: Path) -> None:
+    """One file into DEST, whole or not at all (a reader never sees half a tile)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".publish-tmp")
+    shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
+
+
+def _upload(staged: Path, dest: Path, state: PublishState) -> None:
+    """The staged files into DEST: tiles, bundles, data and manifest, then the checkpoint last."""
+    for path in sorted(p for p in staged.rglob("*") if p.is_file()):
+        rel = path.relative_to(staged)
+        if str(rel) != CHECKPOINT:
+            _put(path, dest / rel)
+    for gone in state.removed:
+        (dest / DATA / gone).unlink(missing_ok=True)
+    _put(staged / CHECKPOINT, dest / CHECKPOINT)
+
+
+# -------------------------------------------------------------------------------------------- state
+
+
+def state_dir(root: Path, dest: Path) -> Path:
+    """Where the trusted state of publishing ``root`` to ``dest`` lives (beside the ledger)."""
+    key = hashlib.sha256(str(dest.resolve()).encode()).hexdigest()[:16]
+    return root / STATE_DIR / key
+
+
+def _load_state(directory: Path) -> PublishState:
+    path = directory / "state.json"
+    if not path.exists():
+        return PublishState()
+    return PublishState.from_json(json.loads(path.read_bytes()))
+
+
+def _save_state(directory: Path, state: PublishState, dest: Path) -> None:
+    write_durably(directory / "state.json", json.dumps({"dest": str(dest.resolve())} | state.to_json()))
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "lock", "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PublishError(
+                f"another publish to this DEST is running (lock {directory / 'lock'})"
+            ) from None
+        yield
+
+
+def _check_dest(dest: Path, state: PublishState) -> None:
+    """DEST must hold what was last published from here (nothing, the first time)."""
+    path = dest / CHECKPOINT
+    published = path.read_text() if path.exists() else ""
+    if published != state.checkpoint:
+        if not state.checkpoint:
+            raise PublishError(
+                f"{dest} already holds a log this ledger did not publish; choose an empty DEST"
+            )
+        raise PublishError(f"{dest}/checkpoint is not the checkpoint last published from this ledger")
+
+
+def publish(root: str | Path, dest: str | Path, private_key: str) -> PublishResult:
+    """Publish the ledger at ``root`` to the folder ``dest``: only what is new, safe to kill."""
+    root, dest = Path(root), Path(dest)
+    ledger = Ledger.open(root)
+    signer = parse_private_key(private_key)
+    origin = log_origin(ledger.ledger_id)
+    if dest.exists() and not dest.is_dir():
+        raise PublishError(f"{dest} is not a folder: DEST is the folder the log is published in")
+    dest.mkdir(parents=True, exist_ok=True)
+    directory = state_dir(root, dest)
+    with _locked(directory):
+        state = _load_state(directory)
+        repaired = state.pending
+        if state.pending:  # killed after the swap: finish that upload first
+            _upload(directory / "staged", dest, state)
+            state.pending = False
+            _save_state(directory, state, dest)
+        _check_dest(dest, state)
+        if state.checkpoint:
+            parse_checkpoint(open_note(state.checkpoint, _verifier_of(signer)))
+        staged = _stage(root, _Files(dest, directory / "staged"), state, signer, origin)
+        if staged is None:
+            return PublishResult(state.size, state.size, 0, 0, 0, repaired, state.checkpoint)
+        new, added, events, copied = staged
+        outcome = _cosign(root, _Files(dest, directory / "staged"), new)
+        _save_state(directory, new, dest)  # the swap: from here on, this is the published checkpoint
+        _upload(directory / "staged", dest, new)
+        new.pending = False
+        _save_state(directory, new, dest)
+        shutil.rmtree(directory / "staged", ignore_errors=True)
+    return PublishResult(new.size, state.size, added, events, copied, repaired, new.checkpoint, outcome)
+
+
+def _cosign(root: Path, files: _Files, new: PublishState) -> dict[str, str]:
+    """The witnesses' cosignatures on the staged checkpoint (``ledger.witness``), before the swap:
+    a 422 or a missed quorum stops the publish with nothing published."""
+    policy = load_policy(root)
+    if not policy.witnesses:
+        return {}
+
+    def prove(old_size: int) -> list[bytes]:
+        return consistency_proof_from_tiles(files.read_tile, old_size, new.size)
+
+    new.checkpoint, outcome = collect_cosignatures(policy, new.checkpoint, new.size, new.witness_sizes, prove)
+    files.put(CHECKPOINT, new.checkpoint.encode())
+    return outcome
+
+
+def _verifier_of(signer: NoteSigner) -> str:
+    """The vkey of a signer (to check the state's own checkpoint before extending it)."""
+    from cryptography.hazmat.primitives import serialization
+
+    public = signer.private_key.public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw
+    )
+    blob = base64.b64encode(b"\x01" + public).decode()
+    return f"{signer.name}+{signer.key_hash:08x}+{blob}"
