@@ -57,13 +57,25 @@ def add(
     name: Annotated[str, typer.Argument(help="The producer's name, e.g. trainer, github-webhook.")],
     public_key: PublicKeyOption,
     source: Annotated[
-        list[str], typer.Option("--source", help="Source prefix it may write (repeatable; * for any).")
+        list[str],
+        typer.Option(
+            "--source",
+            help="Source prefix it may write, matched by whole segments: trainer/r5 covers "
+            "trainer/r5/a1/rank0, not trainer/r5-evil (repeatable; * for any; end with * for a plain "
+            "string prefix).",
+        ),
     ],
     stream: Annotated[
-        list[str] | None, typer.Option("--stream", help="Stream prefix (repeatable; default any).")
+        list[str] | None,
+        typer.Option("--stream", help="Stream prefix, by whole segments (repeatable; default any)."),
+    ] = None,
+    run: Annotated[
+        list[str] | None,
+        typer.Option("--run", help="A run it may write (its stream; repeatable; default any run)."),
     ] = None,
     event_type: Annotated[
-        list[str] | None, typer.Option("--type", help="Event type prefix (repeatable; default any).")
+        list[str] | None,
+        typer.Option("--type", help="Event type prefix, by whole dotted parts (repeatable; default any)."),
     ] = None,
     valid_from: Annotated[
         datetime | None, typer.Option("--valid-from", help="Events before this time are refused.")
@@ -83,13 +95,14 @@ def add(
     with user_errors(ledger):
         scope = ProducerScope(
             sources=source,
-            streams=stream or [],
+            streams=[*(stream or []), *(run or [])],
             types=event_type or [],
             valid_from=_utc(valid_from),
             valid_until=_utc(valid_until),
         )
         key_id = register_producer(Ledger.open(ledger), name, public_key.read_text(), scope, actor=actor)
-    console.print(f"registered producer {name}: key {key_id}, sources {', '.join(source)}")
+    runs = f", runs {', '.join(run)}" if run else ""
+    console.print(f"registered producer {name}: key {key_id}, sources {', '.join(source)}{runs}")
 
 
 def rotate(
@@ -132,7 +145,9 @@ def policy(
     allow_unsigned: Annotated[
         list[str] | None,
         typer.Option(
-            "--allow-unsigned", help="Source prefix whose events may be unsigned (repeatable; * for any)."
+            "--allow-unsigned",
+            help="Source prefix whose events may be unsigned, by whole segments: trainer/unsigned "
+            "does not cover trainer/unsigned-2 (repeatable; * for any).",
         ),
     ] = None,
     actor: ActorOption = None,

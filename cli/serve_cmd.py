@@ -28,6 +28,33 @@ def serve_webhooks(
         typer.Option("--delivery-db", help="Seen-deliveries file (default: beside the spool)."),
     ] = None,
     max_body_mb: Annotated[int, typer.Option("--max-body-mb", help="Largest accepted payload.")] = 25,
+    max_connections: Annotated[
+        int,
+        typer.Option(
+            "--max-connections", help="Open connections at most (the longest idle is closed to make room)."
+        ),
+    ] = 256,
+    header_timeout_s: Annotated[
+        float,
+        typer.Option("--header-timeout-s", help="Seconds a connection may take to send a request head."),
+    ] = 5.0,
+    body_timeout_s: Annotated[
+        float,
+        typer.Option("--body-timeout-s", help="Seconds a request may take to send its body (then 408)."),
+    ] = 10.0,
+    max_unverified_mb: Annotated[
+        int,
+        typer.Option(
+            "--max-unverified-mb", help="Bodies read before their signature is checked, together (then 503)."
+        ),
+    ] = 64,
+    ack_timeout_s: Annotated[
+        float,
+        typer.Option(
+            "--ack-timeout-s",
+            help="Seconds to wait for a delivery to be on disk before answering 503, not 202.",
+        ),
+    ] = 5.0,
     producer_key: Annotated[
         Path | None,
         typer.Option(
@@ -39,7 +66,10 @@ def serve_webhooks(
         ),
     ] = None,
 ) -> None:
-    """Receive GitHub webhooks at POST /webhook (metrics at GET /metrics).
+    """Receive GitHub webhooks at POST /webhook (Prometheus metrics at GET /metrics, JSON at /healthz).
+
+    A delivery is answered 202 only once it is on disk (503 with Retry-After otherwise); a signed body
+    re-sent under another delivery id, event or hook id is refused (409). See docs/security.md.
 
     Example: ledger serve webhooks --secret-file webhook.secret --port 8787
     """
@@ -62,6 +92,10 @@ def serve_webhooks(
             raise fail(f"producer key {producer_key}: {exc}", 2) from None
     if max_body_mb < 1:
         raise fail("--max-body-mb must be at least 1", 2)
+    if max_unverified_mb < max_body_mb:
+        raise fail("--max-unverified-mb must be at least --max-body-mb (one body of the largest size)", 2)
+    if max_connections < 1 or min(header_timeout_s, body_timeout_s, ack_timeout_s) <= 0:
+        raise fail("--max-connections and the timeouts must be positive", 2)
     where = spool if spool is not None else default_spool_dir()
     try:
         serve(
@@ -72,6 +106,11 @@ def serve_webhooks(
             delivery_db=delivery_db if delivery_db is not None else default_delivery_db(where),
             max_body_bytes=max_body_mb * 1024 * 1024,
             producer_key_file=producer_key,
+            max_connections=max_connections,
+            header_timeout_s=header_timeout_s,
+            body_timeout_s=body_timeout_s,
+            max_unverified_bytes=max_unverified_mb * 1024 * 1024,
+            ack_timeout_s=ack_timeout_s,
         )
     except SpoolLockedError:
         raise fail(f"spool {where} already has a live writer; give the receiver its own --spool", 2) from None

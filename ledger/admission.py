@@ -21,6 +21,8 @@ verify (``ledger.verifier``). The ledger's own types (``LEDGER_TYPES``) and sour
 events are stored unverified, there is no key to verify them with). Once a registry exists, every
 event must be signed by a registered, unrevoked key whose scope covers its source, stream, type and
 time, except events from sources the policy names in ``unsigned_sources`` (unauthenticated).
+Scopes and the policy match by whole path segments (``scope_matches``): ``trainer/r5`` covers
+``trainer/r5/a1/rank0`` but not ``trainer/r5-evil``; ``trainer/run-*`` is an explicit string prefix.
 Quarantine codes: ``unsigned``, ``unknown-key``, ``revoked-key``, ``bad-signature``,
 ``out-of-scope``, ``reserved``.
 
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -70,6 +73,8 @@ from schemas.codec import (
 )
 from schemas.note import CheckpointError, NoteVerifier, parse_public_key
 from schemas.signing import GENESIS, SignatureError, event_hash, key_id_of, verify_canonical
+
+log = logging.getLogger("runledger.ledger")
 
 REGISTRY_INGEST = "ledger:registry"  # ingest source (and event source) of registry and policy events
 INCIDENT_INGEST = "ledger:incidents"  # ingest source (and event source) of incident events
@@ -127,10 +132,16 @@ class AdmissionState:
     keys: dict[str, ProducerKey] = field(default_factory=dict)
     unsigned_sources: list[str] = field(default_factory=list)
     heads: dict[str, tuple[int, str]] = field(default_factory=dict)  # source -> (highest seq, hash)
+    # "run/attempt" -> "source id" of its first launch: a second launch is a duplicate-launch incident
+    launches: dict[str, str] = field(default_factory=dict)
 
     def copy(self) -> AdmissionState:
         return replace(
-            self, keys=dict(self.keys), unsigned_sources=list(self.unsigned_sources), heads=dict(self.heads)
+            self,
+            keys=dict(self.keys),
+            unsigned_sources=list(self.unsigned_sources),
+            heads=dict(self.heads),
+            launches=dict(self.launches),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -148,6 +159,7 @@ class AdmissionState:
             ],
             "unsigned_sources": list(self.unsigned_sources),
             "heads": {source: [seq, digest] for source, (seq, digest) in sorted(self.heads.items())},
+            "launches": dict(sorted(self.launches.items())),
         }
 
     @classmethod
@@ -161,6 +173,7 @@ class AdmissionState:
         state.heads = {
             source: (int(seq), str(digest)) for source, (seq, digest) in obj.get("heads", {}).items()
         }
+        state.launches = {str(k): str(v) for k, v in (obj.get("launches") or {}).items()}
         return state
 
     def apply(self, env_type: str, payload: msgspec.Struct) -> None:
@@ -201,8 +214,30 @@ def _key(public_key: str, name: str, scope: p.ProducerScope) -> ProducerKey:
     return ProducerKey(key_id_of(verifier), name, public_key.strip(), verifier, scope)
 
 
-def _matches(value: str, prefixes: Iterable[str]) -> bool:
-    return any(prefix == "*" or value.startswith(prefix) for prefix in prefixes)
+# Where a name's path segments end: sources and streams are ``/``-paths (``trainer/<run>/a1/rank0``,
+# ``owner/repo``; ``wandb-api:`` and ``ledger:`` end a segment with ``:``), types are ``.``-paths.
+PATH_SEPARATORS = "/:"
+TYPE_SEPARATORS = "."
+
+
+def scope_matches(value: str, prefix: str, separators: str = PATH_SEPARATORS) -> bool:
+    """Whether ``prefix`` covers ``value`` by whole segments: ``trainer/r5`` covers ``trainer/r5`` and
+    ``trainer/r5/a1/rank0``, never ``trainer/r5-evil/…`` (a plain string prefix would). ``*`` covers
+    everything; a prefix ending in ``*`` (``trainer/run-*``) is the explicit plain string prefix."""
+    if prefix == "*":
+        return True
+    if not prefix:
+        return False  # an empty prefix names nothing (it is no wildcard)
+    if prefix.endswith("*"):
+        return value.startswith(prefix[:-1])
+    if not value.startswith(prefix):
+        return False
+    rest = value[len(prefix) :]
+    return not rest or prefix[-1] in separators or rest[0] in separators
+
+
+def _matches(value: str, prefixes: Iterable[str], separators: str = PATH_SEPARATORS) -> bool:
+    return any(scope_matches(value, prefix, separators) for prefix in prefixes)
 
 
 def _utc(t: datetime) -> datetime:
@@ -262,6 +297,7 @@ class AdmissionRound:
         if isinstance(verdict, tuple):
             return _refuse(event, record, *verdict)
         self._order(event, leaf)
+        self._launch(event)
         return verdict
 
     def keep(self, commit: int) -> None:
@@ -284,6 +320,29 @@ class AdmissionRound:
             self._pending.append((_incident("fork", env, expected_seq, expected_prev, 0), event))
         if head is None or env.seq > head[0]:
             self.state.heads[env.source] = (env.seq, leaf.hex())  # = event_hash(canonical)
+
+    def _launch(self, event: Event) -> None:
+        """A second launch of one attempt of a run (two producers recording one run: the W&B bridge
+        and a later import, two processes claiming one run id): stored, and a ``duplicate-launch``
+        incident says so. The views keep the first (``ledger.views``)."""
+        env = event.envelope
+        if env.type not in (c.RUN_STARTED, c.RUN_RESUMED) or not env.run_id:
+            return
+        key = f"{env.run_id}/{env.attempt or 1}"
+        first = self.state.launches.setdefault(key, f"{env.source} {env.id}")
+        if first == f"{env.source} {env.id}":
+            return
+        detail = f"attempt {env.attempt or 1} of run {env.run_id} was launched already by {first}"
+        log.warning("ledger: duplicate launch from %s: %s", env.source, detail)
+        incident = p.LedgerIncident(
+            kind="duplicate-launch",
+            source=env.source,
+            expected_seq=env.seq,
+            got_seq=env.seq,
+            expected_prev=first,  # the attempt's first launch, "source id"
+            event_id=env.id,
+        )
+        self._pending.append((incident, event))
 
 
 def is_own(env: Any) -> bool:
@@ -315,7 +374,7 @@ def authenticate(state: AdmissionState, env: Any, canonical: bytes) -> Admitted 
         problem = f"source {env.source}"
     elif scope.streams and not _matches(env.stream, scope.streams):
         problem = f"stream {env.stream}"
-    elif scope.types and not _matches(env.type, scope.types):
+    elif scope.types and not _matches(env.type, scope.types, TYPE_SEPARATORS):
         problem = f"type {env.type}"
     elif scope.valid_from is not None and _utc(env.time) < _utc(scope.valid_from):
         problem = f"time {env.time.isoformat()} before the key's validity"

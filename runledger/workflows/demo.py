@@ -259,16 +259,17 @@ def _train(
     return attempts, stop
 
 
-def _fold(workdir: Path, producer_pub: Path, deferral: SignalDeferral) -> IngestStats:
-    """A fresh ledger that admits the trainer's key, and the whole spool folded into it."""
+def _fold(workdir: Path, producer_pub: Path, deferral: SignalDeferral, run_id: str) -> IngestStats:
+    """A fresh ledger that admits the trainer's key for this run only, and the whole spool folded into it."""
     from ingest.spool_ingester import ingest_spool
     from ledger.registry import register_producer
     from ledger.store import Ledger
-    from schemas.payloads import ProducerScope
+    from schemas.payloads import run_scope
 
     with deferral.deferring():  # the fold is short and leaves whole commits: let it finish
         ledger = Ledger.create(workdir / "ledger")
-        register_producer(ledger, PRODUCER, producer_pub.read_text(), ProducerScope(sources=["trainer/"]))
+        # Scoped to its run (sources trainer/<run>, stream <run>): the key cannot write another run.
+        register_producer(ledger, PRODUCER, producer_pub.read_text(), run_scope(run_id))
         return ingest_spool(ledger, workdir / "spool")
 
 
@@ -348,7 +349,7 @@ def run_demo(
         )
     finally:
         sink.close()
-    stats = _fold(workdir, producer_pub, deferral)
+    stats = _fold(workdir, producer_pub, deferral, run_id)
     if stop is None and deferral.signum is not None:
         stop = DemoStop(deferral.signum, "the end of training")
     observer.folded(stats, ledger_dir)
