@@ -6,9 +6,13 @@ becomes ledger events:
   RunStarted     the config given to ``wandb.init`` (``_wandb`` internals dropped), its config_hash,
                  ``external`` = wandb_run_id / wandb_project / wandb_entity / wandb_file
   ConfigChanged  one per mid-run ``config.update`` (RFC 6902 add/replace/remove, cause "api")
-  StepMetrics    one per history row: known keys (loss, lr, grad_norm, tokens, total_tokens,
-                 tokens_per_second, mfu, step_time_s) → fields, other numbers → ``scalars``;
-                 NaN/±inf → null (JSON cannot carry them); strings, media, histograms are skipped
+  StepMetrics    one per history row, as the live bridge records it (``runledger.wandb_rows``):
+                 every number under the name it was logged with, the typed fields (loss, lr,
+                 grad_norm, tokens…) filled from it (``train/loss`` → loss); bools as 1/0;
+                 NaN/±inf → null (JSON cannot carry them); strings, media, histograms are skipped.
+                 The step is the row's ``define_metric`` step metric (the Hugging Face Trainer's
+                 ``train/global_step``, from the file's ``metric`` records), else W&B's ``_step``;
+                 consecutive rows at one step (a train row and its eval row) are one event
   RunSummary     the final summary (W&B's ``_``-prefixed internals dropped)
   RunFinished    from the exit record ("completed" for exit code 0, else "failed"); absent when the
                  file ends without one (a crashed or still-running run)
@@ -18,8 +22,15 @@ reader (``wandb.sdk.internal.datastore`` is gone); its bundled ``wandb-core`` bi
 (``wandb-core leet inspect -json``: one JSON record per line) and we map those records. Ids are
 ``wandb/{wandb_run_id}/…`` and seq counts from 0, so importing the same file twice is deduplicated.
 
+**Damage.** wandb's reader skips what it cannot decode ("skipped corrupt data") and goes on; the
+import keeps what is readable and says what was skipped (``ImportStats.skipped_stretches``, the
+reader's messages, the history steps around each hole). Unless ``accept_partial``, a partial import
+then raises ``PartialImportError`` (the readable events are on the bus already: a second import of
+the same file adds nothing). A file whose run record is damaged is imported when the caller names
+the ledger run (``run_id``): the W&B run id then comes from the file's name.
+
 Online runs (``ENTITY/PROJECT[/RUN]`` through W&B's public API) are imported by
-``ingest.wandb_online``, which shares this module's row mapping (``split_history_item``).
+``ingest.wandb_online``, which shares this module's row mapping (``history_values``).
 """
 
 from __future__ import annotations
@@ -33,12 +44,13 @@ import re
 import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from ingest.bus import EventSink
+from runledger.wandb_rows import StepAxis, step_metrics_of_row
 from schemas import Envelope, config_hash, make_event
 from schemas import payloads as p
 from schemas.launch import Provenance, launch_event, launch_fields
@@ -46,13 +58,19 @@ from schemas.launch import Provenance, launch_event, launch_fields
 log = logging.getLogger("runledger.wandb")
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-STEP_FIELDS = ("loss", "lr", "grad_norm", "tokens_per_second", "mfu", "step_time_s")
-COUNT_FIELDS = ("tokens", "total_tokens")
 _NONFINITE = {"NaN", "nan", "Infinity", "-Infinity", "inf", "-inf"}
 
 
 class WandbImportError(RuntimeError):
     """The path holds no readable W&B offline run (or wandb's reader failed on it)."""
+
+
+class PartialImportError(WandbImportError):
+    """wandb's reader skipped damaged data: what was readable was imported (``stats``), not all."""
+
+    def __init__(self, message: str, stats: ImportStats) -> None:
+        super().__init__(message)
+        self.stats = stats
 
 
 # -- reading an offline run ----------------------------------------------------------------------
@@ -77,8 +95,13 @@ def find_offline_runs(path: str | Path) -> list[Path]:
     return found
 
 
-def read_records(wandb_file: str | Path) -> Iterator[dict[str, Any]]:
-    """The records of a ``.wandb`` file as decoded by wandb's own reader (``wandb-core``)."""
+_SKIPPED_MARK = "skipped corrupt data"
+
+
+def read_records(wandb_file: str | Path, skipped: list[str] | None = None) -> Iterator[dict[str, Any]]:
+    """The records of a ``.wandb`` file as decoded by wandb's own reader (``wandb-core``). Each
+    stretch the reader skipped as corrupt is one of its messages appended to ``skipped`` (known
+    once the records are all read)."""
     from wandb.util import get_core_path
 
     try:
@@ -95,9 +118,11 @@ def read_records(wandb_file: str | Path) -> Iterator[dict[str, Any]]:
                 if line.strip():
                     yield json.loads(line)
             code = proc.wait()
+        errors.seek(0)
+        lines = [ln for ln in errors.read().decode(errors="replace").splitlines() if ln.strip()]
+        if skipped is not None:
+            skipped.extend(ln.split(": ", 1)[-1] for ln in lines if _SKIPPED_MARK in ln)
         if code != 0:
-            errors.seek(0)
-            lines = [ln for ln in errors.read().decode(errors="replace").splitlines() if ln.strip()]
             raise WandbImportError(f"wandb could not read {wandb_file}: {lines[-1] if lines else code}")
 
 
@@ -112,9 +137,26 @@ class ImportStats:
     skipped_values: int = 0
     events: int = 0
     finished: bool = False
+    skipped_stretches: int = 0  # damaged stretches wandb's reader skipped
+    reader_messages: list[str] = field(default_factory=list)  # what it said about each
+    history_gaps: list[list[int]] = field(default_factory=list)  # [W&B step before, after] each jump
+    run_record: bool = True  # False: the run record was unreadable (the run named by --run-id)
+
+    @property
+    def partial(self) -> bool:
+        return self.skipped_stretches > 0 or not self.run_record
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return asdict(self) | {"partial": self.partial}
+
+    def damage(self) -> str:
+        """One line: what wandb's reader skipped, and where the history jumps."""
+        where = ", ".join(f"{a}→{b}" for a, b in self.history_gaps[:10]) or "no step jump seen"
+        first = self.reader_messages[0] if self.reader_messages else "its run record was unreadable"
+        return (
+            f"{self.wandb_file}: wandb's reader skipped {self.skipped_stretches} damaged stretch(es) "
+            f"({first}); W&B history steps jump at {where}; imported {self.steps} step(s)"
+        )
 
 
 def _strip_internal(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -135,40 +177,37 @@ def _pointer(key: str) -> str:
     return "/" + key.replace("~", "~0").replace("/", "~1")
 
 
-def _number(value: Any) -> tuple[bool, float | None]:
-    """(is a scalar, its JSON-safe value): NaN/inf become None; non-numbers are not scalars."""
+def _number(value: Any) -> tuple[bool, float | int | None]:
+    """(is a scalar, its JSON-safe value): NaN/inf become None; bools 1.0/0.0 (as the bridge keeps
+    them); ints as they are (counts above 2**53 stay exact); non-numbers are not scalars."""
     if isinstance(value, bool):
-        return False, None
-    if isinstance(value, int | float):
+        return True, float(value)
+    if isinstance(value, int):
+        return True, value
+    if isinstance(value, float):
         return True, float(value) if math.isfinite(value) else None
     if isinstance(value, str) and value in _NONFINITE:
         return True, None
     return False, None
 
 
-def split_history_item(item: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, float | None], int]:
-    """(typed ``StepMetrics`` fields, other named scalars, values skipped) of one W&B history row.
+def history_values(item: Mapping[str, Any]) -> tuple[dict[str, float | int | None], int]:
+    """(named numbers, values skipped) of one W&B history row, for ``step_metrics_of_row``.
 
-    Known keys go to the typed fields, other numbers to ``scalars``; W&B's ``_``-prefixed internals
-    are dropped; NaN/±inf (numbers or the strings W&B stores for them) become None; text, media and
-    histograms are not scalars and are only counted. Shared by the offline and the online import.
-    """
-    fields: dict[str, Any] = {}
-    scalars: dict[str, float | None] = {}
+    W&B's ``_``-prefixed internals are dropped; NaN/±inf (numbers or the strings W&B stores for
+    them) become None; text, media and histograms are not scalars and are only counted. Shared by
+    the offline and the online import."""
+    values: dict[str, float | int | None] = {}
     skipped = 0
     for key, value in item.items():
         if key.startswith("_"):
             continue
         is_scalar, number = _number(value)
-        if not is_scalar:
-            skipped += 1
-        elif key in STEP_FIELDS:
-            fields[key] = number
-        elif key in COUNT_FIELDS and number is not None and number >= 0 and number == int(number):
-            fields[key] = int(number)
+        if is_scalar:
+            values[key] = number
         else:
-            scalars[key] = number
-    return fields, scalars, skipped
+            skipped += 1
+    return values, skipped
 
 
 def _repository_of(remote: str | None) -> str | None:
@@ -197,6 +236,12 @@ class _Importer:
         self.source = ""
         self.wandb_id = ""
         self.start_time = datetime.now(UTC)
+        self.axis = StepAxis()  # the run's define_metric step metrics (``metric`` records)
+        self.pending: dict[str, float | int | None] = {}  # rows at one ledger step, not yet emitted
+        self.pending_at: tuple[int, int, datetime] | None = None  # (ledger step, first _step, time)
+        self.skips: list[str] = []
+        self.last_wandb_step: int | None = None
+        self.gaps: list[list[int]] = []
 
     def emit(self, payload: Any, *, kind: str, time: datetime, step: int | None = None) -> None:
         assert self.stats is not None
@@ -218,7 +263,7 @@ class _Importer:
 
     def run(self) -> ImportStats:
         version = ""
-        for record in read_records(self.wandb_file):
+        for record in read_records(self.wandb_file, self.skips):
             kind = record.get("type")
             body = record.get(kind) if isinstance(kind, str) else None
             if not isinstance(body, Mapping):
@@ -227,10 +272,12 @@ class _Importer:
                 version = str((body.get("version_info") or {}).get("producer") or "").split("+")[0]
             elif kind == "run" and self.stats is None:
                 self.on_run(body, version)
-            elif self.stats is None:
+            elif self.stats is None and not self.adopt_unnamed_run(kind, version):
                 continue  # nothing before the run record belongs to a run
-            elif kind == "config":
+            if kind == "config":
                 self.on_config(body, int(record.get("num") or 0))
+            elif kind == "metric":
+                self.on_metric(body)
             elif kind == "history":
                 self.on_history(body)
             elif kind == "summary":
@@ -238,8 +285,32 @@ class _Importer:
             elif kind == "exit":
                 self.on_exit(body)
         if self.stats is None:
-            raise WandbImportError(f"{self.wandb_file} holds no run record")
+            more = "" if self.requested_run_id else " (if it was damaged, name the run: --run-id)"
+            raise WandbImportError(f"{self.wandb_file} holds no readable run record{more}")
+        self.stats.skipped_stretches = len(self.skips)
+        self.stats.reader_messages = list(self.skips)
+        self.stats.history_gaps = self.gaps
         return self.stats
+
+    def adopt_unnamed_run(self, kind: Any, version: str) -> bool:
+        """A record of the run before (or without) its run record: the run record was damaged. With
+        a ledger run id given, the run is still imported: its W&B id from the file name
+        (``run-<id>.wandb``), its config from the config records that survived."""
+        if self.requested_run_id is None or kind not in ("config", "metric", "history", "summary", "exit"):
+            return False
+        wandb_id = self.wandb_file.stem.removeprefix("run-") or self.requested_run_id
+        self.on_run({"run_id": wandb_id}, version)
+        assert self.stats is not None
+        self.stats.run_record = False
+        return True
+
+    def on_metric(self, metric: Mapping[str, Any]) -> None:
+        name = metric.get("name") or metric.get("glob_name")
+        step_metric = metric.get("step_metric") or None
+        if isinstance(name, str) and name:
+            control = metric.get("_control") or {}
+            overwrite = bool(control.get("overwrite")) if isinstance(control, Mapping) else False
+            self.axis.define(name, str(step_metric) if step_metric else None, overwrite=overwrite)
 
     def on_run(self, run: Mapping[str, Any], version: str) -> None:
         self.wandb_id = str(run.get("run_id") or "")
@@ -314,17 +385,35 @@ class _Importer:
         if not isinstance(step_value, int) or isinstance(step_value, bool) or step_value < 0:
             return
         assert self.stats is not None
-        fields, scalars, skipped = split_history_item(item)
+        if self.last_wandb_step is not None and step_value != self.last_wandb_step + 1:
+            self.gaps.append([self.last_wandb_step, step_value])
+        self.last_wandb_step = step_value
+        values, skipped = history_values(item)
         self.stats.skipped_values += skipped
         when = _time_of(item.get("_timestamp"), self.last_time or self.start_time)
-        self.last_step, self.last_time = step_value, when
-        if "total_tokens" in fields:
-            self.total_tokens = fields["total_tokens"]
+        self.last_time = when
         self._runtime(item.get("_runtime"))
+        ledger_step = self.axis.step_of(item, step_value)
+        if self.pending_at is not None and self.pending_at[0] != ledger_step:
+            self.emit_pending()
+        if self.pending_at is None:
+            self.pending_at = (ledger_step, step_value, when)
+        self.pending.update(values)
+        self.last_step = ledger_step if self.last_step is None else max(self.last_step, ledger_step)
+
+    def emit_pending(self) -> None:
+        """The rows at one ledger step as one event, id'd by its first row's W&B ``_step`` (unique
+        even when a step metric goes back), as the bridge sends them."""
+        if self.pending_at is None:
+            return
+        assert self.stats is not None
+        step, wandb_step, when = self.pending_at
+        metrics = step_metrics_of_row(self.pending)
+        if metrics.total_tokens is not None:
+            self.total_tokens = metrics.total_tokens
         self.stats.steps += 1
-        self.emit(
-            p.StepMetrics(**fields, scalars=scalars), kind=f"step/{step_value}", time=when, step=step_value
-        )
+        self.emit(metrics, kind=f"step/{wandb_step}", time=when, step=step)
+        self.pending, self.pending_at = {}, None
 
     def _runtime(self, value: Any) -> None:
         ok, seconds = _number(value)
@@ -342,6 +431,7 @@ class _Importer:
 
     def on_exit(self, exit_record: Mapping[str, Any]) -> None:
         assert self.stats is not None
+        self.emit_pending()
         code = exit_record.get("exit_code") or 0
         self._runtime(exit_record.get("runtime"))
         end = self.start_time + timedelta(seconds=self.runtime) if self.runtime else self.last_time
@@ -364,6 +454,7 @@ class _Importer:
     def finish_incomplete(self) -> None:
         # No exit record: the run crashed or is still going. Its summary so far is still worth keeping.
         assert self.stats is not None
+        self.emit_pending()
         if self.stats.finished or not self.summary:
             return
         self.stats.summary_keys = len(self.summary)
@@ -375,8 +466,13 @@ class _Importer:
         )
 
 
-def import_offline_run(run_dir: str | Path, sink: EventSink, *, run_id: str | None = None) -> ImportStats:
-    """Turn one W&B offline run (its directory or its ``.wandb`` file) into ledger events on ``sink``."""
+def import_offline_run(
+    run_dir: str | Path, sink: EventSink, *, run_id: str | None = None, accept_partial: bool = False
+) -> ImportStats:
+    """Turn one W&B offline run (its directory or its ``.wandb`` file) into ledger events on ``sink``.
+
+    Damaged data wandb's reader skipped: what was readable is imported and synced, then (unless
+    ``accept_partial``) ``PartialImportError`` says what was skipped."""
     files = find_offline_runs(run_dir)
     if len(files) > 1:
         names = ", ".join(str(f.parent.name) for f in files)
@@ -386,4 +482,8 @@ def import_offline_run(run_dir: str | Path, sink: EventSink, *, run_id: str | No
     importer.finish_incomplete()
     sink.sync()
     log.info("imported W&B run %s as %s: %d events", stats.wandb_run_id, stats.run_id, stats.events)
+    if stats.partial:
+        if not accept_partial:
+            raise PartialImportError(f"{stats.damage()} (--accept-partial to accept it)", stats)
+        log.warning("partial import accepted: %s", stats.damage())
     return stats

@@ -12,7 +12,9 @@ re-import from scratch gives the same ids and bytes: duplicates, never conflicts
   ``wandb-api:E/P/R``          RunStarted (attempt 1, ``external.wandb_url``), RunResumed per restart
                                found in the history, then RunSummary + RunFinished once W&B says the
                                run ended (finished → completed, crashed/failed → failed, killed → stopped)
-  ``wandb-api:E/P/R/history``  StepMetrics per history row (``split_history_item``, as offline)
+  ``wandb-api:E/P/R/history``  StepMetrics per history row at W&B's ``_step`` (names as logged,
+                               typed fields from them: ``runledger.wandb_rows``, as offline and the
+                               bridge; a ``define_metric`` step metric is not applied here yet)
   ``wandb-api:E/P/R/system``   RankStats (rank 0) per system-metrics sample, ``system.*`` keys
 
 **Attempts.** W&B keeps one history per run and refuses rows whose ``_step`` is not above the last it
@@ -43,7 +45,8 @@ from typing import Any, Literal, TypedDict
 
 from ingest.bus import EventSink
 from ingest.wandb_cursor import CursorStore, RunCursor
-from ingest.wandb_import import RUN_ID_RE, split_history_item
+from ingest.wandb_import import RUN_ID_RE, history_values
+from runledger.wandb_rows import step_metrics_of_row
 from schemas import config_hash, make_event
 from schemas import payloads as p
 from schemas.launch import Provenance, launch_event, launch_fields
@@ -352,13 +355,14 @@ class _RunImport:
         if self.is_relaunch(cursor, step, runtime, timestamp):
             self.resume(cursor, step, runtime, timestamp)
         # wandb-core hands the row over in no fixed key order: sorted, so the same row gives the same bytes
-        fields, scalars, skipped = split_history_item(dict(sorted(row.items())))
+        values, skipped = history_values(dict(sorted(row.items())))
         self.stats.skipped_values += skipped
-        if "total_tokens" in fields:
-            cursor.total_tokens = fields["total_tokens"]
+        metrics = step_metrics_of_row(values)
+        if metrics.total_tokens is not None:
+            cursor.total_tokens = metrics.total_tokens
         when = _unix(timestamp) if timestamp is not None else _unix(cursor.attempt_starts[-1])
         self.emit(
-            p.StepMetrics(**fields, scalars=scalars),
+            metrics,
             source=f"{self.source}/history",
             seq=cursor.history_seq,
             kind=f"step/{cursor.attempt}/{step}",

@@ -1,7 +1,16 @@
 """DuckDB views over the ledger's Parquet files: the names an analyst can rely on.
 
 ``views_sql(root)`` is plain SQL, also written to ``<ledger>/views.sql`` so that
-``duckdb -init <ledger>/views.sql`` gives the same names without runledger installed.
+``duckdb -init views.sql`` gives the same names without runledger installed. The file names the
+Parquet files relative to the ledger folder (``metrics/*/*.parquet``), so it reads the ledger it
+sits in, wherever that folder was copied: run duckdb from inside the ledger folder
+(``cd LEDGER && duckdb -init views.sql``). ``connect`` and ``ledger shell`` use absolute paths.
+
+**One run recorded twice** (bridged live from W&B and later imported; two processes claiming one
+run id): each launch is stored (admission records the second launch of an attempt as a
+``duplicate-launch`` incident), but ``attempts`` keeps the first launch of each (run, attempt) and
+``metrics`` returns each (run, attempt, step, name) once, the first recorded; ``launches`` and
+``metrics_recorded`` keep every record.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from schemas.durable import write_durably
 _DERIVED = {"metrics", "moe_layer_stats", "github"}
 
 DERIVED_VIEWS = """
+-- One row per (run, attempt): its first launch (a second one is a duplicate-launch incident).
 CREATE OR REPLACE VIEW attempts AS
 SELECT l.run_id, l.attempt, l.kind, coalesce(l.from_checkpoint_step, 0) AS start_step,
        l.time AS started_at, l.git_commit, l.git_dirty, l.git_branch, l.repository, l.config_hash,
@@ -24,12 +34,27 @@ SELECT l.run_id, l.attempt, l.kind, coalesce(l.from_checkpoint_step, 0) AS start
        l.external,  -- JSON object: a mirror's ids (wandb_run_id, wandb_project, …) or wandb_error
        (SELECT min(b.from_checkpoint_step) FROM launches b
          WHERE b.run_id = l.run_id AND b.attempt > l.attempt) AS superseded_after
-FROM launches l;
+FROM launches l
+QUALIFY row_number() OVER (PARTITION BY l.run_id, l.attempt ORDER BY l.stream_seq) = 1;
+
+-- Attempts launched more than once (two producers recorded the same run): their metric rows are
+-- deduplicated below; every other attempt's rows pass as they are, at no cost.
+CREATE OR REPLACE VIEW _launched_twice AS
+SELECT run_id, attempt FROM launches GROUP BY run_id, attempt HAVING count(*) > 1;
+
+-- Every metric row as recorded, a twice-recorded run's copies included.
+CREATE OR REPLACE VIEW metrics_recorded AS SELECT * FROM _metrics;
+
+CREATE OR REPLACE VIEW _metrics_once AS
+SELECT m.* FROM _metrics m ANTI JOIN _launched_twice t ON t.run_id = m.run_id AND t.attempt = m.attempt
+UNION ALL BY NAME
+SELECT m.* FROM _metrics m SEMI JOIN _launched_twice t ON t.run_id = m.run_id AND t.attempt = m.attempt
+QUALIFY row_number() OVER (PARTITION BY m.run_id, m.attempt, m.step, m.name ORDER BY m.stream_seq) = 1;
 
 CREATE OR REPLACE VIEW metrics_all AS
 SELECT m.run_id, m.attempt, m.step, m.time, m.name, m.value,
        coalesce(m.step > a.superseded_after, false) AS superseded, m.stream, m.stream_seq
-FROM _metrics m LEFT JOIN attempts a ON a.run_id = m.run_id AND a.attempt = m.attempt;
+FROM _metrics_once m LEFT JOIN attempts a ON a.run_id = m.run_id AND a.attempt = m.attempt;
 
 CREATE OR REPLACE VIEW metrics AS
 SELECT * EXCLUDE (superseded) FROM metrics_all WHERE NOT superseded;
@@ -90,9 +115,10 @@ ORDER BY c.stream_seq DESC LIMIT 1;
 """
 
 
-def _base_view(root: Path, name: str) -> str:
+def _base_view(root: Path, name: str, *, relative: bool = False) -> str:
     table = TABLES[name]
-    glob = (root / name / "*" / "*.parquet").as_posix().replace("'", "''")
+    folder = Path(name) if relative else root / name
+    glob = (folder / "*" / "*.parquet").as_posix().replace("'", "''")
     view = f"_{name}" if name in _DERIVED else name
     return (
         f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM read_parquet('{glob}', hive_partitioning = true, "
@@ -100,9 +126,11 @@ def _base_view(root: Path, name: str) -> str:
     )
 
 
-def views_sql(root: Path) -> str:
+def views_sql(root: Path, *, relative: bool = False) -> str:
+    """The views over the ledger at ``root``; ``relative``: its files named from the ledger folder
+    (for ``views.sql``, read by a duckdb started in that folder, wherever it was copied)."""
     root = root.resolve()
-    base = "\n".join(_base_view(root, name) for name in tables_of(root))
+    base = "\n".join(_base_view(root, name, relative=relative) for name in tables_of(root))
     from ledger.code_views import CODE_VIEWS  # GitHub ↔ run joins, over the views above
 
     return base + "\n" + DERIVED_VIEWS + "\n" + CODE_VIEWS
@@ -121,4 +149,7 @@ def connect(root: Path) -> duckdb.DuckDBPyConnection:
 
 
 def write_views_file(root: Path) -> Path:
-    return write_durably(root / "views.sql", views_sql(root))
+    """``<ledger>/views.sql``: paths relative to the ledger folder, so a copied ledger reads itself
+    (``cd LEDGER && duckdb -init views.sql``)."""
+    header = "-- runledger views: run duckdb from this folder: duckdb -init views.sql\n"
+    return write_durably(root / "views.sql", header + views_sql(root, relative=True))

@@ -5,21 +5,26 @@
     run = wandb.init(project=..., config=...)
     ...
 
-``tee`` wraps W&B's public entry points (``wandb.init``; ``wandb.Run.log`` and ``finish``, so
-``wandb.log``/``wandb.finish`` too; ``wandb.sdk.wandb_config.Config.update``/``[k] = v``/``.k = v``/
+``tee`` wraps W&B's public entry points (``wandb.init``; ``wandb.Run.log``, ``define_metric`` and
+``finish``, so ``wandb.log``/``wandb.define_metric``/``wandb.finish`` too; ``wandb.sdk.wandb_config.Config.update``/``[k] = v``/``.k = v``/
 ``setdefaults``; ``wandb.sdk.wandb_summary.SummaryDict.update``, behind ``run.summary[k] = v``).
 Each call runs W&B's own code first, then tells a ``runledger`` run (``runledger.init``) the same:
 
   ``wandb.init``          ``run.started`` (config, W&B ids in ``external``), ledger run id = the W&B
                           run id; a W&B resume of a run the ledger knows is a new attempt
                           (``run.resumed`` from the step before W&B's ``starting_step``)
-  ``wandb.log``           one ``step.metrics`` per W&B history row, at W&B's step: rows are
-                          assembled as W&B does (``commit=False`` and same-step calls merge; a step
-                          below the current one is dropped, as W&B drops it); nested dicts flattened
-                          with ``.`` as W&B names them; known names typed (``runledger.step_payloads``
-                          ALIASES: ``loss``, ``lr``, ``learning_rate``, ``lm loss``, ``router/aux_loss``…),
-                          numbers and bools (0/1) kept, NaN/inf as null, strings/media skipped
-  ``config`` changes      ``config.changed`` (RFC 6902 patch of the top-level keys, cause "api")
+  ``wandb.log``           one ``step.metrics`` per W&B history row: rows are assembled as W&B does
+                          (``commit=False`` and same-step calls merge; a step below the current one
+                          is dropped, as W&B drops it); nested dicts flattened with ``.`` as W&B
+                          names them; every value under the name it was logged with, the typed
+                          fields (loss, lr, grad_norm…) filled from it (``runledger.wandb_rows``, as
+                          the importers do); numbers and bools (0/1) kept, NaN/inf as null,
+                          strings/media skipped
+  ``define_metric``       the row's ledger step is its step metric's value (the Hugging Face
+                          Trainer's ``train/global_step``), else W&B's ``_step``; consecutive rows
+                          at one ledger step (a train row and its eval row) are one event
+  ``config`` changes      ``config.changed`` (RFC 6902 patch of the top-level keys, cause "api";
+                          every key but W&B's own ``_wandb``)
   ``run.summary`` updates ``run.summary`` (every explicitly set key so far)
   ``wandb.finish``        the pending row, then ``run.finished`` (exit code 0: completed, else failed)
 
@@ -43,6 +48,7 @@ from wandb.sdk import wandb_config, wandb_summary
 
 from runledger import attempts as attempts_lib
 from runledger import client, host_values
+from runledger.wandb_rows import StepAxis, step_metrics_of_row
 
 log = logging.getLogger("runledger.wandb")
 
@@ -56,6 +62,9 @@ class _TeedRun:
     row: dict[str, float | int | None] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     dropped_rows: int = 0  # logs W&B refused (a step below its current one)
+    axis: StepAxis = field(default_factory=StepAxis)  # the run's define_metric step metrics
+    pending: dict[str, float | int | None] = field(default_factory=dict)  # committed, not yet sent
+    pending_step: int | None = None  # the ledger step of ``pending``
 
     def on_log(self, data: Mapping[str, Any], step: int | None, commit: bool | None) -> None:
         if step is not None:
@@ -74,13 +83,33 @@ class _TeedRun:
             self.step += 1
 
     def commit(self) -> None:
-        if self.row:
-            self.ledger.log(self.row, step=self.step)
-            self.row = {}
+        """W&B committed the row: it joins the pending ledger row when both land at one ledger step
+        (an eval row logged at the train row's ``train/global_step``), else the pending one is sent."""
+        if not self.row:
+            return
+        ledger_step = self.axis.step_of(self.row, self.step)
+        if ledger_step != self.pending_step:
+            self.send()
+        self.pending.update(self.row)
+        self.pending_step = ledger_step
+        self.row = {}
+        if not self.axis.defined:
+            self.send()  # no step metric: W&B's _step, one row a step, nothing to wait for
+
+    def send(self) -> None:
+        if self.pending and self.pending_step is not None:
+            _log_row(self.ledger, dict(self.pending), self.pending_step)
+        self.pending, self.pending_step = {}, None
+
+    def on_define_metric(self, name: Any, step_metric: Any, overwrite: Any) -> None:
+        if step_metric is not None and not isinstance(step_metric, str):
+            step_metric = getattr(step_metric, "name", None)  # a wandb Metric object
+        self.axis.define(
+            str(name), None if step_metric is None else str(step_metric), overwrite=bool(overwrite)
+        )
 
     def on_config(self, config: Any) -> None:
-        current = {k: v for k, v in config.items() if not str(k).startswith("_")}
-        self.ledger.config.update(current, cause="wandb config update")
+        self.ledger.config.update(_user_config(config), cause="wandb config update")
 
     def on_summary(self, values: Mapping[str, Any]) -> None:
         kept = {str(k): v for k, v in values.items() if not str(k).startswith("_")}
@@ -94,7 +123,25 @@ class _TeedRun:
 
     def finish(self, exit_code: int | None) -> None:
         self.commit()
+        self.send()
         self.ledger.finish("completed" if not exit_code else "failed")
+
+
+def _user_config(config: Any) -> dict[str, Any]:
+    """The run's config as the script set it: every key (``_name_or_path`` too) but W&B's ``_wandb``."""
+    as_dict = getattr(config, "_as_dict", None)  # W&B's Config hides ``_`` keys from items()
+    items = as_dict().items() if callable(as_dict) else config.items()
+    return {k: v for k, v in items if not str(k).startswith("_wandb")}
+
+
+def _log_row(ledger: client.Run, values: dict[str, float | int | None], step: int) -> None:
+    """One row as ``step.metrics`` at ``step``, its names as logged (``runledger.wandb_rows``); the
+    run's step counter moves as ``Run.log``'s does (its finish reports the last step)."""
+    # An empty log moves the run's step counter (its last step, for finish, crash and summary) and
+    # sends nothing; the row itself goes to the emitter, since Run.log would rename its keys.
+    ledger.log({}, step=step)
+    if values and ledger.is_main and not ledger.ended:
+        ledger.emitter.submit(lambda: step_metrics_of_row(values), step=step)
 
 
 class Tee:
@@ -138,7 +185,7 @@ class Tee:
         ):
             if value:
                 external[key] = str(value)
-        config = {k: v for k, v in run.config.items() if not str(k).startswith("_")}
+        config = _user_config(run.config)
         ledger = client.init(ledger_id, config=config, name=run.name or None, external=external, **kwargs)
         teed = _TeedRun(ledger=ledger, step=starting)
         self.runs[id(run)] = teed
@@ -163,6 +210,7 @@ class Tee:
         self._wrap(wandb, "init", self._init_wrapper)
         self._wrap(wandb.Run, "log", self._log_wrapper)
         self._wrap(wandb.Run, "finish", self._finish_wrapper)
+        self._wrap(wandb.Run, "define_metric", self._define_metric_wrapper)
         for name in ("update", "__setitem__", "__setattr__", "setdefaults"):
             self._wrap(wandb_config.Config, name, self._config_wrapper)
         self._wrap(wandb_summary.SummaryDict, "update", self._summary_wrapper)
@@ -195,6 +243,18 @@ class Tee:
             return result
 
         return log_
+
+    def _define_metric_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def define_metric(run: Any, name: str, step_metric: Any = None, *args: Any, **kw: Any) -> Any:
+            result = original(run, name, step_metric, *args, **kw)
+            teed = self.runs.get(id(run)) if _ACTIVE is self else None
+            if teed is not None:
+                overwrite = kw.get("overwrite", args[3] if len(args) > 3 else None)
+                self.guard("wandb.define_metric", lambda: teed.on_define_metric(name, step_metric, overwrite))
+            return result
+
+        return define_metric
 
     def _finish_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
@@ -257,6 +317,7 @@ def untee() -> None:
     for teed in list(bridge.runs.values()):
         with contextlib.suppress(Exception):
             teed.commit()
+            teed.send()
             teed.ledger.finish("stopped")
     bridge.runs.clear()
     bridge.by_config.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,3 +24,17 @@ def wandb_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     import wandb
 
     wandb.teardown()  # stop wandb's service so the next test starts from a clean process state
+
+
+@pytest.fixture
+def client_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """The client tests' fixture (RUNLEDGER_SPOOL / RUNLEDGER_STATE under tmp, no launcher
+    variables), for the bridge tests here; imported when asked (the two conftests import each other)."""
+    from tests.client.conftest import LAUNCH_VARS
+
+    for key in LAUNCH_VARS:
+        monkeypatch.delenv(key, raising=False)
+    env = {"RUNLEDGER_SPOOL": str(tmp_path / "spool"), "RUNLEDGER_STATE": str(tmp_path / "state")}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    yield dict(os.environ)

@@ -302,7 +302,7 @@ def test_hostile_history_rows_are_counted_not_fatal(wandb_api: WandbApiServer, t
         if e.envelope.type == "runledger.step.metrics"
     }
     assert steps[7].grad_norm is None and steps[9].loss is None  # "-Infinity" and "NaN" → null
-    assert steps[7].loss == rows[7]["loss"] and "flag" not in steps[8].scalars  # a bool is not a number
+    assert steps[7].loss == rows[7]["loss"] and steps[8].scalars["flag"] == 1.0  # a bool as 1/0, as bridged
     long_key = con.execute("SELECT value FROM metrics WHERE step = 5 AND length(name) = 65536").fetchall()
     assert long_key == [(2.5,)]
 
@@ -381,7 +381,7 @@ def test_github_backfill_is_signed_by_the_same_helper(
     private, public = write_keypair(tmp_path / "keys", "github-backfill")
     ledger = Ledger.create(tmp_path / "ledger")
     registry.register_producer(
-        ledger, "github-backfill", public.read_text().strip(), ProducerScope(sources=["github"])
+        ledger, "github-backfill", public.read_text().strip(), ProducerScope(sources=["github-backfill"])
     )
     monkeypatch.setenv("RUNLEDGER_PRODUCER_KEY", str(private))
     monkeypatch.delenv("RUNLEDGER_KAFKA_BOOTSTRAP", raising=False)
