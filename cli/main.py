@@ -18,10 +18,13 @@ from typer.core import TyperArgument
 from cli import (
     demo_cmd,
     ingest_cmd,
+    init_cmd,
     kafka_cmd,
     ledger_cmd,
     merkle_cmd,
+    page_cmd,
     producers_cmd,
+    publish_cmd,
     report_cmd,
     schemas_cmd,
     serve_cmd,
@@ -30,7 +33,7 @@ from cli import (
     study_cmd,
     train_cmd,
 )
-from cli.output import fail
+from cli.output import DiskFullGroup, fail
 
 
 def _usage_name(self: TyperArgument) -> str:
@@ -69,6 +72,7 @@ typer.rich_utils.rich_format_error = _usage_error  # typer's _main looks it up a
 app = typer.Typer(
     name="ledger",
     help="runledger: an append-only, verifiable, SQL-queryable record of a training run.",
+    cls=DiskFullGroup,  # a full disk in any command: one line naming where, not a traceback
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     # typer's own: `ledger --install-completion` (bash, zsh, fish, PowerShell), `--show-completion`.
@@ -131,6 +135,7 @@ app.command("shell")(shell_cmd.shell)
 app.command("report")(report_cmd.report)
 app.command("plot")(report_cmd.plot)
 # Producing and rebuilding.
+app.command("init")(init_cmd.init)
 app.command("train")(train_cmd.train)
 app.command("edit")(train_cmd.edit)
 app.command("simulate")(simulate_cmd.simulate)
@@ -138,6 +143,9 @@ app.command("replay")(kafka_cmd.replay)
 # Tamper evidence (a "checkpoint" here is a signed log checkpoint, not a model checkpoint).
 app.command("checkpoint")(merkle_cmd.checkpoint)
 app.command("verify")(merkle_cmd.verify)
+app.command("verify-proof")(merkle_cmd.verify_proof)
+app.command("publish")(publish_cmd.publish)
+app.command("monitor")(publish_cmd.monitor)
 app.command("demo")(demo_cmd.demo)
 
 app.add_typer(ingest_app, name="ingest")
@@ -152,6 +160,7 @@ schemas_app.command("list")(schemas_cmd.list_schemas)
 
 app.add_typer(serve_app, name="serve")
 serve_app.command("webhooks")(serve_cmd.serve_webhooks)
+serve_app.command("page")(page_cmd.serve_page)
 
 app.add_typer(kafka_app, name="kafka")
 kafka_app.command("drain-spool")(kafka_cmd.drain_spool)
@@ -169,6 +178,11 @@ producers_app.command("export")(producers_cmd.export)
 
 app.add_typer(study_cmd.study_app, name="study")
 study_cmd.study_app.command("token-drop")(study_cmd.token_drop)
+
+app.add_typer(publish_cmd.witness_app, name="witness")
+publish_cmd.witness_app.command("add")(publish_cmd.witness_add)
+publish_cmd.witness_app.command("quorum")(publish_cmd.witness_quorum)
+publish_cmd.witness_app.command("list")(publish_cmd.witness_list)
 
 app.add_typer(prove_app, name="prove")
 prove_app.command("inclusion")(merkle_cmd.prove_inclusion)

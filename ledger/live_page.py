@@ -1,0 +1,818 @@
+"""`ledger serve page`: the run's page, live. An index of runs, and a page per run that draws the
+report's charts (``ledger.report``: the same data, downsampling and ECharts app) and then follows
+the ledger: every event committed to the run's stream reaches the open page by Server-Sent Events.
+
+How it follows the ledger cheaply: a commit is one record, ``_commits/<n>.json``, written by an
+atomic rename (``ledger.store``), so one thread stats the *next* record's name every ``poll_s``
+(0.25 s) and reads only records that exist: no listing, no query. A record names, per stream, the
+leaves it appended (``appended``: first leaf index and count); their events are read from the
+Parquet files the record lists (or, once a compaction moved them, with one query).
+
+The SSE ``id:`` of every message that carries an event is its leaf index (``stream_seq``) on the
+run's stream, and the stream sends every leaf in order, so ids are contiguous: a browser that
+reconnects sends ``Last-Event-ID`` and resumes at the next leaf, with no duplicate and no gap, even
+across a restart of the server (nothing depends on the server's memory). Messages without an id
+(``state``, ``record``, ``ledger``) say how things stand now and leave the browser's last id alone.
+
+Safe in public: GET only, nothing from a request reaches SQL but a run id as a bound parameter;
+every ledger text goes into the page as JSON read with ``textContent`` or as ``html.escape``d text,
+under a Content-Security-Policy that runs only this server's own script files; at most
+``max_clients`` event streams (then 503) and bounded buffers; a ledger that disappears or cannot
+be read is announced (the open page marks itself stale, new pages answer 503), never shown as current.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import html
+import json
+import logging
+import math
+import os
+import re
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ledger.history import config_after, history_item
+from ledger.integrity import checkpoint_path
+from ledger.log_checkpoint import parse_and_verify_checkpoint, parse_checkpoint
+from ledger.query import QueryError, Reader
+from ledger.report import CURVES, MARKER_KINDS, _asset, _script_json, build_report
+from ledger.store import COMMITS
+from schemas import Envelope, decode_event
+from schemas import catalogue as c
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 8790
+POLL_S = 0.25  # how often the next commit record's name is stat-ed
+MAX_CLIENTS = 200  # open event streams; the next one is answered 503
+RECENT_EVENTS = 4096  # per followed run: the newest messages, so a page's catch-up needs no query
+FOLLOWED_RUNS = 64  # runs whose messages are kept (least recently asked for dropped first)
+PAGE_CACHE = 8  # rendered pages kept (runs)
+PAGE_MAX_AGE_S = 30.0  # a kept page is served this long; its stream brings it up to date
+CATCH_UP_CHUNK = 2000  # leaves read per query when a client resumes from far back
+STATE_EVERY_S = 1.0  # the state panel's refresh, at most, per run
+KEEPALIVE_S = 15.0  # a comment line on an idle stream, so proxies keep it open
+RETRY_MS = 1000  # the browser's reconnect delay (SSE `retry:`)
+STATE_TYPES = frozenset(f"runledger.{kind}" for kind in MARKER_KINDS if not kind.startswith("github."))
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # schemas.envelope.RunId: nothing else is a run
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+ASSETS = {"echarts.min.js", "report.js", "live.js"}  # the only files /assets/ serves
+
+
+class LedgerLost(Exception):
+    """The ledger folder is gone or unreadable: nothing may be shown as current."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """One SSE message, encoded once and shared by every client."""
+
+    seq: int
+    text: str
+
+
+def sse(event: str, data: Any, ident: int | None = None) -> str:
+    """An SSE message; ``data`` as one line of JSON (JSON has no raw newline, so one ``data:`` line)."""
+    head = f"id: {ident}\n" if ident is not None else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'), default=str)}\n\n"
+
+
+def _finite(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+# ---------------------------------------------------------------------------------------- events → messages
+@dataclass
+class RunFeed:
+    """What the page needs of one run's new events: the config live so far (for old → new texts)."""
+
+    run_id: str
+    config: dict[str, Any] | None = None
+    next_seq: int = 0  # the leaf the config above is folded up to
+    recent: deque[Message] = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
+
+    def message(self, seq: int, canonical: str) -> Message:
+        """The leaf ``seq`` of the run's stream as the page's message (every leaf is one, in order)."""
+        decoded = decode_event(canonical.encode())
+        env = getattr(decoded, "envelope", None)
+        if env is None:  # stored events decode; kept numbered either way, so the ids stay contiguous
+            return Message(seq, sse("other", {"seq": seq, "type": "undecodable"}, seq))
+        kind, data = _event_message(env, self.config)
+        if env.run_id == self.run_id:
+            self.config = config_after(env, self.config)
+        self.next_seq = seq + 1
+        return Message(seq, sse(kind, {"seq": seq, **data}, seq))
+
+
+def _event_message(env: Envelope, config: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    base = {"type": env.type, "step": env.step, "attempt": env.attempt, "time": env.time.isoformat()}
+    if env.type == c.STEP_METRICS:
+        values = {name: _finite(getattr(env.data, name, None)) for name, _label in CURVES}
+        return "step", {**base, "values": {k: v for k, v in values.items() if v is not None}}
+    if env.type == c.MOE_ROUTER_STATS:
+        rates = {int(s.layer): _finite(s.token_drop_rate) for s in env.data.layers}
+        known = [v for v in rates.values() if v is not None]
+        mean = sum(known) / len(known) if known else None
+        return "router", {**base, "mean_drop": mean, "layers": rates}
+    if env.type in STATE_TYPES and env.step is not None:
+        item = history_item(env, config)
+        marker = {"kind": item.kind, "step": item.step, "attempt": item.attempt, "time": base["time"]}
+        return "marker", {**base, "marker": {**marker, "text": item.text, "superseded": False}}
+    return "other", base
+
+
+# ---------------------------------------------------------------------------------------- reading the ledger
+def _events_of_files(
+    root: Path, files: list[str], stream: str, lo: int, hi: int
+) -> list[tuple[int, str]] | None:
+    """Leaves ``lo..hi`` of ``stream`` from a commit's own events files (final or, before the
+    rename, ``.tmp`` name); None when a file is gone (a compaction merged it): then ask DuckDB."""
+    rows: list[tuple[int, str]] = []
+    for rel in files:
+        if not rel.startswith("events/"):
+            continue
+        for path in (root / rel, root / (rel + ".tmp"), root / rel):
+            try:
+                table = pq.read_table(
+                    path,
+                    columns=["stream_seq", "canonical"],
+                    filters=[("stream", "=", stream), ("stream_seq", ">=", lo), ("stream_seq", "<=", hi)],
+                )
+            except FileNotFoundError:
+                continue
+            rows.extend(
+                zip(
+                    table.column("stream_seq").to_pylist(), table.column("canonical").to_pylist(), strict=True
+                )
+            )
+            break
+        else:
+            return None
+    rows.sort()
+    return rows if len(rows) == hi - lo + 1 else None
+
+
+def _events_of_query(reader: Reader, stream: str, lo: int, hi: int) -> list[tuple[int, str]]:
+    rows = reader.sql(
+        "SELECT stream_seq, canonical FROM events WHERE stream = ? AND stream_seq BETWEEN ? AND ? ORDER BY stream_seq",
+        [stream, lo, hi],
+    ).rows
+    return [(int(seq), text) for seq, text in rows]
+
+
+def _config_before(reader: Reader, run_id: str, seq: int) -> dict[str, Any] | None:
+    """The run's config as its leaves before ``seq`` left it (state events only: a small table)."""
+    rows = reader.sql(
+        "SELECT canonical FROM state_events WHERE run_id = ? AND stream = ? AND stream_seq < ? ORDER BY stream_seq",
+        [run_id, run_id, seq],
+    ).rows
+    config: dict[str, Any] | None = None
+    for (canonical,) in rows:
+        env = getattr(decode_event(canonical.encode()), "envelope", None)
+        if env is not None:
+            config = config_after(env, config)
+    return config
+
+
+def record_of_stream(
+    root: Path, ledger_id: str, stream: str, size: int, public_key: str | None
+) -> dict[str, Any]:
+    """The run stream's latest signed checkpoint, read from its one file (no pass over the log): its
+    size against the stream's, whether its signature verifies (with a key), and who signed it."""
+    out: dict[str, Any] = {"stream": stream, "size": size, "signed_size": None, "root": None, "signers": []}
+    path = checkpoint_path(root, stream)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {**out, "checkpoint": "not signed yet (ledger checkpoint signs the streams)"}
+    except (OSError, UnicodeDecodeError) as exc:
+        return {**out, "checkpoint": f"FAILS: cannot read {path.name}: {exc}"}
+    body, _, signatures = text.partition("\n\n")
+    out["signers"] = [line.split(" ")[1] for line in signatures.splitlines() if line.startswith("— ")][:16]
+    try:
+        if public_key is not None:
+            cp = parse_and_verify_checkpoint(text, public_key, origin=f"runledger/{ledger_id}/{stream}")
+            checked = "signature verified"
+        else:
+            cp = parse_checkpoint(body + "\n")
+            checked = "signature not checked (no --public-key)"
+    except ValueError as exc:
+        return {**out, "checkpoint": f"FAILS: {exc}"}
+    behind = size - cp.size
+    when = "at the head" if behind == 0 else f"{behind:,} events behind the head"
+    return {
+        **out,
+        "signed_size": cp.size,
+        "root": cp.root.hex(),
+        "checkpoint": f"signed at {cp.size:,} events, {when} ({checked})",
+    }
+
+
+def _state_now(reader: Reader, run_id: str) -> dict[str, Any]:
+    s = reader.state(run_id)
+    last = s.last_checkpoint or {}
+    return {
+        "step": s.step,
+        "attempt": s.attempt,
+        "git_commit": s.git_commit,
+        "git_dirty": s.git_dirty,
+        "config_hash": s.config_hash,
+        "config": s.config,
+        "last_checkpoint": {k: last.get(k) for k in ("step", "attempt", "path", "reason")} if last else None,
+        "crashes": len(s.crashes),
+        "config_changes": len(s.config_changes),
+        "attempts": len(s.attempts),
+    }
+
+
+# ---------------------------------------------------------------------------------------- the watcher
+class LedgerWatch:
+    """Follows the ledger's commit records from a thread and tells the event loop when they move.
+
+    ``heads``: each stream's size as of the newest commit read. Followed runs (those a page or
+    stream asked for) get their new leaves turned into messages here, once for every client."""
+
+    def __init__(self, root: Path, *, poll_s: float = POLL_S, public_key: str | None = None) -> None:
+        self.root = root
+        self.poll_s = poll_s
+        self.public_key = public_key
+        self.lost: str | None = None
+        self.heads: dict[str, int] = {}
+        self.commit = -1
+        self.ledger_id = "ledger"
+        self.feeds: OrderedDict[str, RunFeed] = OrderedDict()
+        self.status: dict[str, dict[str, str]] = {}  # run → kind → latest no-id message (state, record)
+        self.signed_at: dict[str, int | None] = {}  # run → its checkpoint file's mtime (ns) last read
+        self.state_due: set[str] = set()  # runs whose state moved since it was last sent
+        self.state_at: dict[str, float] = {}  # run → when its state was last made (monotonic)
+        self.lock = threading.RLock()  # feeds, heads, the reader
+        self.reader: Reader | None = None
+        self.generation = 0  # bumped on every change: clients wait for it to move
+        self.opened = 0  # times the ledger was (re)opened
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._changed: asyncio.Event | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -------------------------------------------------------------- lifecycle
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop, self._changed = loop, asyncio.Event()
+        self._open()
+        self._thread = threading.Thread(target=self._run, name="ledger-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _open(self) -> None:
+        try:
+            reader = Reader(self.root)
+        except Exception as exc:  # LedgerError, OSError, a DuckDB error on a half-removed folder
+            self._set_lost(f"the ledger at {self.root} cannot be opened: {exc}")
+            return
+        with self.lock:
+            self.reader = reader
+            self.ledger_id = reader.ledger.ledger_id
+            self.commit = reader.ledger.last_commit
+            self.heads = {s: h.size for s, h in reader.ledger.stream_heads().items()}
+            self.lost = None
+            self.opened += 1  # pages built over an earlier opening are not served again
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.poll()
+            except Exception:  # a bad record must not stop the watch: logged, tried again next poll
+                log.exception("live page: reading the ledger's commits failed")
+
+    # -------------------------------------------------------------- polling
+    def poll(self) -> bool:
+        """Read every commit record that appeared since the last poll; True when anything moved."""
+        problem = self._problem()
+        if problem is not None:
+            return self._set_lost(problem)
+        if self.lost is not None or self.reader is None:
+            self._open()
+            if self.lost is None:
+                self._notify()
+            return self.lost is None
+        moved = False
+        while True:
+            path = self.root / COMMITS / f"{self.commit + 1:010d}.json"
+            try:
+                record = json.loads(path.read_bytes())
+            except FileNotFoundError:
+                break
+            except (OSError, ValueError) as exc:
+                return self._set_lost(f"commit record {path.name} cannot be read: {exc}")
+            self._take(record)
+            moved = True
+        moved = self._signed_since() or moved
+        moved = self._states_due() or moved
+        if moved:
+            self._notify()
+        return moved
+
+    def _states_due(self) -> bool:
+        """Refresh the state (a fold: tens of ms on a long run) of the runs that moved, at most
+        every ``STATE_EVERY_S`` per run, so a run committing ten times a second costs one a second."""
+        now = time.monotonic()
+        refreshed = False
+        with self.lock:
+            for run_id in list(self.state_due):
+                if now - self.state_at.get(run_id, 0.0) < STATE_EVERY_S:
+                    continue
+                self.state_due.discard(run_id)
+                self.state_at[run_id] = now
+                if run_id in self.feeds:
+                    self._refresh_status(run_id, state=True)
+                    refreshed = True
+        return refreshed
+
+    def _signed_since(self) -> bool:
+        """Whether a followed run's signed checkpoint file changed (``ledger checkpoint`` signs
+        without a commit): one stat per followed run."""
+        changed = False
+        with self.lock:
+            for run_id in list(self.feeds):
+                try:
+                    stamp = os.stat(checkpoint_path(self.root, run_id)).st_mtime_ns
+                except OSError:
+                    stamp = None
+                if self.signed_at.get(run_id) != stamp:
+                    self.signed_at[run_id] = stamp
+                    self._refresh_status(run_id, state=False)
+                    changed = True
+        return changed
+
+    def _problem(self) -> str | None:
+        marker = self.root / "LEDGER.json"
+        try:
+            os.stat(marker)
+            os.stat(self.root / COMMITS)
+            with open(marker, "rb") as handle:  # readable, not just present (permissions)
+                handle.read(1)
+        except FileNotFoundError:
+            return f"the ledger at {self.root} is gone (no {marker.name})"
+        except OSError as exc:
+            return f"the ledger at {self.root} cannot be read: {exc.strerror or exc}"
+        return None
+
+    def _set_lost(self, why: str) -> bool:
+        with self.lock:
+            if self.lost == why:
+                return False
+            self.lost, self.reader = why, None
+            self.feeds.clear()  # a ledger back from elsewhere is followed afresh
+        log.warning("live page: %s", why)
+        self._notify()
+        return True
+
+    def _take(self, record: dict[str, Any]) -> None:
+        with self.lock:
+            appended = record.get("appended") or {}
+            for stream, added in appended.items():
+                feed = self.feeds.get(stream)
+                count = len(added.get("ids", []))
+                if feed is None or not count:
+                    continue
+                if feed.next_seq != added["first"] and self.reader is not None:  # a ledger rebuilt under us
+                    feed.recent.clear()
+                    feed.config = _config_before(self.reader, stream, added["first"])
+                    feed.next_seq = added["first"]
+                self._extend(feed, record.get("files", []), added["first"], added["first"] + count - 1)
+            self.heads = {s: int(h["size"]) for s, h in record.get("streams", {}).items()}
+            self.commit = int(record["commit"])
+            for stream in appended:
+                if stream in self.feeds:
+                    self._refresh_status(stream, state=False)
+                    self.state_due.add(stream)
+
+    def _extend(self, feed: RunFeed, files: list[str], lo: int, hi: int) -> None:
+        rows = _events_of_files(self.root, files, feed.run_id, lo, hi)
+        if rows is None and self.reader is not None:
+            rows = _events_of_query(self.reader, feed.run_id, lo, hi)
+        for seq, canonical in rows or []:
+            if seq == feed.next_seq:
+                feed.recent.append(feed.message(seq, canonical))
+
+    def _refresh_status(self, run_id: str, *, state: bool) -> None:
+        size = self.heads.get(run_id, 0)
+        record = record_of_stream(self.root, self.ledger_id, run_id, size, self.public_key)
+        kinds = self.status.setdefault(run_id, {})
+        kinds["record"] = sse("record", {"commit": self.commit, **record})
+        if state and self.reader is not None:
+            try:
+                kinds["state"] = sse("state", {"commit": self.commit, **_state_now(self.reader, run_id)})
+            except QueryError as exc:
+                log.warning("live page: state of %s: %s", run_id, exc)
+
+    def _notify(self) -> None:
+        self.generation += 1
+        if self._loop is not None and self._changed is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: the server is stopping
+                self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        assert self._changed is not None
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def changed(self, timeout_s: float) -> None:
+        waiter = self._changed
+        if waiter is None:
+            await asyncio.sleep(timeout_s)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(waiter.wait(), timeout_s)
+
+    # -------------------------------------------------------------- what clients ask
+    def follow(self, run_id: str) -> RunFeed:
+        """The run's feed (created at the stream's head: the messages from now on are kept)."""
+        with self.lock:
+            feed = self.feeds.get(run_id)
+            if feed is None:
+                if self.reader is None:
+                    raise LedgerLost(self.lost or "the ledger is not open")
+                head = self.heads.get(run_id, 0)
+                feed = RunFeed(run_id, _config_before(self.reader, run_id, head), head)
+                self.feeds[run_id] = feed
+                while len(self.feeds) > FOLLOWED_RUNS:
+                    dropped, _ = self.feeds.popitem(last=False)
+                    self.status.pop(dropped, None)
+                    self.signed_at.pop(dropped, None)
+                    self.state_at.pop(dropped, None)
+                    self.state_due.discard(dropped)
+                self._refresh_status(run_id, state=False)
+                with contextlib.suppress(OSError):
+                    self.signed_at[run_id] = os.stat(checkpoint_path(self.root, run_id)).st_mtime_ns
+                self.signed_at.setdefault(run_id, None)
+            self.feeds.move_to_end(run_id)
+            return feed
+
+    def messages(self, run_id: str, after: int) -> list[Message]:
+        """The run's messages for leaves after ``after`` that the watch has seen, in order, from
+        the feed's memory or (a client far behind, or after a restart) the ledger; at most a chunk."""
+        with self.lock:
+            feed = self.follow(run_id)
+            head = self.heads.get(run_id, 0)
+            if after + 1 >= head:
+                return []
+            recent = feed.recent
+            if recent and recent[0].seq <= after + 1:
+                return [m for m in recent if m.seq > after][:CATCH_UP_CHUNK]
+            if self.reader is None:
+                raise LedgerLost(self.lost or "the ledger is not open")
+            hi = min(head - 1, after + CATCH_UP_CHUNK)
+            past = RunFeed(run_id, _config_before(self.reader, run_id, after + 1), after + 1)
+            rows = _events_of_query(self.reader, run_id, after + 1, hi)
+            return [past.message(seq, canonical) for seq, canonical in rows]
+
+
+# ---------------------------------------------------------------------------------------- pages
+class PageCache:
+    """Rendered pages by run, reused for ``max_age_s``: a page of the full reference run takes
+    seconds to build, and a page a little old is still exact, since its stream starts at the leaf
+    after the last one it holds and catches it up. One build per run at a time (the others wait)."""
+
+    def __init__(self, size: int = PAGE_CACHE, max_age_s: float = PAGE_MAX_AGE_S) -> None:
+        self.size, self.max_age_s = size, max_age_s
+        self.pages: OrderedDict[tuple[str, int], tuple[float, str]] = OrderedDict()
+        self.lock = threading.Lock()
+        self.building: dict[tuple[str, int], threading.Lock] = {}
+
+    def get(self, key: tuple[str, int], build: Callable[[], str]) -> str:
+        with self.lock:
+            one_build = self.building.setdefault(key, threading.Lock())
+        with one_build:
+            with self.lock:
+                hit = self.pages.get(key)
+                if hit is not None and time.monotonic() - hit[0] < self.max_age_s:
+                    self.pages.move_to_end(key)
+                    return hit[1]
+            built_at = time.monotonic()
+            page = build()
+            with self.lock:
+                self.pages[key] = (built_at, page)
+                self.pages.move_to_end(key)
+                while len(self.pages) > self.size:
+                    dropped, _ = self.pages.popitem(last=False)
+                    self.building.pop(dropped, None)
+            return page
+
+    def clear(self) -> None:
+        with self.lock:
+            self.pages.clear()
+
+
+def _report_style() -> str:
+    """The report's stylesheet (report.html's <style>): one look for the report and these pages."""
+    style = re.search(r"<style>(.*?)</style>", _asset("report.html"), re.S)
+    return style.group(1) if style else ""
+
+
+def _template() -> str:
+    return _asset("live.html").replace("{{STYLE}}", _report_style())
+
+
+def render_run_page(watch: LedgerWatch, run_id: str) -> str:
+    """The run's page: the report's data for the run, and where its live stream starts (the leaf
+    after the last one the watch had read when the page was built).
+
+    The page's own reader answers after the watch's newest commit has its files in place, so the
+    page holds every leaf up to ``after``; it may hold a few more (a commit landing meanwhile): the
+    page's script skips points it already draws."""
+    with watch.lock:
+        if watch.reader is None:
+            raise LedgerLost(watch.lost or "the ledger is not open")
+        if run_id not in watch.heads:
+            raise QueryError(f"unknown run {run_id!r} (see / for the runs of this ledger)")
+        after = watch.follow(run_id).next_seq - 1
+        commit, size = watch.commit, watch.heads.get(run_id, 0)
+    _wait_for_files(watch.root, commit)
+    try:
+        reader = Reader(watch.root)
+    except Exception as exc:
+        raise LedgerLost(f"the ledger at {watch.root} cannot be opened: {exc}") from None
+    reader.require_run(run_id)
+    report = build_report(reader, [run_id])
+    report["title"] = f"runledger · {run_id}"
+    live = {
+        "run_id": run_id,
+        "after": after,
+        "commit": commit,
+        "events_url": f"/runs/{run_id}/events",
+        "state": _state_now(reader, run_id),
+        "record": record_of_stream(watch.root, watch.ledger_id, run_id, size, watch.public_key),
+        "curves": [{"name": name, "label": label} for name, label in CURVES],
+    }
+    parts = {"TITLE": html.escape(report["title"]), "DATA": _script_json(report), "LIVE": _script_json(live)}
+    return re.sub(r"\{\{(TITLE|DATA|LIVE)\}\}", lambda m: parts[m.group(1)], _template())
+
+
+def _wait_for_files(root: Path, commit: int, wait_s: float = 5.0) -> None:
+    """Until commit ``commit``'s files have their final names (the writer renames them just after
+    its commit point; a compaction may have merged them away since, which is in place too)."""
+    if commit < 0:
+        return
+    try:
+        files = json.loads((root / COMMITS / f"{commit:010d}.json").read_bytes()).get("files", [])
+    except (OSError, ValueError):
+        return
+    deadline = time.monotonic() + wait_s
+    while any((root / (rel + ".tmp")).exists() for rel in files) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def render_index(watch: LedgerWatch) -> str:
+    with watch.lock:
+        if watch.reader is None:
+            raise LedgerLost(watch.lost or "the ledger is not open")
+        runs = watch.reader.runs().records()
+        commit = watch.commit
+    rows = "".join(
+        "<tr><td><a href='/runs/{link}'>{run}</a></td><td>{started}</td><td>{attempts}</td><td>{last}</td>"
+        "<td>{crashes}</td><td>{status}</td><td class='mono'>{commit}</td></tr>".format(
+            link=html.escape(r["run_id"], quote=True),
+            run=html.escape(str(r["run_id"])),
+            started=html.escape(str(r["started_at"] or "")),
+            attempts=html.escape(str(r["attempts"])),
+            last=html.escape(str(r["last_step"] if r["last_step"] is not None else "")),
+            crashes=html.escape(str(r["crashes"])),
+            status=html.escape(str(r["last_status"] or "running or no end recorded")),
+            commit=html.escape(str(r["git_commit"] or "")[:12]),
+        )
+        for r in runs
+    )
+    return _INDEX.format(
+        style=_report_style(),
+        commit=commit,
+        count=len(runs),
+        rows=rows or "<tr><td colspan='7'>no runs in this ledger yet</td></tr>",
+    )
+
+
+_INDEX = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,"><title>runledger · runs</title><style>{style}</style></head>
+<body><header><h1>runledger · runs</h1><p>{count} runs · as of ledger commit {commit} · reload for newer runs;
+each run's page is live</p></header>
+<main><table id="runs"><thead><tr><th>run</th><th>started</th><th>attempts</th><th>last step</th><th>crashes</th>
+<th>last status</th><th>commit</th></tr></thead><tbody>{rows}</tbody></table></main></body></html>
+"""
+
+
+# ---------------------------------------------------------------------------------------- the app
+class LivePage:
+    """The Starlette app's handlers over one watch; ``app`` is what uvicorn serves."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        max_clients: int = MAX_CLIENTS,
+        poll_s: float = POLL_S,
+        public_key_path: Path | None = None,
+        page_max_age_s: float = PAGE_MAX_AGE_S,
+    ) -> None:
+        key = public_key_path.read_text().strip() if public_key_path is not None else None
+        self.watch = LedgerWatch(root, poll_s=poll_s, public_key=key)
+        self.max_clients = max_clients
+        self.clients = 0
+        self.pages = PageCache(max_age_s=page_max_age_s)
+        self.app = Starlette(
+            routes=[
+                Route("/", self.index),
+                Route("/runs/{run_id}", self.run_page),
+                Route("/runs/{run_id}/events", self.events),
+                Route("/assets/{name}", self.asset),
+                Route("/healthz", self.health),
+            ],
+            lifespan=self._lifespan,
+        )
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        self.watch.start(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            self.watch.stop()
+
+    async def index(self, request: Request) -> Response:
+        return await self._page(lambda: render_index(self.watch))
+
+    async def run_page(self, request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        if not RUN_ID.fullmatch(run_id):
+            return _text(f"no run {run_id!r}: a run id is 1-128 of A-Z a-z 0-9 . _ - (see /)", 404)
+        return await self._page(
+            lambda: self.pages.get((run_id, self.watch.opened), lambda: render_run_page(self.watch, run_id))
+        )
+
+    async def _page(self, build: Callable[[], str]) -> Response:
+        if self.watch.lost is not None:  # a cached page would show the past as current
+            return _text(f"ledger unavailable: {self.watch.lost}; nothing served here would be current", 503)
+        try:
+            body = await run_in_threadpool(build)
+        except LedgerLost as exc:
+            return _text(f"ledger unavailable: {exc}; nothing served here would be current", 503)
+        except QueryError as exc:
+            return _text(str(exc), 404)
+        return HTMLResponse(body, headers=_headers())
+
+    async def asset(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in ASSETS:
+            return _text("not found", 404)
+        media = "text/javascript; charset=utf-8"
+        return Response(
+            _asset(name), media_type=media, headers={"Cache-Control": "max-age=300", **_headers()}
+        )
+
+    async def health(self, request: Request) -> Response:
+        lost = self.watch.lost
+        body = {"ok": lost is None, "commit": self.watch.commit, "clients": self.clients, "lost": lost}
+        return JSONResponse(body, status_code=200 if lost is None else 503)
+
+    async def events(self, request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        start = _start_after(request)
+        if isinstance(start, str):
+            return _text(start, 400)
+        if not RUN_ID.fullmatch(run_id):
+            return _text(f"no run {run_id!r}", 404)
+        if self.clients >= self.max_clients:
+            return _text(f"too many live connections (at most {self.max_clients}); try again shortly", 503)
+        if run_id not in self.watch.heads:
+            return _text(f"unknown run {run_id!r} (see / for the runs of this ledger)", 404)
+        self.clients += 1  # counted from here (before any await): the response gives it back however it ends
+        try:  # off the event loop: a run followed anew folds its config (one small query)
+            await run_in_threadpool(self.watch.follow, run_id)
+        except (LedgerLost, QueryError) as exc:
+            self.clients -= 1
+            return _text(f"ledger unavailable: {exc}", 503)
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **_headers()}
+        return _CountedStream(
+            self._stream(run_id, start), self._closed, media_type="text/event-stream", headers=headers
+        )
+
+    def _closed(self) -> None:
+        self.clients -= 1
+
+    async def _stream(self, run_id: str, after: int) -> AsyncIterator[str]:
+        """Every leaf after ``after`` in order, then each new one as the watch sees it; status
+        messages (no id) whenever they change."""
+        sent_status: dict[str, str] = {}
+        lost_said: str | None = None
+        yield f"retry: {RETRY_MS}\n\n"
+        while True:
+            generation = self.watch.generation
+            lost = self.watch.lost
+            if lost != lost_said:
+                yield sse("ledger", {"ok": lost is None, "message": lost or "the ledger is readable"})
+                lost_said = lost
+            for text in self._status_changes(run_id, sent_status):
+                yield text
+            batch: list[Message] = []
+            if lost is None:
+                try:
+                    batch = await run_in_threadpool(self.watch.messages, run_id, after)
+                except (LedgerLost, QueryError) as exc:
+                    log.warning("live page: catching up %s: %s", run_id, exc)
+            sent = after
+            for message in batch:
+                if message.seq != after + 1:
+                    break  # never a gap: the rest comes on the next round
+                yield message.text
+                after = message.seq
+            if after != sent:
+                continue
+            if self.watch.generation == generation:
+                await self.watch.changed(min(KEEPALIVE_S, 4 * self.watch.poll_s) if lost else KEEPALIVE_S)
+                if self.watch.generation == generation:
+                    yield ": keepalive\n\n"
+
+    def _status_changes(self, run_id: str, sent: dict[str, str]) -> Iterator[str]:
+        # No lock on the event loop (the watch may hold it for a commit's reads): a dict copy is
+        # atomic under the GIL, and the watch replaces messages, never edits one.
+        now = dict(self.watch.status.get(run_id, {}))
+        for kind, text in now.items():
+            if sent.get(kind) != text:
+                sent[kind] = text
+                yield text
+
+
+class _CountedStream(StreamingResponse):
+    """A streaming response that gives its connection slot back however it ends (a client gone,
+    a server stopping): the slot is taken by the handler, before the body ever starts."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None], **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+def _start_after(request: Request) -> int | str:
+    """The last leaf the client holds: ``Last-Event-ID`` (a reconnect) wins over ``?after=`` (the page)."""
+    raw = request.headers.get("last-event-id") or request.query_params.get("after") or "-1"
+    try:
+        value = int(raw)
+    except ValueError:
+        return f"bad Last-Event-ID / after {raw[:40]!r}: want a leaf index (integer >= -1)"
+    if value < -1 or value >= 1 << 63:
+        return f"bad Last-Event-ID / after {value}: want a leaf index (integer >= -1)"
+    return value
+
+
+def _headers() -> dict[str, str]:
+    return {
+        "Content-Security-Policy": CSP,
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+    }
+
+
+def _text(message: str, status: int) -> Response:
+    return PlainTextResponse(message + "\n", status_code=status, headers=_headers())
+
+
+def create_app(root: str | Path, **options: Any) -> Starlette:
+    """The live page's ASGI app over the ledger at ``root`` (``LivePage``'s options)."""
+    return LivePage(Path(root), **options).app
+
+
+def serve(root: str | Path, host: str = "127.0.0.1", port: int = DEFAULT_PORT, **options: Any) -> None:
+    """Serve the live page until interrupted (`ledger serve page`)."""
+    import uvicorn
+
+    started = time.monotonic()
+    app = create_app(root, **options)
+    log.info("live page over %s ready in %.2fs", root, time.monotonic() - started)
+    # Open event streams never end by themselves: a stop waits at most this long for them.
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
