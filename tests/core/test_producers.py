@@ -185,6 +185,8 @@ def test_dropped_events_appear_as_a_gap_incident_with_the_count(
         "count": 8,
         "first_step": 3,
         "last_step": 10,
+        "first_seq": 3,
+        "last_seq": 10,
         "reason": None,
     }
     assert dropped["seq"] == 11 and dropped["key_id"] == trainer_keys.sealer().key_id
