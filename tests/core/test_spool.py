@@ -83,3 +83,34 @@ def test_sigkill_loses_nothing_that_was_synced(tmp_path: Path) -> None:
     assert sum(1 for r in records if r.payload == b"x" * 100) == 5000
     assert all(r.corrupt is None or r is records[-1] for r in records)
     assert os.path.exists(tmp_path / "spool.id")
+
+
+def test_a_long_record_right_after_damage_is_found(tmp_path: Path) -> None:
+    """Resync judges a long candidate from prefix checksums: it must still find a real long record."""
+    long_payload = bytes(range(256)) * 1200  # 300 KB
+    with SpoolWriter(tmp_path) as w:
+        w.append(b"short-0")
+        w.append(b"short-1")
+        w.append(long_payload)
+        w.append(b"short-3")
+    seg = sorted(tmp_path.glob("*.seg"))[0]
+    data = bytearray(seg.read_bytes())
+    data[8 + 8 + 7 + 9] ^= 0xFF  # record 1's payload: damaged, so reading resyncs onto the long record
+    seg.write_bytes(bytes(data))
+    records = list(SpoolReader(tmp_path).read())
+    assert [r.corrupt is not None for r in records] == [False, True, False, False]
+    assert records[2].payload == long_payload and records[3].payload == b"short-3"
+
+
+def test_a_live_writers_records_are_read_up_to_its_high_water_mark(tmp_path: Path) -> None:
+    """What a reader hands on is always below the durable mark, so no position it handed on is
+    handed out again after a crash and a deletion."""
+    w = SpoolWriter(tmp_path, fsync_interval_s=3600)
+    w.append(b"one")
+    w.sync()
+    w.append(b"two")
+    w._file.flush()  # on disk, but not yet covered by the mark
+    assert [r.payload for r in SpoolReader(tmp_path).read()] == [b"one"]
+    w.sync()
+    assert [r.payload for r in SpoolReader(tmp_path).read()] == [b"one", b"two"]
+    w.close()
