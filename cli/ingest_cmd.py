@@ -75,6 +75,7 @@ def ingest_spool(
         f"ingested {plural(stats.accepted, 'event')} ({plural(stats.metric_values, 'metric value')}) in "
         f"{plural(stats.commits, 'commit')}; {plural(stats.duplicates, 'duplicate')} dropped, "
         f"{stats.quarantined} quarantined"
+        + (f"; {plural(stats.missing, 'spool position')} held no record (recorded)" if stats.missing else "")
     )
 
 

@@ -19,6 +19,7 @@ from cli.output import (
     LimitOption,
     OutputOption,
     console,
+    err_console,
     fail,
     plural,
     print_json,
@@ -62,15 +63,57 @@ def query(
     output: OutputOption = None,
     limit: LimitOption = None,
     full: FullOption = False,
+    remote: Annotated[
+        str | None,
+        typer.Option("--remote", help="Answer over a copy published at this URL (needs --log-key)."),
+    ] = None,
+    log_key: Annotated[
+        str | None, typer.Option("--log-key", help="With --remote: the log's public key (vkey or .pub file).")
+    ] = None,
+    cache: Annotated[
+        Path, typer.Option("--cache", help="With --remote: where the verified data files are kept.")
+    ] = Path(".runledger/remote-cache"),
 ) -> None:
     """Run SQL over the ledger's views. Statements that would write are refused.
 
+    With --remote URL --log-key VKEY: over a published copy; its signed manifest is checked, the data
+    files it names are downloaded (only those not cached) and checked against their SHA-256, and the
+    checkpoint the answer is as of is printed on stderr.
     Example: ledger query "SELECT step, value FROM metrics WHERE name = 'loss' ORDER BY step" -o loss.csv
     """
     fmt = resolve_format(fmt, output)
+    if remote is not None:
+        result = _remote_sql(remote, log_key, cache, sql)
+        print_rows(result.columns, result.rows, fmt, output, limit=limit, full=full)
+        return
     with user_errors(ledger):
         result = _reader(ledger).sql(sql)
     print_rows(result.columns, result.rows, fmt, output, limit=limit, full=full)
+
+
+def _remote_sql(url: str, log_key: str | None, cache: Path, sql: str) -> Any:
+    import base64
+
+    from cli.merkle_cmd import _vkey
+    from ledger.remote import RemoteError, fetch_copy
+
+    if log_key is None:
+        raise fail("--remote needs --log-key VKEY (the published log's public key)", 2)
+    key = _vkey(log_key)
+    with user_errors():
+        try:
+            copy = fetch_copy(url, key, cache)
+        except RemoteError as exc:
+            raise fail(f"REFUSED {exc}") from None
+        result = copy.sql(sql)
+    cp = copy.checkpoint
+    err_console.print(
+        f"as of {cp.origin} checkpoint size {cp.size} root {base64.b64encode(cp.root).decode()} "
+        f"(signed manifest at log size {copy.manifest_log_size}; {copy.downloaded} files downloaded)",
+        highlight=False,
+        markup=False,
+    )
+    return result
 
 
 def runs(
@@ -213,7 +256,12 @@ def state(
     print_rows(["key", "value"], rows, Format.table, None, title="config", limit=limit, full=full)
 
 
-_INCIDENT_WORDS = {"dropped": "lost by the producer", "gap": "missing (a gap)", "fork": "forked"}
+_INCIDENT_WORDS = {
+    "dropped": "lost by the producer",
+    "gap": "missing (a gap)",
+    "fork": "forked",
+    "positions-missing": "missing from the bus",
+}
 
 
 def _incident_lines(incidents: list[dict[str, Any]]) -> list[str]:

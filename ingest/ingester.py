@@ -51,6 +51,8 @@ class IngestStats:
     metric_values: int = 0  # metric rows the accepted events added
     started: float = field(default_factory=time.monotonic)
     seconds: float = 0.0  # since ``started``, as of the end of the latest ``Ingester.run``
+    # The spool ingester (``ingest.spool_ingester``).
+    missing: int = 0  # spool positions that held no record (recorded as ``bus.positions_missing``)
     # The Kafka group ingester (``ingest.kafka_ingester``).
     polls: int = 0
     deadlettered: int = 0  # dead letters Kafka acknowledged

@@ -128,6 +128,9 @@ def ingest_spool(
     Every record is accepted, a duplicate, or quarantined with a reason (damaged spool records, and
     records longer than ``max_event_bytes``, included); every stretch of missing positions is
     recorded (``bus.positions_missing``): nothing a record holds stops the ingest."""
-    return SpoolIngester(
+    ingester = SpoolIngester(
         ledger, spool_dir, batch_size=batch_size, max_event_bytes=max_event_bytes, on_commit=on_commit
-    ).run()
+    )
+    stats = ingester.run()
+    stats.missing = ingester.missing
+    return stats

@@ -46,9 +46,11 @@ STATE_TYPES = (
     c.ANNOTATION,
     c.PRODUCER_DROPPED,  # what a producer lost, and ingest's gaps and forks: the state's incidents
     c.LEDGER_INCIDENT,
+    c.BUS_POSITIONS_MISSING,  # bus positions that hold no record any more (a deleted segment)
 )
 # Facts of every attempt, not only of the lineage: a crash, and events that were lost.
-_ANY_ATTEMPT_TYPES = frozenset({c.RUN_CRASHED, c.PRODUCER_DROPPED, c.LEDGER_INCIDENT})
+_INCIDENT_TYPES = (c.PRODUCER_DROPPED, c.LEDGER_INCIDENT, c.BUS_POSITIONS_MISSING)
+_ANY_ATTEMPT_TYPES = frozenset({c.RUN_CRASHED, *_INCIDENT_TYPES})
 
 
 @dataclass
@@ -261,7 +263,7 @@ def _fold_event(
         )
     elif e.type == c.ANNOTATION and (in_live or in_past):
         state.annotations.append({"step": e.step, "author": d.author, "text": d.text, "time": e.time})
-    elif e.type in (c.PRODUCER_DROPPED, c.LEDGER_INCIDENT):
+    elif e.type in _INCIDENT_TYPES:
         state.incidents.append(incident_fact(e))
     return config
 
@@ -280,6 +282,15 @@ def incident_fact(e: Envelope) -> dict[str, Any]:
             "first_seq": d.first_seq,
             "last_seq": d.last_seq,
             "source": e.source,
+            "reason": d.reason,
+        }
+    if e.type == c.BUS_POSITIONS_MISSING:
+        return fact | {
+            "kind": "positions-missing",
+            "count": d.count,
+            "first_seq": d.first,  # bus positions, not producer seq numbers
+            "last_seq": d.last,
+            "source": d.source,
             "reason": d.reason,
         }
     gap = d.kind == "gap"  # seq numbers expected_seq..got_seq - 1 are missing; else the one event

@@ -201,7 +201,7 @@ def history_item(
         text = f"attempt finished: {d.status}"
     elif t == c.ANNOTATION:
         text = f"note by {d.author}: {d.text}"
-    elif t in (c.PRODUCER_DROPPED, c.LEDGER_INCIDENT):
+    elif t in (c.PRODUCER_DROPPED, c.LEDGER_INCIDENT, c.BUS_POSITIONS_MISSING):
         text = incident_text(e)
     else:
         text = t
@@ -218,6 +218,8 @@ def incident_text(e: Envelope) -> str:
             where.append(f"seq {_span(d.first_seq, d.last_seq)}")
         detail = f" ({'; '.join(where)})" if where else ""
         return f"{d.count:,} event{'s' if d.count != 1 else ''} lost by {e.source}{detail}: {d.reason}"
+    if e.type == c.BUS_POSITIONS_MISSING:
+        return f"{d.count:,} records missing from {d.source} (positions {_span(d.first, d.last)}): {d.reason}"
     if d.kind == "gap":
         return f"gap in {d.source}: {d.missing:,} events missing (seq {_span(d.expected_seq, d.got_seq - 1)})"
     extra = f": {d.detail}" if getattr(d, "detail", None) else ""

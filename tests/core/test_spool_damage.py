@@ -135,14 +135,22 @@ def test_a_deleted_middle_segment_is_recorded_as_missing_positions(tmp_path: Pat
     segments = _segments(spool)
     first, following = int(segments[1].stem), int(segments[2].stem)
     segments[1].unlink()
-    _ingest(spool, ledger)
+    summary = _ingest(spool, ledger)
     lost = set(range(first, following))
+    assert f"; {following - first} spool positions held no record (recorded)" in summary
     facts = _facts(ledger)
     assert facts.ids == [i for n, i in enumerate(_ids(60)) if n not in lost]
     (missing,) = facts.missing
     assert (missing["first"], missing["last"], missing["count"]) == (first, following - 1, following - first)
     # On the run's stream: it is part of the run's record. And a second ingest adds nothing.
     assert facts.missing_streams == ["run-a"]
+    # ... which history and state tell.
+    span = f"positions {first}–{following - 1}"
+    history = runner.invoke(app, ["history", "run-a", "--ledger", str(ledger)], env={"COLUMNS": "250"})
+    assert history.exit_code == 0 and f"{following - first} records missing from spool:" in history.output
+    assert span in history.output
+    state = runner.invoke(app, ["state", "run-a", "--ledger", str(ledger)], env={"COLUMNS": "250"})
+    assert f"incident: {following - first} events missing from the bus (spool:" in state.output
     _ingest(spool, ledger)
     again = _facts(ledger)
     assert len(again.missing) == 1 and len(again.ids) == 60 - len(lost)
