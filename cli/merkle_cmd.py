@@ -116,8 +116,35 @@ def verify(
     public_key: Annotated[
         Path | None, typer.Option("--public-key", help="Public key file (the log checkpoints' signer).")
     ] = None,
+    remote: Annotated[
+        str | None,
+        typer.Option("--remote", help="Check a published copy at this URL instead (needs --log-key)."),
+    ] = None,
+    log_key: Annotated[
+        str | None,
+        typer.Option("--log-key", help="With --remote: the log's public key (a vkey or a .pub file)."),
+    ] = None,
+    witness: Annotated[
+        list[str] | None,
+        typer.Option("--witness", help="With --remote: a witness's cosignature vkey (repeat)."),
+    ] = None,
+    quorum: Annotated[
+        int | None,
+        typer.Option("--quorum", help="With --remote: valid cosignatures required (default: all)."),
+    ] = None,
+    state: Annotated[
+        Path | None,
+        typer.Option(
+            "--state",
+            help="With --remote: the last verified checkpoint (default under .runledger/remote-verify).",
+        ),
+    ] = None,
 ) -> None:
     """Check the whole ledger against its Merkle trees and latest log checkpoints; name every bad event.
+
+    With --remote URL --log-key VKEY: check a copy published by `ledger publish` (signature, witness
+    quorum, consistency with the last checkpoint verified from here, every new entry, every new data
+    file), in bounded memory and only what is new since the last run (state kept in --state).
 
     Exit status: 0 all checked and OK; 1 a problem found, or a checkpoint signed by none of the keys
     tried (said as that, with the signer's and the tried keys' names: with --keys DIR each checkpoint is
@@ -127,6 +154,9 @@ def verify(
 
     Example: ledger verify --public-key .runledger/demo/keys/demo.pub
     """
+    if remote is not None:
+        _verify_remote(remote, log_key, witness or [], quorum, state)
+        return
     from ledger.integrity import CHECKPOINTS, verify_ledger
 
     with user_errors(ledger), progress("verify", "events") as shown:
@@ -186,6 +216,53 @@ def verify(
     console.print(f"OK: {counted}, {signed} checked", highlight=False)
 
 
+def _vkey(text: str) -> str:
+    """A public key given inline or as a .pub file, checked (exit 2 with one line if it is not one)."""
+    from schemas.note import CheckpointError, parse_public_key
+
+    key = Path(text).read_text().strip() if Path(text).is_file() else text
+    try:
+        parse_public_key(key)
+    except CheckpointError as exc:
+        raise fail(f"bad key: {exc}", 2) from None
+    return key
+
+
+def _verify_remote(
+    url: str, log_key: str | None, witnesses: list[str], quorum: int | None, state: Path | None
+) -> None:
+    from ledger.monitor import MonitorError
+    from ledger.remote import default_state_path, verify_remote
+    from ledger.witness import parse_cosignature_key
+    from schemas.note import CheckpointError
+
+    if log_key is None:
+        raise fail("--remote needs --log-key VKEY (the published log's public key)", 2)
+    key = _vkey(log_key)
+    try:
+        for vkey in witnesses:
+            parse_cosignature_key(vkey)
+        report = verify_remote(
+            url,
+            key,
+            state or default_state_path(url),
+            witnesses=witnesses,
+            quorum=len(witnesses) if quorum is None else quorum,
+        )
+    except (MonitorError, CheckpointError) as exc:
+        raise fail(f"FAILED {exc}") from None
+    if report.old_size == report.size:
+        console.print(f"OK {report.origin}: size {report.size}, nothing new", highlight=False, markup=False)
+        return
+    since = "from nothing" if report.old_size is None else f"since size {report.old_size}"
+    console.print(
+        f"OK {report.origin}: size {report.size}; {plural(report.entries, 'new entry', 'new entries')} "
+        f"and {plural(report.files, 'data file')} checked {since}",
+        highlight=False,
+        markup=False,
+    )
+
+
 def _leaf_bytes(ledger: Path, doc: dict) -> bytes:
     """The canonical bytes of the event a proof is for: the leaf the verifier hashes itself."""
     from ledger.merkle import leaf_hash
@@ -221,14 +298,32 @@ def prove_inclusion(
             "--leaf-out", help="Also write the leaf's bytes (the event's canonical JSON) to this file."
         ),
     ] = None,
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="json (the stream's tree) or tlog-proof (C2SP, the published whole-ledger log; needs --published).",
+        ),
+    ] = "json",
+    published: Annotated[
+        Path | None,
+        typer.Option("--published", help="With --format tlog-proof: the DEST folder `ledger publish` wrote."),
+    ] = None,
 ) -> None:
     """Inclusion proof of one event in its stream's tree at the latest log checkpoint (RFC 6962 shape).
 
     The proof carries the leaf's bytes (the event's canonical JSON, in "leaf"), so the verifier
-    hashes the leaf itself and reads the event's id, source and stream from it.
+    hashes the leaf itself and reads the event's id, source and stream from it. With --format
+    tlog-proof --published DEST: an offline proof (c2sp.org/tlog-proof@v1) of the event's entry in
+    the published whole-ledger log at its published checkpoint; check it with `ledger verify-proof`.
 
     Example: ledger prove inclusion run-a-42 -o proof.json --leaf-out leaf.json
     """
+    if fmt == "tlog-proof":
+        _prove_tlog(ledger, event_id, source, published, output, leaf_out)
+        return
+    if fmt != "json":
+        raise fail(f"--format is json or tlog-proof, not {fmt!r}", 2)
     from ledger.integrity import prove_inclusion as prove
 
     with user_errors(ledger):
@@ -241,6 +336,92 @@ def prove_inclusion(
             tmp.write_bytes(leaf)
             tmp.replace(leaf_out)
     print_json(doc, output)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    with user_errors():
+        tmp = path.with_name(path.name + f".{os.getpid()}.part")
+        tmp.write_bytes(data)
+        tmp.replace(path)
+
+
+def _prove_tlog(
+    ledger: Path,
+    event_id: str,
+    source: str | None,
+    dest: Path | None,
+    output: Path | None,
+    leaf_out: Path | None,
+) -> None:
+    from ledger.remote import RemoteError, prove_published
+
+    if dest is None:
+        raise fail("--format tlog-proof needs --published DEST (the folder `ledger publish` wrote)", 2)
+    with user_errors(ledger):
+        try:
+            text = prove_published(ledger, dest, event_id, source)
+        except (RemoteError, OSError) as exc:
+            raise fail(str(exc)) from None
+        leaf = _leaf_bytes_of(ledger, event_id, source) if leaf_out is not None else b""
+    if leaf_out is not None:
+        _write_atomically(leaf_out, leaf)
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        _write_atomically(output, text.encode())
+
+
+def _leaf_bytes_of(ledger: Path, event_id: str, source: str | None) -> bytes:
+    from ledger.query import Reader
+
+    where, params = ("id = ? AND source = ?", [event_id, source]) if source else ("id = ?", [event_id])
+    rows = Reader(ledger).sql(f"SELECT canonical FROM events WHERE {where}", params).rows
+    return str(rows[0][0]).encode()
+
+
+def verify_proof(
+    proof: Annotated[
+        Path,
+        typer.Argument(help="A .tlog-proof file written by `ledger prove inclusion --format tlog-proof`."),
+    ],
+    log_key: Annotated[str, typer.Option("--log-key", help="The log's public key (a vkey or a .pub file).")],
+    origin: Annotated[
+        str | None,
+        typer.Option("--origin", help="The log's origin the proof must be for (runledger/<ledger id>)."),
+    ] = None,
+    leaf: Annotated[
+        Path | None,
+        typer.Option(
+            "--leaf", help="The event's canonical bytes: checked against the SHA-256 the entry commits to."
+        ),
+    ] = None,
+) -> None:
+    """Check a C2SP tlog-proof offline: the checkpoint's signature, then the entry's inclusion in it.
+
+    Exit status 1 with one line if any part does not check. Example: ledger verify-proof e.tlog-proof --log-key log.pub
+    """
+    import hashlib
+    import json
+
+    from ledger.remote import RemoteError, verify_tlog_proof
+
+    key = _vkey(log_key)
+    with user_errors():
+        text = proof.read_text()
+        try:
+            proven = verify_tlog_proof(text, key, origin)
+            entry = json.loads(proven.entry)
+            if leaf is not None and hashlib.sha256(leaf.read_bytes()).hexdigest() != entry.get("sha256"):
+                raise RemoteError(f"{leaf} is not the event the proven entry commits to")
+        except (RemoteError, ValueError) as exc:
+            raise fail(f"FAILED {exc}") from None
+    what = f"event {entry.get('id')} ({entry.get('type')}, {entry.get('stream')} #{entry.get('stream_seq')})"
+    console.print(
+        f"OK: entry {proven.index} of {proven.checkpoint.origin} at size {proven.checkpoint.size} is "
+        f"{what if entry.get('t') == 'event' else entry.get('t')}",
+        highlight=False,
+        markup=False,
+    )
 
 
 def prove_consistency(

@@ -141,7 +141,7 @@ def check_log(
             _check_growth(base, old, size, root)
     verified = dict(old.get("files", {})) if old else {}
     counted = (0, 0)
-    if entries:
+    if entries and (old is None or size > old["size"]):  # the same checkpoint: nothing new to walk
         counted = _check_new_entries(
             base, checkpoint.origin, log_key, old["size"] if old else 0, size, root, verified
         )

@@ -66,7 +66,7 @@ from ledger.witness import collect_cosignatures, load_policy
 from schemas.durable import write_durably
 from schemas.note import NoteSigner, open_note, parse_private_key, sign_note
 
-__all__ = ["PublishError", "PublishResult", "log_origin", "publish"]
+__all__ = ["PublishError", "PublishResult", "load_published", "log_origin", "publish"]
 
 STATE_DIR = "_publish"
 CHECKPOINT = "checkpoint"
@@ -111,6 +111,10 @@ class PublishState:
     def from_json(cls, doc: dict[str, Any]) -> PublishState:
         known = {k: v for k, v in doc.items() if k in cls.__dataclass_fields__}
         return cls(**(known | {"root": base64.b64decode(doc["root"])}))
+
+    def leaf_of(self, stream: str, seq: int) -> int | None:
+        """The log leaf of event ``seq`` of ``stream`` (None: not published yet)."""
+        return _leaf_of(self.segments, stream, seq)
 
 
 @dataclass
@@ -491,6 +495,11 @@ def _load_state(directory: Path) -> PublishState:
     if not path.exists():
         return PublishState()
     return PublishState.from_json(json.loads(path.read_bytes()))
+
+
+def load_published(root: Path, dest: Path) -> PublishState:
+    """What was last published from the ledger at ``root`` to ``dest`` (for proofs; read-only)."""
+    return _load_state(state_dir(root, dest))
 
 
 def _save_state(directory: Path, state: PublishState, dest: Path) -> None:
