@@ -5,7 +5,7 @@
 # ssh-agent that this script starts and stops.
 #
 #   scripts/witness.sh build                      build litewitness and witnessctl (~2 min the first time)
-#   scripts/witness.sh goverify                   build the Go verifier of tests/merkle/go_verify
+#   scripts/witness.sh goverify                   build the Go checkers of tests/merkle/go_verify and go_proof
 #   scripts/witness.sh add-log DIR ORIGIN VKEY    let the witness in DIR cosign the log ORIGIN signed by VKEY
 #   scripts/witness.sh run DIR PORT NAME          run the witness named NAME on 127.0.0.1:PORT (foreground;
 #                                                 its log, DIR/litewitness.log, names its vkey once it is up)
@@ -25,9 +25,11 @@ build() {
   touch "$GOBIN/.torchwood-v0.6.1"
 }
 
-# The Go verifier of tests/merkle/go_verify (torchwood, x/mod, formats), into .go/bin/goverify.
+# The Go checkers of the tests (torchwood, x/mod, formats): tests/merkle/go_verify (the published
+# log) into .go/bin/goverify, tests/merkle/go_proof (tlog-proof files) into .go/bin/goproof.
 goverify() {
   (cd "$ROOT/tests/merkle/go_verify" && go build -o "$GOBIN/goverify" .)
+  (cd "$ROOT/tests/merkle/go_proof" && go build -o "$GOBIN/goproof" .)
 }
 
 add_log() {

@@ -9,7 +9,8 @@ changed type, order, step, attempt, source, seq or payload value, or an added or
 difference from ``tests/fixtures/streams/<scenario>.jsonl``, shown event by event and field by field.
 
 The golden files are the output of commit 62ab116 (before the launch/attempt/signal, simulator and demo
-refactors). To make them again from that commit, in its worktree (the code must load from there:
+refactors), except ``simulator_cli``, accepted again from the code of issue 24 (``simulate --run-id X``
+now gives run X its own repository, commits and PR numbers). To make them again from that commit, in its worktree (the code must load from there:
 the generator prints where each package came from and refuses a mismatch)::
 
     git worktree add ../baseline-62ab116 62ab116   # once, from the repository root
