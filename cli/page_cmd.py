@@ -24,10 +24,25 @@ def serve_page(
     max_clients: Annotated[
         int, typer.Option("--max-clients", help="Open live streams at most (the next is answered 503).")
     ] = 200,
+    remote: Annotated[
+        str | None,
+        typer.Option(
+            "--remote", help="Serve a copy published at this URL (`ledger publish`; needs --log-key)."
+        ),
+    ] = None,
+    log_key: Annotated[
+        str | None, typer.Option("--log-key", help="With --remote: the log's public key (vkey or .pub file).")
+    ] = None,
+    cache: Annotated[
+        Path, typer.Option("--cache", help="With --remote: where the verified data files are kept.")
+    ] = Path(".runledger/remote-cache"),
 ) -> None:
     """Serve each run's page live: its curves, history, state and record, updated as the ledger commits.
 
     Read-only: / lists the runs, /runs/RUN is a run's page, /runs/RUN/events its live stream (SSE).
+    With --remote URL --log-key VKEY: over a published copy; every second its checkpoint is fetched, and
+    one that grew and verifies (signature, consistency with the last one seen, the new entries and data
+    files) reaches the open pages. One that does not verify is shown as "not verified" and stops updates.
     Example: ledger serve page --ledger .runledger/demo/ledger --port 8790
     """
     from ledger.live_page import serve
@@ -39,10 +54,31 @@ def serve_page(
         raise fail("--max-clients must be at least 1", 2)
     if public_key is not None and not public_key.is_file():
         raise fail(f"public key file not found: {public_key}", 2)
+    if remote is not None:
+        _serve_remote(remote, log_key, cache, host, port, max_clients)
+        return
     with user_errors(ledger):
         Ledger.open(ledger)  # a missing ledger is one line here, before listening
     console.print(f"live page over {ledger} at http://{host}:{port}/ (Ctrl-C stops)", highlight=False)
     try:
         serve(ledger, host, port, public_key_path=public_key, max_clients=max_clients)
+    except OSError as exc:
+        raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def _serve_remote(url: str, log_key: str | None, cache: Path, host: str, port: int, max_clients: int) -> None:
+    from cli.merkle_cmd import _vkey
+    from ledger.live_page import serve_published
+
+    if log_key is None:
+        raise fail("--remote needs --log-key VKEY (the published log's public key)", 2)
+    if not url.startswith(("http://", "https://")):
+        raise fail(f"--remote {url!r}: give an http:// or https:// URL", 2)
+    key = _vkey(log_key)
+    console.print(
+        f"live page over the published copy {url} at http://{host}:{port}/ (Ctrl-C stops)", highlight=False
+    )
+    try:
+        serve_published(url, key, cache, host, port, max_clients=max_clients)
     except OSError as exc:
         raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

@@ -24,6 +24,7 @@ be read is announced (the open page marks itself stale, new pages answer 503), n
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import html
 import json
@@ -49,8 +50,10 @@ from starlette.routing import Route
 from ledger.history import config_after, history_item
 from ledger.integrity import checkpoint_path
 from ledger.log_checkpoint import parse_and_verify_checkpoint, parse_checkpoint
+from ledger.monitor import MonitorError
 from ledger.query import QueryError, Reader
-from ledger.report import CURVES, MARKER_KINDS, _asset, _script_json, build_report
+from ledger.remote import RemoteError, default_state_path, fetch_copy, verify_remote
+from ledger.report import CURVES, MARKER_KINDS, asset, build_report, script_json
 from ledger.store import COMMITS
 from schemas import Envelope, decode_event
 from schemas import catalogue as c
@@ -59,6 +62,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8790
 POLL_S = 0.25  # how often the next commit record's name is stat-ed
+PUBLISHED_POLL_S = 1.0  # how often a published copy's checkpoint is fetched (one small GET)
+COPY_GRACE_S = 10.0  # a published copy's download may fail this long (a publish mid-upload) before it is said
 MAX_CLIENTS = 200  # open event streams; the next one is answered 503
 RECENT_EVENTS = 4096  # per followed run: the newest messages, so a page's catch-up needs no query
 FOLLOWED_RUNS = 64  # runs whose messages are kept (least recently asked for dropped first)
@@ -417,8 +422,7 @@ class LedgerWatch:
                 feed.recent.append(feed.message(seq, canonical))
 
     def _refresh_status(self, run_id: str, *, state: bool) -> None:
-        size = self.heads.get(run_id, 0)
-        record = record_of_stream(self.root, self.ledger_id, run_id, size, self.public_key)
+        record = self.record(run_id, self.heads.get(run_id, 0))
         kinds = self.status.setdefault(run_id, {})
         kinds["record"] = sse("record", {"commit": self.commit, **record})
         if state and self.reader is not None:
@@ -447,6 +451,22 @@ class LedgerWatch:
             await asyncio.wait_for(waiter.wait(), timeout_s)
 
     # -------------------------------------------------------------- what clients ask
+    def as_of(self) -> str:
+        """What the pages answer from, in words."""
+        return f"ledger commit {self.commit}"
+
+    def record(self, run_id: str, size: int) -> dict[str, Any]:
+        """The record panel: the run stream's latest signed checkpoint in this ledger."""
+        return record_of_stream(self.root, self.ledger_id, run_id, size, self.public_key)
+
+    def page_reader(self, commit: int) -> Reader:
+        """A reader of its own for one page build, holding at least commit ``commit``."""
+        _wait_for_files(self.root, commit)
+        try:
+            return Reader(self.root)
+        except Exception as exc:
+            raise LedgerLost(f"the ledger at {self.root} cannot be opened: {exc}") from None
+
     def follow(self, run_id: str) -> RunFeed:
         """The run's feed (created at the stream's head: the messages from now on are kept)."""
         with self.lock:
@@ -489,6 +509,147 @@ class LedgerWatch:
             return [past.message(seq, canonical) for seq, canonical in rows]
 
 
+# ---------------------------------------------------------------------------------------- a published copy
+class PublishedWatch(LedgerWatch):
+    """The watch over a published copy (``ledger publish``) at ``url``: the same interface the pages
+    and streams use, answered from a verified local copy instead of a ledger folder.
+
+    Each poll is one look of the monitor (``ledger.remote.verify_remote``: the checkpoint's signature,
+    its consistency with the last one seen, the new entries and data files; nothing new costs one
+    GET of ``/checkpoint``). Only a grown checkpoint that verifies refreshes the copy
+    (``ledger.remote.fetch_copy``: the signed manifest's files, each against its SHA-256) and turns
+    the new leaves of the followed runs into messages. A checkpoint that does not verify (a bad
+    signature, a fork, a rollback, data that does not match) is shown as ``not verified: <reason>``
+    and ends the updates for good: nothing later from that copy is shown as current. An unreachable
+    copy is only "lost": it is tried again on the next poll."""
+
+    def __init__(self, url: str, log_key: str, cache: Path, *, poll_s: float = PUBLISHED_POLL_S) -> None:
+        super().__init__(cache, poll_s=poll_s)
+        self.url, self.log_key, self.cache = url, log_key, cache
+        self.verified_state = default_state_path(url, under=cache)  # the monitor's last accepted checkpoint
+        self.refused: str | None = None  # set once: a copy that failed verification is never followed again
+        self.published: dict[str, Any] = {}  # the checkpoint the pages answer from
+        self.copy_failing_since: float | None = None  # when the download began to fail (monotonic)
+
+    def _open(self) -> None:
+        self._look()
+
+    def poll(self) -> bool:
+        if self.refused is not None:
+            return False
+        was_lost = self.lost is not None or self.reader is None
+        moved = self._look()
+        if moved or (was_lost and self.lost is None):
+            self._notify()
+        return moved
+
+    def _look(self) -> bool:
+        """One look at the copy; True when a new verified checkpoint was taken."""
+        try:
+            report = verify_remote(self.url, self.log_key, self.verified_state)
+        except MonitorError as exc:
+            if exc.kind == "unreachable":
+                return self._set_lost(f"the published copy at {self.url} is unreachable: {exc}")
+            return self._refuse(str(exc))
+        if self.reader is not None and report.size == self.commit:
+            return False
+        try:
+            copy = fetch_copy(self.url, self.log_key, self.cache)
+        except RemoteError as exc:
+            return self._copy_failed(exc)
+        self.copy_failing_since = None
+        checked = json.loads(self.verified_state.read_bytes())
+        if (copy.checkpoint.size, base64.b64encode(copy.checkpoint.root).decode()) != (
+            checked["size"],
+            checked["root"],
+        ):
+            return False  # published again between the two reads: that one is verified on the next poll
+        self._take_copy(copy.folder, checked)
+        return True
+
+    def _copy_failed(self, exc: RemoteError) -> bool:
+        """The download after a verified look failed. A publish uploads the checkpoint last, so a
+        look in the middle of one sees the old checkpoint beside the new manifest: tried again
+        for ``COPY_GRACE_S`` (the verified copy before stays current), only then announced."""
+        now = time.monotonic()
+        if self.copy_failing_since is None:
+            self.copy_failing_since = now
+        if now - self.copy_failing_since < COPY_GRACE_S:
+            log.info("live page: the copy at %s, tried again next poll: %s", self.url, exc)
+            return False
+        if str(exc).startswith("unreachable"):
+            return self._set_lost(f"the published copy at {self.url} is {exc}")
+        return self._refuse(str(exc))
+
+    def _refuse(self, why: str) -> bool:
+        self.refused = f"not verified: {why}"
+        return self._set_lost(self.refused)
+
+    def _take_copy(self, folder: Path, checked: dict[str, Any]) -> None:
+        reader = Reader(folder)
+        rows = reader.sql("SELECT stream, max(stream_seq) + 1 FROM events GROUP BY stream").rows
+        with self.lock:
+            if self.reader is None:
+                self.opened += 1  # pages built before a loss are not served again
+            self.root, self.reader, self.lost = folder, reader, None
+            self.heads = {str(stream): int(size) for stream, size in rows}
+            self.commit, self.ledger_id = int(checked["size"]), str(checked["origin"])
+            self.published = _published_checkpoint(str(checked["checkpoint"]), self.log_key)
+            for run_id, feed in self.feeds.items():
+                hi = self.heads.get(run_id, 0) - 1
+                if feed.next_seq <= hi:
+                    for seq, canonical in _events_of_query(reader, run_id, feed.next_seq, hi):
+                        if seq == feed.next_seq:
+                            feed.recent.append(feed.message(seq, canonical))
+                self._refresh_status(run_id, state=True)
+
+    def as_of(self) -> str:
+        cp = self.published
+        return (
+            f"the verified published checkpoint {cp.get('origin')} at {self.commit} log entries ({self.url})"
+        )
+
+    def record(self, run_id: str, size: int) -> dict[str, Any]:
+        """The record panel: the published checkpoint these pages answer from, and its cosignatures."""
+        cp = self.published
+        if not cp:
+            return {"stream": run_id, "size": size, "signers": [], "checkpoint": "no verified checkpoint yet"}
+        return {
+            "stream": run_id,
+            "size": size,
+            "url": self.url,
+            "signed_size": cp["size"],
+            "root": cp["root"],
+            "signers": cp["signers"],
+            "cosignatures": cp["cosignatures"],
+            "checkpoint": f"signed published checkpoint {cp['origin']} at {cp['size']:,} log entries "
+            f"(signature verified, consistent with every earlier one seen; "
+            f"{cp['cosignatures']} cosignatures, not checked here)",
+        }
+
+    def page_reader(self, commit: int) -> Reader:
+        with self.lock:
+            if self.reader is None:
+                raise LedgerLost(self.lost or "the published copy is not verified yet")
+            return Reader(self.root)
+
+
+def _published_checkpoint(text: str, log_key: str) -> dict[str, Any]:
+    """Origin, size, root (hex) and signers of a verified checkpoint note; a cosignature is a
+    signature line by any name but the log key's own."""
+    body, _, signatures = text.partition("\n\n")
+    cp = parse_checkpoint(body + "\n")
+    signers = [line.split(" ")[1] for line in signatures.splitlines() if line.startswith("— ")][:16]
+    log_name = log_key.split("+", 1)[0]
+    return {
+        "origin": cp.origin,
+        "size": cp.size,
+        "root": cp.root.hex(),
+        "signers": signers,
+        "cosignatures": sum(1 for name in signers if name != log_name),
+    }
+
+
 # ---------------------------------------------------------------------------------------- pages
 class PageCache:
     """Rendered pages by run, reused for ``max_age_s``: a page of the full reference run takes
@@ -527,12 +688,12 @@ class PageCache:
 
 def _report_style() -> str:
     """The report's stylesheet (report.html's <style>): one look for the report and these pages."""
-    style = re.search(r"<style>(.*?)</style>", _asset("report.html"), re.S)
+    style = re.search(r"<style>(.*?)</style>", asset("report.html"), re.S)
     return style.group(1) if style else ""
 
 
 def _template() -> str:
-    return _asset("live.html").replace("{{STYLE}}", _report_style())
+    return asset("live.html").replace("{{STYLE}}", _report_style())
 
 
 def render_run_page(watch: LedgerWatch, run_id: str) -> str:
@@ -549,11 +710,7 @@ def render_run_page(watch: LedgerWatch, run_id: str) -> str:
             raise QueryError(f"unknown run {run_id!r} (see / for the runs of this ledger)")
         after = watch.follow(run_id).next_seq - 1
         commit, size = watch.commit, watch.heads.get(run_id, 0)
-    _wait_for_files(watch.root, commit)
-    try:
-        reader = Reader(watch.root)
-    except Exception as exc:
-        raise LedgerLost(f"the ledger at {watch.root} cannot be opened: {exc}") from None
+    reader = watch.page_reader(commit)
     reader.require_run(run_id)
     report = build_report(reader, [run_id])
     report["title"] = f"runledger · {run_id}"
@@ -563,10 +720,10 @@ def render_run_page(watch: LedgerWatch, run_id: str) -> str:
         "commit": commit,
         "events_url": f"/runs/{run_id}/events",
         "state": _state_now(reader, run_id),
-        "record": record_of_stream(watch.root, watch.ledger_id, run_id, size, watch.public_key),
+        "record": watch.record(run_id, size),
         "curves": [{"name": name, "label": label} for name, label in CURVES],
     }
-    parts = {"TITLE": html.escape(report["title"]), "DATA": _script_json(report), "LIVE": _script_json(live)}
+    parts = {"TITLE": html.escape(report["title"]), "DATA": script_json(report), "LIVE": script_json(live)}
     return re.sub(r"\{\{(TITLE|DATA|LIVE)\}\}", lambda m: parts[m.group(1)], _template())
 
 
@@ -589,7 +746,7 @@ def render_index(watch: LedgerWatch) -> str:
         if watch.reader is None:
             raise LedgerLost(watch.lost or "the ledger is not open")
         runs = watch.reader.runs().records()
-        commit = watch.commit
+        as_of = watch.as_of()
     rows = "".join(
         "<tr><td><a href='/runs/{link}'>{run}</a></td><td>{started}</td><td>{attempts}</td><td>{last}</td>"
         "<td>{crashes}</td><td>{status}</td><td class='mono'>{commit}</td></tr>".format(
@@ -606,7 +763,7 @@ def render_index(watch: LedgerWatch) -> str:
     )
     return _INDEX.format(
         style=_report_style(),
-        commit=commit,
+        as_of=html.escape(as_of),
         count=len(runs),
         rows=rows or "<tr><td colspan='7'>no runs in this ledger yet</td></tr>",
     )
@@ -615,7 +772,7 @@ def render_index(watch: LedgerWatch) -> str:
 _INDEX = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <link rel="icon" href="data:,"><title>runledger · runs</title><style>{style}</style></head>
-<body><header><h1>runledger · runs</h1><p>{count} runs · as of ledger commit {commit} · reload for newer runs;
+<body><header><h1>runledger · runs</h1><p>{count} runs · as of {as_of} · reload for newer runs;
 each run's page is live</p></header>
 <main><table id="runs"><thead><tr><th>run</th><th>started</th><th>attempts</th><th>last step</th><th>crashes</th>
 <th>last status</th><th>commit</th></tr></thead><tbody>{rows}</tbody></table></main></body></html>
@@ -634,9 +791,10 @@ class LivePage:
         poll_s: float = POLL_S,
         public_key_path: Path | None = None,
         page_max_age_s: float = PAGE_MAX_AGE_S,
+        watch: LedgerWatch | None = None,
     ) -> None:
         key = public_key_path.read_text().strip() if public_key_path is not None else None
-        self.watch = LedgerWatch(root, poll_s=poll_s, public_key=key)
+        self.watch = watch if watch is not None else LedgerWatch(root, poll_s=poll_s, public_key=key)
         self.max_clients = max_clients
         self.clients = 0
         self.pages = PageCache(max_age_s=page_max_age_s)
@@ -686,9 +844,7 @@ class LivePage:
         if name not in ASSETS:
             return _text("not found", 404)
         media = "text/javascript; charset=utf-8"
-        return Response(
-            _asset(name), media_type=media, headers={"Cache-Control": "max-age=300", **_headers()}
-        )
+        return Response(asset(name), media_type=media, headers={"Cache-Control": "max-age=300", **_headers()})
 
     async def health(self, request: Request) -> Response:
         lost = self.watch.lost
@@ -705,6 +861,8 @@ class LivePage:
         if self.clients >= self.max_clients:
             return _text(f"too many live connections (at most {self.max_clients}); try again shortly", 503)
         if run_id not in self.watch.heads:
+            if self.watch.lost is not None:  # never opened (a published copy that did not verify)
+                return _text(f"ledger unavailable: {self.watch.lost}", 503)
             return _text(f"unknown run {run_id!r} (see / for the runs of this ledger)", 404)
         self.clients += 1  # counted from here (before any await): the response gives it back however it ends
         try:  # off the event loop: a run followed anew folds its config (one small query)
@@ -815,4 +973,27 @@ def serve(root: str | Path, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *
     app = create_app(root, **options)
     log.info("live page over %s ready in %.2fs", root, time.monotonic() - started)
     # Open event streams never end by themselves: a stop waits at most this long for them.
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
+
+
+def create_published_app(url: str, log_key: str, cache: str | Path, **options: Any) -> Starlette:
+    """The live page's ASGI app over the published copy at ``url`` (verified with ``log_key``; its
+    data files downloaded into ``cache``). ``poll_s``: how often its checkpoint is fetched."""
+    poll_s = float(options.pop("poll_s", PUBLISHED_POLL_S))
+    watch = PublishedWatch(url, log_key, Path(cache), poll_s=poll_s)
+    return LivePage(Path(cache), watch=watch, **options).app
+
+
+def serve_published(
+    url: str,
+    log_key: str,
+    cache: str | Path,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    **options: Any,
+) -> None:
+    """Serve the live page over a published copy until interrupted (`ledger serve page --remote`)."""
+    import uvicorn
+
+    app = create_published_app(url, log_key, cache, **options)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)

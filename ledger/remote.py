@@ -36,7 +36,7 @@ from ledger.parquet_schemas import tables_of
 from ledger.publish import load_published
 from ledger.query import QueryError, Result
 from ledger.sql_guard import RefusedStatement, lock_connection, read_only_statement
-from ledger.store import Ledger
+from ledger.store import COMMITS, Ledger
 from ledger.tiles import (
     TILE_WIDTH,
     decode_bundle,
@@ -296,4 +296,5 @@ def fetch_copy(url: str, log_key: str, cache: Path) -> RemoteCopy:
             old.unlink()  # merged away by a compaction: its rows are in a file still named
     tables = sorted({str(t.relative_to(folder)).split("/", 1)[0] for t in wanted})
     write_durably(folder / "LEDGER.json", json.dumps({"tables": tables, "origin": checkpoint.origin}))
+    (folder / COMMITS).mkdir(exist_ok=True)  # none: so a ``Reader`` opens the copy (no merge to wait for)
     return RemoteCopy(folder, checkpoint, manifest_size, downloaded)

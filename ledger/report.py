@@ -549,6 +549,11 @@ def _script_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), default=str).replace("<", "\\u003c")
 
 
+# Public names for the pages that reuse the report's assets (``ledger.live_page``); the old ones still work.
+asset = _asset
+script_json = _script_json
+
+
 def render_html(report: dict[str, Any]) -> str:
     """The page: the template with the chart library, the app and the data inlined (one pass, so
     nothing inserted is ever read as a placeholder)."""
