@@ -155,7 +155,10 @@ def witness_quorum(
     quorum: Annotated[int, typer.Argument(help="How many witnesses must cosign a checkpoint.")],
     ledger: LedgerOption = DEFAULT_LEDGER,
 ) -> None:
-    """Set how many witnesses must cosign before a checkpoint is published."""
+    """Set how many witnesses must cosign before a checkpoint is published.
+
+    Example: ledger witness quorum 2
+    """
     from ledger.witness import set_quorum
 
     with _one_line(ledger):
@@ -164,7 +167,10 @@ def witness_quorum(
 
 
 def witness_list(ledger: LedgerOption = DEFAULT_LEDGER) -> None:
-    """List the witnesses and the quorum."""
+    """List the witnesses and the quorum.
+
+    Example: ledger witness list
+    """
     from ledger.witness import load_policy
 
     policy = load_policy(ledger)

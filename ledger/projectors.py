@@ -406,7 +406,7 @@ PROJECTORS: dict[str, Projector] = {
     c.ANNOTATION: _annotation,
     c.RUN_SUMMARY: _run_summary,
     **{name: _github for name in c.CATALOGUE if name.startswith("github.")},
-    **{name: _no_rows for name in (*sorted(c.LEDGER_TYPES), c.PRODUCER_DROPPED)},
+    **{name: _no_rows for name in (*sorted(c.LEDGER_TYPES), c.PRODUCER_DROPPED, c.BUS_POSITIONS_MISSING)},
 }
 
 

@@ -170,7 +170,8 @@ def test_a_full_disk_under_ingest_spool_is_one_line_and_a_rerun_completes(
     assert code == 1
     found = DISK_FULL.match(err)
     assert found, err
-    assert found["path"] == str(ledger) and found["size"] == "64 KB"
+    # The ledger, or the file inside it that the disk refused (the dedupe index, say).
+    assert Path(found["path"]).is_relative_to(ledger) and found["size"] == "64 KB"
     _grow(small_disk)
     code, out, err = _invoke("ingest", "spool", "--spool", where, "--ledger", ledger)
     assert code == 0, err
