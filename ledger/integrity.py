@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ledger import verifier
+from ledger import duck, verifier
 from ledger.admission import (
     REGISTRY_STREAM,
     REGISTRY_TYPES,
@@ -651,7 +651,7 @@ class _TableCheck:
                 report.problems.append(
                     Problem("?", "unreadable", f"{path.relative_to(self.root)}: {exc}"[:240])
                 )
-        con = duckdb.connect(":memory:")
+        con = duck.connect()
         con.execute(f"SET memory_limit = '{_DUCKDB_MEMORY}'")
         con.execute(f"SET temp_directory = '{_sql_text((self.spill / 'duckdb').as_posix())}'")
         con.execute("SET preserve_insertion_order = false")

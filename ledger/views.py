@@ -19,6 +19,7 @@ from pathlib import Path
 
 import duckdb
 
+from ledger import duck
 from ledger.parquet_schemas import TABLES, tables_of
 from schemas.durable import write_durably
 
@@ -138,7 +139,7 @@ def views_sql(root: Path, *, relative: bool = False) -> str:
 
 def connect(root: Path) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with every view defined over the ledger at ``root``."""
-    con = duckdb.connect(":memory:")
+    con = duck.connect()
     con.execute("SET TimeZone = 'UTC'")
     # Each Parquet footer is read once per connection, not once per query (a ledger's file is never
     # rewritten under its name: every commit and merge writes new names; DuckDB also checks mtimes).
