@@ -38,7 +38,10 @@ def connect(
     database: str = ":memory:", *, read_only: bool = False, extensions: Sequence[str] = ()
 ) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection that never downloads anything, with ``extensions`` loaded from their wheels."""
-    config: dict[str, str | bool | int | float | list[str]] = {**_OFFLINE, "extension_directory": EXTENSION_DIR.as_posix()}
+    config: dict[str, str | bool | int | float | list[str]] = {
+        **_OFFLINE,
+        "extension_directory": EXTENSION_DIR.as_posix(),
+    }
     con = duckdb.connect(database, read_only=read_only, config=config)
     for name in extensions:
         load_extension(con, name)
