@@ -25,6 +25,7 @@ from cli import (
     page_cmd,
     producers_cmd,
     publish_cmd,
+    redact_cmd,
     report_cmd,
     schemas_cmd,
     serve_cmd,
@@ -145,6 +146,7 @@ app.command("checkpoint")(merkle_cmd.checkpoint)
 app.command("verify")(merkle_cmd.verify)
 app.command("verify-proof")(merkle_cmd.verify_proof)
 app.command("publish")(publish_cmd.publish)
+app.command("redact")(redact_cmd.redact)
 app.command("monitor")(publish_cmd.monitor)
 app.command("demo")(demo_cmd.demo)
 

@@ -309,6 +309,12 @@ def prove_inclusion(
         Path | None,
         typer.Option("--published", help="With --format tlog-proof: the DEST folder `ledger publish` wrote."),
     ] = None,
+    salt_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--salt-out", help="With --format tlog-proof: write the event's salt (hex) its entry's digest needs."
+        ),
+    ] = None,
 ) -> None:
     """Inclusion proof of one event in its stream's tree at the latest log checkpoint (RFC 6962 shape).
 
@@ -321,6 +327,8 @@ def prove_inclusion(
     """
     if fmt == "tlog-proof":
         _prove_tlog(ledger, event_id, source, published, output, leaf_out)
+        if salt_out is not None:
+            _write_atomically(salt_out, _salt_hex_of(ledger, event_id, source).encode())
         return
     if fmt != "json":
         raise fail(f"--format is json or tlog-proof, not {fmt!r}", 2)
@@ -328,9 +336,13 @@ def prove_inclusion(
 
     with user_errors(ledger):
         doc = prove(ledger, event_id, source)
-        leaf = _leaf_bytes(ledger, doc)
-    doc["leaf"] = leaf.decode("utf-8")
-    if leaf_out is not None:
+        leaf = None if "redacted" in doc else _leaf_bytes(ledger, doc)
+    if leaf is None:  # its bytes are gone (`ledger redact`): the proof carries the recorded leaf hash
+        if leaf_out is not None:
+            raise fail(f"event {event_id} is redacted ({doc['redacted']}): it has no leaf bytes to write")
+    else:
+        doc["leaf"] = leaf.decode("utf-8")
+    if leaf_out is not None and leaf is not None:
         with user_errors():
             tmp = leaf_out.with_name(leaf_out.name + f".{os.getpid()}.part")
             tmp.write_bytes(leaf)
@@ -371,6 +383,16 @@ def _prove_tlog(
         _write_atomically(output, text.encode())
 
 
+def _salt_hex_of(ledger: Path, event_id: str, source: str | None) -> str:
+    """The event's salt in hex ("" for an event stored before salts)."""
+    from ledger.redaction import find_event, salt_of
+
+    with user_errors(ledger):
+        target = find_event(ledger, event_id, source)
+        salt = salt_of(ledger, target.stream, target.stream_seq)
+    return salt.hex() if salt else ""
+
+
 def _leaf_bytes_of(ledger: Path, event_id: str, source: str | None) -> bytes:
     from ledger.query import Reader
 
@@ -395,14 +417,18 @@ def verify_proof(
             "--leaf", help="The event's canonical bytes: checked against the SHA-256 the entry commits to."
         ),
     ] = None,
+    salt: Annotated[
+        str | None,
+        typer.Option("--salt", help="With --leaf: the event's salt, hex or a file (`prove inclusion --salt-out`)."),
+    ] = None,
 ) -> None:
     """Check a C2SP tlog-proof offline: the checkpoint's signature, then the entry's inclusion in it.
 
     Exit status 1 with one line if any part does not check. Example: ledger verify-proof e.tlog-proof --log-key log.pub
     """
-    import hashlib
     import json
 
+    from ledger.redaction import entry_matches
     from ledger.remote import RemoteError, verify_tlog_proof
 
     key = _vkey(log_key)
@@ -411,7 +437,7 @@ def verify_proof(
         try:
             proven = verify_tlog_proof(text, key, origin)
             entry = json.loads(proven.entry)
-            if leaf is not None and hashlib.sha256(leaf.read_bytes()).hexdigest() != entry.get("sha256"):
+            if leaf is not None and not entry_matches(entry, leaf.read_bytes(), _salt_arg(salt)):
                 raise RemoteError(f"{leaf} is not the event the proven entry commits to")
         except (RemoteError, ValueError) as exc:
             raise fail(f"FAILED {exc}") from None
@@ -422,6 +448,17 @@ def verify_proof(
         highlight=False,
         markup=False,
     )
+
+
+def _salt_arg(salt: str | None) -> bytes | None:
+    """``--salt``: hex, or a file holding it; None when not given or empty (an unsalted event)."""
+    if salt is None:
+        return None
+    text = Path(salt).read_text().strip() if Path(salt).is_file() else salt.strip()
+    try:
+        return bytes.fromhex(text) or None
+    except ValueError:
+        raise fail(f"--salt {salt!r} is not hex (nor a file holding hex)", 2) from None
 
 
 def prove_consistency(

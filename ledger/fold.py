@@ -31,7 +31,7 @@ import msgspec
 from schemas import Envelope
 from schemas import catalogue as c
 from schemas.canonical import config_hash
-from schemas.config_patch import apply_config_patch
+from schemas.config_patch import ConfigPatchError, apply_config_patch
 
 # The event types the fold reads (metrics are not needed to know a run's state).
 STATE_TYPES = (
@@ -47,9 +47,10 @@ STATE_TYPES = (
     c.PRODUCER_DROPPED,  # what a producer lost, and ingest's gaps and forks: the state's incidents
     c.LEDGER_INCIDENT,
     c.BUS_POSITIONS_MISSING,  # bus positions that hold no record any more (a deleted segment)
+    c.LEDGER_REDACTION,  # an event of the run whose payload was erased: the state says so
 )
 # Facts of every attempt, not only of the lineage: a crash, and events that were lost.
-_INCIDENT_TYPES = (c.PRODUCER_DROPPED, c.LEDGER_INCIDENT, c.BUS_POSITIONS_MISSING)
+_INCIDENT_TYPES = (c.PRODUCER_DROPPED, c.LEDGER_INCIDENT, c.BUS_POSITIONS_MISSING, c.LEDGER_REDACTION)
 _ANY_ATTEMPT_TYPES = frozenset({c.RUN_CRASHED, *_INCIDENT_TYPES})
 
 
@@ -179,6 +180,7 @@ def fold_run(
     state.git_commit, state.git_dirty = launch.git_commit, launch.git_dirty
     _check_launches(state, attempts, live)
     cut_time = at or launch.started_at
+    erased = _erased_config_steps(events)
     for e in events:
         attempt = e.attempt or 1
         in_live = attempt == live and (step is None or e.step is None or e.step <= step)
@@ -189,11 +191,29 @@ def fold_run(
         if in_live and e.time > cut_time:
             cut_time = e.time
         authenticated = (e.source, e.id) not in unauthenticated
-        config = _fold_event(state, e, config, in_live=in_live, in_past=in_past, authenticated=authenticated)
+        try:
+            config = _fold_event(
+                state, e, config, in_live=in_live, in_past=in_past, authenticated=authenticated
+            )
+        except ConfigPatchError:
+            # A change made to a config that held a redacted change: it cannot apply here. The
+            # state lists the redaction as an incident; its config is what the record still shows.
+            if not (attempt in erased and e.step is not None and erased[attempt] <= e.step):
+                raise
     state.config = config
     state.config_hash = config_hash(config)
     state.github = [g for g in github if g["time"] <= cut_time]
     return state
+
+
+def _erased_config_steps(events: Iterable[Envelope]) -> dict[int, int]:
+    """attempt -> the first step at which a config event of it was redacted (``ledger redact``)."""
+    out: dict[int, int] = {}
+    for e in events:
+        if e.type == c.LEDGER_REDACTION and e.data.event_type == c.CONFIG_CHANGED:
+            attempt, step = e.attempt or 1, e.step if e.step is not None else 0
+            out[attempt] = min(step, out.get(attempt, step))
+    return out
 
 
 def _check_launches(state: RunState, attempts: dict[int, Attempt], live: int) -> None:
@@ -292,6 +312,15 @@ def incident_fact(e: Envelope) -> dict[str, Any]:
             "last_seq": d.last,
             "source": d.source,
             "reason": d.reason,
+        }
+    if e.type == c.LEDGER_REDACTION:  # the erased event's place, and why (its facts are gone)
+        return fact | {
+            "kind": "redacted",
+            "count": 1,
+            "first_seq": d.stream_seq,  # its place in the stream, not a producer seq number
+            "last_seq": d.stream_seq,
+            "source": d.event_source,
+            "reason": f"{d.event_type} {d.event_id} redacted by {d.actor}: {d.reason}",
         }
     gap = d.kind == "gap"  # seq numbers expected_seq..got_seq - 1 are missing; else the one event
     return fact | {

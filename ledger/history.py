@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -20,6 +20,7 @@ import jsonpatch
 import jsonpointer
 import msgspec
 
+from ledger.fold import incident_fact
 from schemas import Envelope
 from schemas import catalogue as c
 from schemas.config_patch import ConfigPatchError, apply_config_patch
@@ -202,28 +203,64 @@ def history_item(
     elif t == c.ANNOTATION:
         text = f"note by {d.author}: {d.text}"
     elif t in (c.PRODUCER_DROPPED, c.LEDGER_INCIDENT, c.BUS_POSITIONS_MISSING):
-        text = incident_text(e)
+        text = incident_text(_incident_fact(e))
+    elif t == c.LEDGER_REDACTION:
+        text = f"REDACTED {d.event_type} {d.event_id} (#{d.stream_seq}) by {d.actor}: {d.reason}"
     else:
         text = t
     return HistoryItem(e.time, e.step, e.attempt, t.removeprefix("runledger."), text)
 
 
-def incident_text(e: Envelope) -> str:
-    """``1,203 events lost by trainer/r/a1/rank0 (steps 318–1,520; seq 319–1,521): bus down (…)``,
-    ``gap in trainer/r/a1/rank0: 5 events missing (seq 40–44)``, ``fork in …``."""
-    d = e.data
-    if e.type == c.PRODUCER_DROPPED:
-        where = [f"steps {_span(d.first_step, d.last_step)}"] if d.first_step is not None else []
-        if d.first_seq is not None:
-            where.append(f"seq {_span(d.first_seq, d.last_seq)}")
+def _incident_fact(e: Envelope) -> dict[str, Any]:
+    """The fold's fact of an incident event, with the seq a gap or fork expected (its sentence names it)."""
+    fact = incident_fact(e)
+    if e.type == c.LEDGER_INCIDENT:
+        fact["expected_seq"] = e.data.expected_seq
+    return fact
+
+
+# ``ledger state``'s words for each kind of incident (``incident_text(fact, brief=True)``); another
+# kind is named as it is.
+_BRIEF_WORDS = {
+    "dropped": "lost by the producer",
+    "gap": "missing (a gap)",
+    "fork": "forked",
+    "positions-missing": "missing from the bus",
+}
+
+
+def incident_text(fact: Mapping[str, Any], *, brief: bool = False) -> str:
+    """An incident as the fold lists it (``ledger.fold.incident_fact``), told as ``ledger history``
+    tells it: ``1,203 events lost by trainer/r/a1/rank0 (steps 318–1,520; seq 319–1,521): bus down
+    (…)``, ``gap in trainer/r/a1/rank0: 5 events missing (seq 40–44)``, ``fork in … at seq 7
+    (expected 5)``; or ``brief``, as ``ledger state`` lists it: ``8 events lost by the producer
+    (trainer/r/a1, steps 3..10): queue full``."""
+    kind, count, source, reason = fact["kind"], fact["count"], fact["source"], fact.get("reason")
+    if brief:
+        first, last = fact.get("first_step"), fact.get("last_step")
+        steps = f", steps {first}..{last}" if first is not None and last is not None else ""
+        noun = "event" if count == 1 else "events"
+        why = f": {reason}" if reason else ""
+        return f"{count} {noun} {_BRIEF_WORDS.get(kind, kind)} ({source}{steps}){why}"
+    first_seq: Any = fact.get("first_seq")  # None only in a drop report of an older producer
+    last_seq: Any = fact.get("last_seq")
+    if kind == "dropped":
+        first_step = fact.get("first_step")
+        where = [f"steps {_span(first_step, fact.get('last_step'))}"] if first_step is not None else []
+        if first_seq is not None:
+            where.append(f"seq {_span(first_seq, last_seq)}")
         detail = f" ({'; '.join(where)})" if where else ""
-        return f"{d.count:,} event{'s' if d.count != 1 else ''} lost by {e.source}{detail}: {d.reason}"
-    if e.type == c.BUS_POSITIONS_MISSING:
-        return f"{d.count:,} records missing from {d.source} (positions {_span(d.first, d.last)}): {d.reason}"
-    if d.kind == "gap":
-        return f"gap in {d.source}: {d.missing:,} events missing (seq {_span(d.expected_seq, d.got_seq - 1)})"
-    extra = f": {d.detail}" if getattr(d, "detail", None) else ""
-    return f"{d.kind} in {d.source} at seq {d.got_seq:,} (expected {d.expected_seq:,}){extra}"
+        return f"{count:,} event{'s' if count != 1 else ''} lost by {source}{detail}: {reason}"
+    if kind == "positions-missing":
+        return f"{count:,} records missing from {source} (positions {_span(first_seq, last_seq)}): {reason}"
+    if kind == "gap":
+        return f"gap in {source}: {count:,} events missing (seq {_span(first_seq, last_seq)})"
+    expected = fact.get("expected_seq")
+    return (
+        f"{kind} in {source} at seq {first_seq:,}"
+        + (f" (expected {expected:,})" if expected is not None else "")
+        + (f": {reason}" if reason else "")
+    )
 
 
 def _span(first: int, last: int | None) -> str:

@@ -14,6 +14,10 @@ What is checked by ``verify_ledger``:
     its scope covering it, its Ed25519 signature over its bytes good, or its source let in unsigned by
     the policy then; a failure is a ``producer`` problem naming the event. Its row's
     ``authenticated`` column must say the same.
+  * a redacted event (its canonical bytes replaced by a marker, ``ledger.redaction``) is accepted
+    only where a ``ledger.redaction`` record stored in the log names it, its recorded leaf and that
+    marker; it is reported with its reason (``Report.redactions`` and a warning line), its typed rows
+    and its salt must be gone, and with log keys given the record must be signed by one of them.
 Guarantee: tamper-evident, not tamper-proof. Someone who can rewrite the files *and* the commit
 log can make a self-consistent forgery, but not one that matches a checkpoint signed and published
 before the edit; that is why checkpoints must be kept by others.
@@ -51,12 +55,14 @@ from ledger.log_checkpoint import note_signers, parse_and_verify_checkpoint, sig
 from ledger.merkle import CompactRange, MerkleTree, leaf_hash, root_from_leaf_hashes
 from ledger.parquet_schemas import TABLES, tables_of
 from ledger.projectors import FoldState, RowBuffer, rows_for_event
-from ledger.store import Ledger, LedgerError
+from ledger.redaction import is_redacted, read_marker
+from ledger.store import SALTS, Ledger, LedgerError
 from schemas import Event, decode_event
+from schemas.catalogue import LEDGER_REDACTION
 from schemas.codec import CONFLICT
 from schemas.durable import write_durably
 from schemas.note import NoteVerifier, parse_private_key, parse_public_key
-from schemas.signing import key_id_of
+from schemas.signing import SignatureError, key_id_of, verify_canonical
 
 CHECKPOINTS = "_checkpoints"
 
@@ -66,6 +72,7 @@ class Problem:
     stream: str
     # modified | removed | inserted | reordered | table-mismatch | checkpoint | unreadable | log | producer
     # | key (a checkpoint not signed by any key tried: a mix-up of keys, or a signer not trusted)
+    # | redaction (a redaction record not signed by a log key tried, or whose event still holds its payload)
     kind: str
     detail: str
     stream_seq: int | None = None
@@ -85,6 +92,9 @@ class Report:
     problems: list[Problem] = field(default_factory=list)
     # Not tampering, but never silent: e.g. conflicting records the ledger quarantined.
     warnings: list[str] = field(default_factory=list)
+    # Events whose payload was erased by a signed redaction record (``ledger.redaction``): each as
+    # stream, stream_seq, event_id, reason, actor, time, record id and the key that signed it.
+    redactions: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -241,6 +251,8 @@ class _StreamCheck:
     last_seq: int = -1
     reordered: list[Problem] = field(default_factory=list)
     suspects: list[EventRow] = field(default_factory=list)  # bytes differ, or a second row with the leaf's
+    redactions: dict[int, Event] = field(default_factory=dict)  # seq -> the record that erased it
+    redacted: list[int] = field(default_factory=list)  # the seqs whose row is a redaction marker named there
     unrecorded: list[EventRow] = field(default_factory=list)
     edited: list[Problem] = field(default_factory=list)
 
@@ -293,6 +305,7 @@ def verify_ledger(
     total = sum(len(rec.leaves) for rec in recorded.values())
     checked = 0
     timeline = _registry_timeline(ledger.root, recorded.get(REGISTRY_STREAM))
+    erased = _redaction_records(ledger.root, recorded)
     checks: dict[str, _StreamCheck] = {}
     with _spill_folder() as spill:
         tables = _TableCheck(ledger.root, Path(spill))
@@ -303,6 +316,7 @@ def verify_ledger(
                 if check is None:
                     rec = recorded.get(stream, RecordedStream())
                     check = checks[stream] = _StreamCheck(rec, bytearray(len(rec.leaves)))
+                    check.redactions = erased.get(stream, {})
                 event = _check_row(check, stream, row)
                 if event is not None:
                     good.append((row.seq, event))
@@ -319,8 +333,10 @@ def verify_ledger(
             check = checks.get(stream) or _StreamCheck(rec, bytearray(len(rec.leaves)))
             report.events += check.rows
             report.problems.extend(check.problems(stream))
+            _report_redactions(stream, check, log_keys, report)
             _check_checkpoint(ledger, stream, rec, log_keys, report)
         tables.check(recorded, report)
+    _check_erased_salts(ledger.root, erased, report)
     _check_quarantine_count(ledger, report)
     _report_conflicts(ledger, report)
     return report
@@ -381,6 +397,10 @@ def _check_row(check: _StreamCheck, stream: str, row: EventRow) -> Event | None:
         check.unrecorded.append(row)
         return None
     mark = check.marks[row.seq]
+    if not mark & _MATCHED and _erased_here(check, row):
+        check.marks[row.seq] = mark | _PRESENT | _MATCHED  # committed through its leaf, payload erased
+        check.redacted.append(row.seq)
+        return None
     if mark & _MATCHED or leaf_hash(row.canonical.encode()) != leaves[row.seq]:
         check.marks[row.seq] = mark | _PRESENT
         check.suspects.append(row)
@@ -397,6 +417,127 @@ def _check_row(check: _StreamCheck, stream: str, row: EventRow) -> Event | None:
         detail = f"column {', '.join(edited)} differs from the event's bytes ({row.file})"
         check.edited.append(Problem(stream, "modified", detail, row.seq, decoded.envelope.id))
     return decoded
+
+
+def _erased_here(check: _StreamCheck, row: EventRow) -> bool:
+    """A row whose canonical bytes were replaced by a redaction marker, where a redaction record
+    stored in the log names this very event, its leaf (as the log recorded it) and this marker."""
+    if not is_redacted(row.canonical):
+        return False
+    record = check.redactions.get(row.seq)
+    if record is None:
+        return False
+    d = record.envelope.data
+    try:
+        marked = read_marker(row.canonical)
+    except (ValueError, KeyError, TypeError):
+        return False
+    return (
+        d.event_id == row.id
+        and d.event_source == row.source
+        and d.leaf_sha256 == check.rec.leaves[row.seq].hex()
+        and marked.get("record") == record.envelope.id
+    )
+
+
+def _redaction_records(root: Path, recorded: dict[str, RecordedStream]) -> dict[str, dict[int, Event]]:
+    """Per stream, seq -> the ``ledger.redaction`` event that erased it: only records whose own
+    bytes are the leaf the log recorded (a changed record is "modified" in the main pass)."""
+    out: dict[str, dict[int, Event]] = defaultdict(dict)
+    for path in sorted((root / "events").rglob("*.parquet")):
+        try:
+            parquet = pq.ParquetFile(path)
+            for group in range(parquet.num_row_groups):
+                types = parquet.read_row_group(group, columns=["type"])["type"]
+                if not pc.any(pc.equal(types, LEDGER_REDACTION)).as_py():
+                    continue
+                rows = parquet.read_row_group(group, columns=["stream", "stream_seq", "type", "canonical"])
+                rows = rows.filter(pc.equal(rows["type"], LEDGER_REDACTION))
+                for stream, seq, text in zip(
+                    *(rows[c].to_pylist() for c in ("stream", "stream_seq", "canonical")), strict=True
+                ):
+                    rec = recorded.get(stream)
+                    if (
+                        rec is None
+                        or not 0 <= seq < len(rec.leaves)
+                        or leaf_hash(text.encode()) != rec.leaves[seq]
+                    ):
+                        continue
+                    decoded = decode_event(text.encode())
+                    if isinstance(decoded, Event) and decoded.envelope.type == LEDGER_REDACTION:
+                        d = decoded.envelope.data
+                        out[d.stream][d.stream_seq] = decoded
+        except Exception:
+            continue  # named "unreadable" by the main pass
+    return dict(out)
+
+
+def _report_redactions(stream: str, check: _StreamCheck, log_keys: LogKeys, report: Report) -> None:
+    """Each erased event as a redaction (with its reason) and a warning line; a record whose event
+    still holds its payload, or one not signed by a log key tried, is a ``redaction`` problem."""
+    for seq in sorted(check.redacted):
+        record = check.redactions[seq]
+        d, env = record.envelope.data, record.envelope
+        signer, problem = _redaction_signer(record, log_keys)
+        if problem:
+            report.problems.append(Problem(stream, "redaction", problem, seq, d.event_id))
+        report.redactions.append(
+            {
+                "stream": stream,
+                "stream_seq": seq,
+                "event_id": d.event_id,
+                "event_type": d.event_type,
+                "reason": d.reason,
+                "actor": d.actor,
+                "time": env.time.isoformat(),
+                "record": env.id,
+                "signed_by": signer,
+            }
+        )
+        report.warnings.append(
+            f"redacted: stream {stream} event {d.event_id} (#{seq}, {d.event_type}) by {d.actor} at "
+            f"{env.time.isoformat()}: {d.reason} (record {env.id}, signed by {signer or 'nobody'})"
+        )
+    for seq in sorted(set(check.redactions) - set(check.redacted)):
+        d = check.redactions[seq].envelope.data
+        if 0 <= seq < len(check.marks) and check.marks[seq] & _MATCHED:
+            detail = f"redaction record {check.redactions[seq].envelope.id} names it, but its payload is still stored"
+            report.problems.append(Problem(stream, "redaction", detail, seq, d.event_id))
+
+
+def _redaction_signer(record: Event, log_keys: LogKeys) -> tuple[str | None, str | None]:
+    """(the key id the record is signed with, a problem or None). Checked when log keys are given."""
+    key_id = record.envelope.key_id
+    if not log_keys.keys:
+        return key_id, None
+    key = next((k for k in log_keys.keys if key_id_of(k) == key_id), None)
+    if key is None:
+        return (
+            key_id,
+            f"redaction record {record.envelope.id} is not signed by a log key tried ({log_keys.tried()})",
+        )
+    try:
+        verify_canonical(record.canonical, key)
+    except SignatureError as exc:
+        return key_id, f"redaction record {record.envelope.id}: {exc}"
+    return key_id, None
+
+
+def _check_erased_salts(root: Path, erased: dict[str, dict[int, Event]], report: Report) -> None:
+    """A redacted event's salt must be gone with its payload (with both, a guess could be checked)."""
+    keys = {(stream, seq) for stream, seqs in erased.items() for seq in seqs}
+    if not keys:
+        return
+    for path in sorted((root / SALTS.name).rglob("*.parquet")):
+        try:
+            table = pq.read_table(path, columns=["stream", "stream_seq"])
+        except Exception as exc:
+            report.problems.append(Problem("?", "unreadable", f"{path.relative_to(root)}: {exc}"[:240]))
+            continue
+        for stream, seq in zip(table["stream"].to_pylist(), table["stream_seq"].to_pylist(), strict=True):
+            if (stream, seq) in keys:
+                detail = f"the salt of a redacted event is still stored ({path.relative_to(root)})"
+                report.problems.append(Problem(stream, "redaction", detail, seq))
 
 
 def _registry_timeline(root: Path, rec: RecordedStream | None) -> RegistryTimeline:
@@ -814,16 +955,22 @@ def prove_inclusion(root: str | Path, event_id: str, source: str | None = None) 
             f"event {event_id} (#{seq}) is newer than the signed checkpoint (size {size}); "
             "run `ledger checkpoint` first"
         )
-    leaf = leaf_hash(canonical.encode())
-    return verifier.inclusion_proof_document(
-        stream=stream,
-        event_id=event_id,
-        leaf_index=seq,
-        tree_size=size,
-        audit_path=tree.inclusion_proof(seq, size),
-        leaf_hash=leaf,
-        root_hash=tree.root(size),
-    ) | {"source": src}
+    erased = is_redacted(canonical)  # its bytes are gone: the leaf the log recorded stands for them
+    leaf = tree.leaf_hash(seq) if erased else leaf_hash(canonical.encode())
+    extra: dict[str, Any] = {"redacted": read_marker(canonical)["reason"]} if erased else {}
+    return (
+        extra
+        | verifier.inclusion_proof_document(
+            stream=stream,
+            event_id=event_id,
+            leaf_index=seq,
+            tree_size=size,
+            audit_path=tree.inclusion_proof(seq, size),
+            leaf_hash=leaf,
+            root_hash=tree.root(size),
+        )
+        | {"source": src}
+    )
 
 
 def prove_consistency(

@@ -13,7 +13,11 @@ DEST is a folder any static HTTP server can serve::
 stream then stream position), are compact JSON records (sorted keys, at most 64 KiB):
 
 * ``{"t": "event", ...}`` for each event: commit, stream, stream_seq, source, id, type, the
-  producer's key_id and sig, and ``sha256`` of its canonical bytes (the payload stays in Parquet);
+  producer's key_id and sig, and ``salted_sha256``: SHA-256 of the event's random 16-byte salt
+  (``data/salts/``) followed by its canonical bytes (the payload stays in Parquet). An event stored
+  before the ledger drew salts has ``sha256`` of its canonical bytes instead (unsalted). An event
+  redacted before its first publish gets the entry it would have had (its redaction marker keeps
+  the digest, key id and signature), so ``ledger redact`` never changes what a log says;
 * ``{"t": "commit", ...}`` after each commit's events: the files it added and removed, and the
   (size, root) of each stream tree it moved, so the per-stream checkpoints signed before stay
   checkable against the one log;
@@ -48,7 +52,8 @@ import pyarrow.parquet as pq
 
 from ledger.log_checkpoint import parse_checkpoint, sign_checkpoint
 from ledger.merkle import EMPTY_ROOT, CompactRange, leaf_hash, verify_consistency
-from ledger.store import COMMITS, Ledger
+from ledger.redaction import entry_digest, is_redacted, read_marker
+from ledger.store import COMMITS, SALTS, Ledger
 from ledger.tiles import (
     MAX_ENTRY_BYTES,
     TILE_WIDTH,
@@ -145,9 +150,19 @@ def _entry(doc: dict[str, Any]) -> bytes:
     return msgspec.json.encode(doc, order="sorted")
 
 
-def _event_entry(row: dict[str, Any]) -> bytes:
-    canonical = row["canonical"].encode()
-    signed = _decode_signed.decode(canonical)
+def _event_entry(row: dict[str, Any], salt: bytes | None = None) -> bytes:
+    """An event's entry: its digest salted when it has a salt (``salted_sha256``), else ``sha256``."""
+    text: str = row["canonical"]
+    if is_redacted(text):  # erased before this publish: the digest and signature its marker kept
+        marked = read_marker(text)
+        key_id, sig = marked.get("key_id"), marked.get("sig")
+        digest: dict[str, Any] = {k: marked[k] for k in ("salted_sha256", "sha256") if k in marked}
+    else:
+        canonical = text.encode()
+        signed = _decode_signed.decode(canonical)
+        key_id, sig = signed.key_id, signed.signature
+        field = "salted_sha256" if salt is not None else "sha256"
+        digest = {field: entry_digest(canonical, salt)}  # one of the two fields, never both
     return _entry(
         {
             "t": "event",
@@ -157,9 +172,9 @@ def _event_entry(row: dict[str, Any]) -> bytes:
             "source": row["source"],
             "id": row["id"],
             "type": row["type"],
-            "key_id": signed.key_id,
-            "sig": signed.signature,
-            "sha256": hashlib.sha256(canonical).hexdigest(),
+            "key_id": key_id,
+            "sig": sig,
+            **digest,
         }
     )
 
@@ -202,6 +217,21 @@ def _new_events(
     yield from table.to_pylist()
 
 
+def _new_salts(
+    root: Path, live: Sequence[str], after_commit: int, last_commit: int
+) -> dict[tuple[str, int], bytes]:
+    """(stream, stream_seq) -> salt, of the events of commits (``after_commit``, ``last_commit``]."""
+    files = [str(root / rel) for rel in live if rel.startswith(f"{SALTS.name}/")]
+    if not files:
+        return {}
+    wanted = (ds.field("commit") > after_commit) & (ds.field("commit") <= last_commit)
+    table = ds.dataset(files, format="parquet", partitioning="hive").to_table(
+        columns=["stream", "stream_seq", "salt"], filter=wanted
+    )
+    columns = (table[c].to_pylist() for c in ("stream", "stream_seq", "salt"))
+    return {(stream, seq): salt for stream, seq, salt in zip(*columns, strict=True) if salt is not None}
+
+
 def _read_commits(root: Path, after: int) -> list[dict[str, Any]]:
     paths = sorted((root / COMMITS).glob("*.json"))
     return [json.loads(p.read_bytes()) for p in paths if int(p.stem) > after]
@@ -224,6 +254,7 @@ def _build_entries(
     stream segments and commit leaf ranges. Returns (entries, events)."""
     entries: list[bytes] = []
     by_commit: dict[int, list[dict[str, Any]]] = {}
+    salts = _new_salts(root, live_after, state.commit, records[-1]["commit"])
     for row in _new_events(root, live_after, state.commit, records[-1]["commit"]):
         by_commit.setdefault(row["commit"], []).append(row)
     events = 0
@@ -231,7 +262,7 @@ def _build_entries(
         first_leaf = state.size + len(entries)
         for row in by_commit.get(record["commit"], []):
             _note_leaf(state.segments, row["stream"], row["stream_seq"], state.size + len(entries))
-            data = _event_entry(row)
+            data = _event_entry(row, salts.get((row["stream"], row["stream_seq"])))
             if len(data) > MAX_ENTRY_BYTES:
                 raise PublishError(f"event {row['source']} {row['id']}: its log entry exceeds 64 KiB")
             entries.append(data)

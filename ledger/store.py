@@ -54,7 +54,7 @@ import pyarrow.parquet as pq
 from ledger.admission import ADMISSION_REASONS, AdmissionRound, AdmissionState, admission_round
 from ledger.compaction import merge_parts, tail_to_merge
 from ledger.merkle import CompactRange, leaf_hash
-from ledger.parquet_schemas import TABLES
+from ledger.parquet_schemas import TABLES, Table
 from ledger.projectors import FoldState, RowBuffer, rows_for_event
 from ledger.seen_index import SeenIndex, record_digest, record_key, seen_key
 from schemas.codec import (
@@ -102,6 +102,23 @@ QUARANTINE_REASONS = (
     STREAM_RUN_MISMATCH,
     *ADMISSION_REASONS,
 )
+# Each accepted event's random salt, beside the event: its public log entry commits to
+# SHA-256(salt ‖ canonical bytes), so a low-entropy payload cannot be found from the published digest;
+# ``ledger redact`` erases the salt with the payload. Events stored before salts are "unsalted".
+SALT_BYTES = 16
+SALTS = Table(
+    "salts",
+    "stream_type",
+    pa.schema(
+        [("stream", pa.string()), ("stream_seq", pa.int64()), ("commit", pa.int64()), ("salt", pa.binary())]
+    ),
+    "Each event's random salt: its public log entry carries SHA-256(salt ‖ canonical bytes).",
+)
+# Part files the ledger's commits write besides TABLES' (compacted with them; a store of their own).
+SIDE_TABLES: dict[str, Table] = {SALTS.name: SALTS}
+# Writers whose commit records replace files (old ones removed before the new appear): a glob
+# reader that overlapped one runs its query again (``settled_merges``).
+REPLACING_WRITERS = ("compact", "redact")
 LEDGER_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # it is part of every checkpoint's origin line
 COMMITS = "_commits"
 
@@ -171,6 +188,7 @@ class _CommitWork:
     result: CommitResult = field(default_factory=lambda: CommitResult(commit=None))
     buf: RowBuffer = field(default_factory=RowBuffer)
     appended: dict[bytes, bytes] = field(default_factory=dict)  # this commit's keys and leaf hashes
+    salts: dict[str, list[tuple[str, int, bytes]]] = field(default_factory=dict)  # stream type -> rows
     added: dict[str, dict[str, Any]] = field(default_factory=dict)  # per stream: first seq, leaves, ids
 
 
@@ -348,7 +366,7 @@ class Ledger:
         """Temporary files of the ledger's own writes: table files, commit records, the format marker.
         Not those of ``views.sql`` or signed checkpoints, written beside a live ledger without the
         writer lock (sweeping them could pull a file from under its writer's rename)."""
-        for table in TABLES:
+        for table in [*TABLES, *SIDE_TABLES]:
             yield from (self.root / table).rglob("*.tmp")
         yield from (self.root / COMMITS).glob("*.tmp")
         yield from self.root.glob(".LEDGER.json.*.tmp")
@@ -384,6 +402,7 @@ class Ledger:
         writer: str,
         max_event_bytes: int,
         check: _Careful,
+        rewrite: Rewrite | None = None,
     ) -> CommitResult:
         number = self._last_commit + 1
         positions = dict(self._positions)
@@ -409,6 +428,9 @@ class Ledger:
                     decoded = refused
                 result.quarantined.append((record, decoded))
                 buf.add("quarantine", day, _quarantine_row(record, decoded, now, number))
+            if rewrite is not None and result.accepted != len(records):
+                reasons = "; ".join(q.reason for _, q in result.quarantined) or "not stored"
+                raise LedgerError(f"the {writer} record was refused: {reasons}")
             if not buf.columns and positions == self._positions:
                 return result
             try:
@@ -417,7 +439,12 @@ class Ledger:
                 if check is None:
                     raise
                 raise _UnencodableBatch(f"{type(exc).__name__}: {exc}", _failing_groups(buf)) from exc
+            tables += _salt_tables(work.salts, number)
             files = self._write_files(tables, number)
+            removed: list[str] = []
+            if rewrite is not None:  # files replaced in the same commit (``ledger redact``)
+                replacing, removed = rewrite(number)
+                files += replacing
             record_json = {
                 "commit": number,
                 "time": now.isoformat(),
@@ -430,12 +457,16 @@ class Ledger:
                 # commit point as the events that moved them (ledger.admission.load_state reads it).
                 "admission": admission.state.to_json(),
             }
+            if removed:
+                record_json["removed"] = removed
             record_text = json.dumps(record_json)
             write_durably(self.root / COMMITS / f"{number:010d}.json", record_text)
             self._newest_record = record_json
         except BaseException:
             self._fold.configs = fold_before
             raise
+        for rel in removed:  # as a compaction: old files go before the new ones appear
+            (self.root / rel).unlink(missing_ok=True)
         for rel in files:
             final = self.root / rel
             os.replace(final.with_name(final.name + ".tmp"), final)
@@ -483,6 +514,8 @@ class Ledger:
         if refused is None:
             work.appended[key] = leaf
             _append_leaf(work.streams, work.added, event, leaf, stream_seq)
+            salts = work.salts.setdefault(stream_type(env.stream), [])
+            salts.append((env.stream, stream_seq, os.urandom(SALT_BYTES)))
             work.result.accepted += 1
         return refused
 
@@ -547,7 +580,9 @@ class Ledger:
     def _write_files(self, tables: list[tuple[str, str, pa.Table]], number: int) -> list[str]:
         files: list[str] = []
         for i, (table, partition, data) in enumerate(sorted(tables, key=lambda x: (x[0], x[1]))):
-            rel = f"{table}/{TABLES[table].partition}={partition or '_'}/part-{number:010d}-{i:03d}.parquet"
+            rel = (
+                f"{table}/{table_spec(table).partition}={partition or '_'}/part-{number:010d}-{i:03d}.parquet"
+            )
             final = self.root / rel
             final.parent.mkdir(parents=True, exist_ok=True)
             _write_part(data, final.with_name(final.name + ".tmp"))
@@ -556,6 +591,21 @@ class Ledger:
         return files
 
     # ----------------------------------------------------------------- compaction
+    def commit_rewrite(
+        self, prepare: Callable[[Ledger], tuple[Sequence[SourceRecord], Rewrite]], *, writer: str
+    ) -> CommitResult:
+        """One commit, under the writer lock, that appends ``records`` and replaces files: ``prepare``
+        (called under the lock, so it sees every commit) returns the records and the rewrite, which is
+        given the commit's number and writes its new files as ``*.tmp``, returning (new files, files
+        they replace). Every record must be stored, or nothing is (LedgerError)."""
+        with self._writer_lock():
+            records, rewrite = prepare(self)
+            result = self._commit_locked(records, writer, MAX_EVENT_BYTES, frozenset(), rewrite)
+            self._fold.configs.clear()  # the rewrite may have changed the configs a later change builds on
+            if result.commit is not None and self.auto_compact:
+                self._compact_tails(result.files)
+            return result
+
     def compact(self, *, min_files: int = 2) -> dict[str, int]:
         """Merge each partition's files into one. No query's answer changes."""
         with self._writer_lock():
@@ -587,7 +637,7 @@ class Ledger:
         number = self._last_commit + 1
         added: list[str] = []
         dropped: list[str] = []
-        for table in TABLES.values():
+        for table in [*TABLES.values(), *SIDE_TABLES.values()]:
             if partitions is None:
                 dirs = sorted((self.root / table.name).glob(f"{table.partition}=*"))
             else:
@@ -636,6 +686,26 @@ class Ledger:
         return {"merged_partitions": len(added), "removed_files": len(dropped)}
 
 
+Rewrite = Callable[[int], tuple[list[str], list[str]]]
+
+
+def table_spec(name: str) -> Table:
+    """A table of the ledger's part files: one of TABLES or of SIDE_TABLES."""
+    return TABLES[name] if name in TABLES else SIDE_TABLES[name]
+
+
+def _salt_tables(
+    salts: dict[str, list[tuple[str, int, bytes]]], commit: int
+) -> list[tuple[str, str, pa.Table]]:
+    """The commit's salt rows, one table per stream type (as the events they belong to)."""
+    out = []
+    for partition, rows in sorted(salts.items()):
+        streams, seqs, values = zip(*rows, strict=True)
+        columns = [list(streams), list(seqs), [commit] * len(rows), list(values)]
+        out.append(("salts", partition, pa.Table.from_arrays(columns, schema=SALTS.schema)))
+    return out
+
+
 def settled_merges(root: Path, since: int, *, wait_s: float = 5.0) -> tuple[int, bool]:
     """For a glob reader: (the next commit number to watch, whether a compaction numbered ``since``
     or later exists). Waits (up to ``wait_s``) until such a compaction's files are in place: between
@@ -647,7 +717,8 @@ def settled_merges(root: Path, since: int, *, wait_s: float = 5.0) -> tuple[int,
     for name in names:
         path = root / COMMITS / name
         with open(path, "rb") as handle:
-            if b'"writer": "compact"' not in handle.read(256):  # json.dumps puts it first-ish
+            head = handle.read(256)  # json.dumps puts "writer" first-ish
+            if not any(f'"writer": "{w}"'.encode() in head for w in REPLACING_WRITERS):
                 continue
         merged = True
         record = json.loads(path.read_bytes())

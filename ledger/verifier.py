@@ -469,6 +469,10 @@ def verify_inclusion_document(
             what += f" of stream {fields['stream']!r}"
         return f"{what} {where}"
     summary = f"leaf with hash {_b64e(leaf)} {where}"
+    if leaf_bytes is None and isinstance(doc.get("redacted"), str):  # `ledger redact` erased its bytes
+        summary += (
+            f"; the proof says the event was redacted ({doc['redacted'][:200]}): only its leaf hash is proven"
+        )
     if unchecked:
         summary += (
             f"; NOT checked: {', '.join(unchecked)} (the proof carries no leaf bytes: pass --leaf FILE)"

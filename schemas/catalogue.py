@@ -79,10 +79,18 @@ PRODUCER_ROTATED = "ledger.producer.rotated"
 PRODUCER_REVOKED = "ledger.producer.revoked"
 POLICY_CHANGED = "ledger.policy.changed"
 LEDGER_INCIDENT = "ledger.incident"
+LEDGER_REDACTION = "ledger.redaction"
 # The ledger's own record: written by the ledger (``ledger producers``, ingest's incidents), never
 # admitted from a bus (see ledger.admission).
 LEDGER_TYPES = frozenset(
-    {PRODUCER_REGISTERED, PRODUCER_ROTATED, PRODUCER_REVOKED, POLICY_CHANGED, LEDGER_INCIDENT}
+    {
+        PRODUCER_REGISTERED,
+        PRODUCER_ROTATED,
+        PRODUCER_REVOKED,
+        POLICY_CHANGED,
+        LEDGER_INCIDENT,
+        LEDGER_REDACTION,
+    }
 )
 
 CATALOGUE: dict[str, EventType] = {
@@ -129,6 +137,11 @@ CATALOGUE: dict[str, EventType] = {
         EventType(PRODUCER_REVOKED, {1: p.ProducerRevoked}, doc="A producer key refused from here on."),
         EventType(POLICY_CHANGED, {1: p.PolicyChanged}, doc="Which sources may be unsigned."),
         EventType(LEDGER_INCIDENT, {1: p.LedgerIncident}, doc="A gap or fork in a source's events."),
+        EventType(
+            LEDGER_REDACTION,
+            {1: p.LedgerRedaction},
+            doc="An event's payload erased (ledger redact): its digests, reason and actor, signed by the log key.",
+        ),
     ]
 }
 

@@ -273,3 +273,23 @@ class LedgerIncident(Payload, kw_only=True):
     expected_prev: str | None = None
     got_prev: str | None = None
     event_id: str | None = None
+
+
+Hex64 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+
+
+class LedgerRedaction(Payload, kw_only=True):
+    """An event's payload erased from the ledger's tables (``ledger redact``): which event, the
+    digests it stays committed through (its Merkle leaf hash and its public log entry's digest, so
+    every proof still verifies), who asked and why. The event's row keeps its envelope columns."""
+
+    event_id: NonEmpty
+    event_source: NonEmpty
+    event_type: NonEmpty
+    stream: NonEmpty
+    stream_seq: Count
+    leaf_sha256: Hex64  # RFC 6962 leaf hash of the erased canonical bytes (the per-stream tree's leaf)
+    entry_sha256: Hex64  # the digest the public log's entry carries (salted or not, see ``salted``)
+    salted: bool  # True: entry_sha256 = SHA-256(salt ‖ canonical bytes); the salt is erased too
+    reason: NonEmpty
+    actor: NonEmpty

@@ -275,6 +275,9 @@ def test_rows_made_arrow_in_chunks_store_what_one_conversion_stores(
     filled = set()
     for file in files:
         expected = pq.read_table(tmp_path / "whole" / file).to_pylist()
-        assert pq.read_table(tmp_path / "chunked" / file).to_pylist() == expected, file
+        got = pq.read_table(tmp_path / "chunked" / file).to_pylist()
+        if file.parts[0] == "salts":  # fresh random salts: the same rows but for the salt itself
+            assert all(len(row.pop("salt")) == 16 for row in expected + got)
+        assert got == expected, file
         filled |= {file.parts[0]} if expected else set()
     assert filled >= {"events", "metrics", "configs", "config_changes", "launches", "state_events"}

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
+import pyarrow.parquet as pq
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
@@ -106,10 +107,17 @@ def test_publish_writes_one_tile_log_of_every_event(site: Site) -> None:
         (r["stream"], r["stream_seq"]): r["canonical"]
         for r in Reader(site.root).sql("SELECT stream, stream_seq, canonical FROM events").records()
     }
+    salts = {}
+    for path in (site.root / "salts").rglob("*.parquet"):
+        t = pq.read_table(path)
+        keys = zip(t["stream"].to_pylist(), t["stream_seq"].to_pylist(), strict=True)
+        salts |= dict(zip(keys, t["salt"].to_pylist(), strict=True))
     events = [e for e in entries if e["t"] == "event"]
     assert [(e["stream"], e["stream_seq"]) for e in events] == sorted(stored)  # ledger order
     for e in events:
-        assert e["sha256"] == hashlib.sha256(stored[(e["stream"], e["stream_seq"])].encode()).hexdigest()
+        key = (e["stream"], e["stream_seq"])
+        assert "sha256" not in e  # salted (docs/publish.md; tests/merkle/test_redaction.py)
+        assert e["salted_sha256"] == hashlib.sha256(salts[key] + stored[key].encode()).hexdigest()
         assert len(json.dumps(e)) < 65536
     # The signed manifest names every data file with its bytes and digest, and the log names it.
     manifest = (site.dest / "manifest.json").read_bytes()

@@ -1,0 +1,400 @@
+"""`ledger redact EVENT`: erase one event's payload without breaking a proof.
+
+Every event stays committed through digests that do not need its bytes: its per-stream Merkle leaf
+(the leaf hashes the commit log recorded) and its public log entry's ``salted_sha256`` (SHA-256 of
+a random per-event salt and its canonical bytes; ``sha256`` for events stored before salts). A
+redaction, as one commit under the writer lock:
+
+* rewrites every Parquet file that holds the event: its ``events`` row keeps the envelope columns
+  and gets a marker (``{"redacted": {...}}``) in place of its canonical bytes; its rows in the typed
+  tables and its salt are removed. New files replace old ones through the commit record's
+  ``files``/``removed`` lists, as a compaction does, so a kill before the commit record leaves only
+  tmp files (swept) and a kill after it is finished by the next writer (``Ledger._recover``);
+* appends a ``ledger.redaction`` event (the event's ids, leaf hash, entry digest, reason and actor),
+  signed with the log key, on the event's own stream: ``ledger verify`` accepts the marker only where
+  such a record names the event and its leaf, and ``ledger state``/``history`` show it.
+
+A rewritten file keeps its place among its partition's files (``<name>-r<commit>.parquet`` sorts just
+before ``<name>.parquet``), so rows stay in commit order for compaction and verify.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from ledger.admission import INCIDENT_INGEST, is_own
+from ledger.merkle import leaf_hash
+from ledger.parquet_schemas import TABLES, tables_of
+from ledger.projectors import FoldState, RowBuffer, rows_for_event
+from ledger.store import SALTS, CommitResult, Ledger, LedgerError, Rewrite, SourceRecord, _fsync_dirs
+from schemas import catalogue as c
+from schemas import payloads as p
+from schemas.codec import Event, decode_event, encode_event, make_event
+from schemas.signing import Sealer
+
+REDACTED_PREFIX = '{"redacted":'  # a real event's canonical JSON never starts so (its keys are fixed)
+MAX_REASON_CHARS = 2000
+_REWRITTEN = re.compile(r"-r\d{10}$")
+
+
+def is_redacted(canonical: str | None) -> bool:
+    """Whether an ``events`` row's canonical column holds a redaction marker, not an event."""
+    return canonical is not None and canonical.startswith(REDACTED_PREFIX)
+
+
+def marker(record_id: str, reason: str, entry_sha256: str, salted: bool, signed: Any) -> str:
+    """The text that replaces a redacted event's canonical bytes: which record erased it and why,
+    and what its public log entry carries (so a publish after the redaction writes the same entry)."""
+    body = {
+        "record": record_id,
+        "reason": reason,
+        ("salted_sha256" if salted else "sha256"): entry_sha256,
+        "key_id": signed.get("key_id"),
+        "sig": signed.get("signature"),
+    }
+    return json.dumps({"redacted": body}, sort_keys=True, separators=(",", ":"))
+
+
+def read_marker(canonical: str) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(canonical)["redacted"]
+    return body
+
+
+def entry_digest(canonical: bytes, salt: bytes | None) -> str:
+    """The digest a public log entry carries for an event: salted when the event has a salt."""
+    return hashlib.sha256((salt or b"") + canonical).hexdigest()
+
+
+def entry_matches(entry: dict[str, Any], canonical: bytes, salt: bytes | None) -> bool:
+    """Whether a published event entry commits to ``canonical`` (with its ``salt``, for an entry that
+    carries ``salted_sha256``; an older entry carries the unsalted ``sha256``)."""
+    if "salted_sha256" in entry:
+        return salt is not None and entry_digest(canonical, salt) == entry["salted_sha256"]
+    return entry_digest(canonical, None) == entry.get("sha256")
+
+
+@dataclass(frozen=True)
+class Target:
+    """The event to redact, as its row in ``events`` holds it."""
+
+    stream: str
+    stream_seq: int
+    source: str
+    id: str
+    type: str
+    run_id: str | None
+    attempt: int | None
+    step: int | None
+    canonical: str
+
+
+@dataclass
+class RedactionResult:
+    commit: int
+    record_id: str
+    target: Target
+    rewritten: int  # files replaced
+    salted: bool
+
+
+def find_event(root: Path, event_id: str, source: str | None = None) -> Target:
+    """The one stored event with ``event_id`` (and ``source``); a LedgerError names what is wrong."""
+    files = sorted(str(p) for p in (root / "events").rglob("*.parquet"))
+    wanted = ds.field("id") == event_id
+    if source is not None:
+        wanted = wanted & (ds.field("source") == source)
+    columns = ["stream", "stream_seq", "source", "id", "type", "run_id", "attempt", "step", "canonical"]
+    rows = ds.dataset(files, format="parquet").to_table(columns=columns, filter=wanted).to_pylist()
+    if not rows:
+        where = f" from source {source!r}" if source else ""
+        raise LedgerError(f"no event with id {event_id!r}{where} in this ledger")
+    if len(rows) > 1:
+        raise LedgerError(f"{len(rows)} events have id {event_id!r}; name one with --source")
+    return Target(**rows[0])
+
+
+def salt_of(root: Path, stream: str, seq: int) -> bytes | None:
+    files = sorted(str(p) for p in (root / SALTS.name).rglob("*.parquet"))
+    if not files:
+        return None
+    wanted = (ds.field("stream") == stream) & (ds.field("stream_seq") == seq)
+    rows = ds.dataset(files, format="parquet").to_table(columns=["salt"], filter=wanted).column("salt")
+    values = [v for v in rows.to_pylist() if v is not None]
+    return values[0] if values else None
+
+
+def redact(
+    root: str | Path,
+    event_id: str,
+    *,
+    reason: str,
+    actor: str,
+    private_key: str | None,
+    source: str | None = None,
+) -> RedactionResult:
+    """Erase event ``event_id``'s payload and salt from the ledger's files, as one commit that also
+    appends its signed ``ledger.redaction`` record (see the module's doc)."""
+    reason, actor = reason.strip(), actor.strip()
+    if not reason or not actor:
+        raise LedgerError("a redaction needs a --reason and an --actor (both non-empty)")
+    if len(reason) > MAX_REASON_CHARS:
+        raise LedgerError(f"--reason is {len(reason)} characters; at most {MAX_REASON_CHARS}")
+    sealer = Sealer(private_key, chain=False) if private_key else None
+    ledger = Ledger.open(root)
+    made: dict[str, Any] = {}
+
+    def prepare(locked: Ledger) -> tuple[Sequence[SourceRecord], Rewrite]:
+        target = find_event(locked.root, event_id, source)  # under the lock: no redaction races it
+        if is_redacted(target.canonical):
+            raise LedgerError(
+                f"event {event_id} is redacted already ({read_marker(target.canonical)['reason']})"
+            )
+        decoded = decode_event(target.canonical.encode())
+        if not isinstance(decoded, Event):
+            raise LedgerError(f"event {event_id}'s stored bytes do not decode; run `ledger verify`")
+        if is_own(decoded.envelope):
+            raise LedgerError(
+                f"event {event_id} is the ledger's own record ({target.type}): it cannot be redacted"
+            )
+        salt = salt_of(locked.root, target.stream, target.stream_seq)
+        canonical = target.canonical.encode()
+        digest = entry_digest(canonical, salt)
+        record, raw = _record(locked, target, canonical, digest, salt is not None, reason, actor, sealer)
+        signed = json.loads(canonical)
+        text = marker(record.id, reason, digest, salt is not None, signed)
+        made.update(target=target, record=record.id, salted=salt is not None)
+
+        def rewrite(number: int) -> tuple[list[str], list[str]]:
+            added, removed = rewrite_files(locked.root, target, text, number)
+            made["rewritten"] = len(removed)
+            return added, removed
+
+        return [SourceRecord(INCIDENT_INGEST, record.seq, raw)], rewrite
+
+    result: CommitResult = ledger.commit_rewrite(prepare, writer="redact")
+    assert result.commit is not None  # a refused record raised
+    return RedactionResult(result.commit, made["record"], made["target"], made["rewritten"], made["salted"])
+
+
+def _record(
+    ledger: Ledger,
+    target: Target,
+    canonical: bytes,
+    digest: str,
+    salted: bool,
+    reason: str,
+    actor: str,
+    sealer: Sealer | None,
+) -> tuple[Any, bytes]:
+    """The ``ledger.redaction`` event (its envelope, and its bytes), at the next position of the
+    ledger's own incident source, on the redacted event's stream (its run, attempt and step)."""
+    position = ledger.positions().get(INCIDENT_INGEST, 0)
+    payload = p.LedgerRedaction(
+        event_id=target.id,
+        event_source=target.source,
+        event_type=target.type,
+        stream=target.stream,
+        stream_seq=target.stream_seq,
+        leaf_sha256=leaf_hash(canonical).hex(),
+        entry_sha256=digest,
+        salted=salted,
+        reason=reason,
+        actor=actor,
+    )
+    envelope = make_event(
+        payload,
+        source=INCIDENT_INGEST,
+        stream=target.stream,
+        seq=position,
+        run_id=target.run_id,
+        attempt=target.attempt,
+        step=target.step,
+        subject=target.source,
+        id=f"redaction-{uuid.uuid4().hex}",
+        time=datetime.now(UTC),
+    )
+    if sealer is not None:
+        envelope = sealer.seal(envelope)
+    return envelope, encode_event(envelope)
+
+
+# ------------------------------------------------------------------------------------------ rewriting
+
+# Events the fold of a run's config reads (ledger.projectors.FoldState): erasing one changes the
+# rows the attempt's later changes project (each ``configs`` row is a whole config, the erased
+# secret included), so those tables are projected again for the stream, without it.
+_FOLD_INPUTS = frozenset({c.RUN_STARTED, c.RUN_RESUMED, c.CONFIG_CHANGED})
+_FOLD_READS = (c.RUN_STARTED, c.RUN_RESUMED, c.CONFIG_CHANGED, c.CONFIG_REJECTED)
+FOLD_TABLES = ("configs", "config_changes")
+
+
+@dataclass
+class _Plan:
+    """What becomes of one table's rows: the target's row marked (``events``) or dropped, and in
+    the fold tables every row of its stream replaced by its projection without the target."""
+
+    target: Target
+    text: str | None  # the marker, for the events table
+    refold: dict[int, dict[str, Any]] | None = None  # stream_seq -> the row it projects now
+    seen: set[int] = field(default_factory=set)  # refolded seqs found in some file
+
+    def mask(self, rows: pa.Table) -> pa.ChunkedArray:
+        on_stream = pc.equal(rows["stream"], self.target.stream)
+        if self.refold is not None:
+            return on_stream
+        return pc.and_(on_stream, pc.equal(rows["stream_seq"], self.target.stream_seq))
+
+    def apply(self, rows: pa.Table, hit: pa.ChunkedArray) -> pa.Table:
+        if self.text is not None:
+            return _mark(rows, hit, self.text)
+        if self.refold is None:
+            return rows.filter(pc.invert(hit))
+        out = []
+        for row, hits in zip(rows.to_pylist(), hit.to_pylist(), strict=True):
+            if not hits:
+                out.append(row)
+                continue
+            self.seen.add(row["stream_seq"])
+            now = self.refold.get(row["stream_seq"])
+            if now is not None:
+                out.append({name: now.get(name) for name in rows.schema.names})
+        return pa.Table.from_pylist(out, schema=rows.schema)
+
+
+def rewrite_files(root: Path, target: Target, text: str, number: int) -> tuple[list[str], list[str]]:
+    """Every file holding rows of ``target`` written anew as ``*.tmp`` (its events row marked, its
+    other rows and its salt dropped, the fold tables projected again). Returns (new files, the
+    files they replace), relative."""
+    added: list[str] = []
+    removed: list[str] = []
+    refold = _refold(root, target) if target.type in _FOLD_INPUTS else None
+    names = [n for n in tables_of(root) if n != "quarantine"] + [SALTS.name]
+    for table in names:
+        plan = _Plan(target, text if table == "events" else None)
+        if refold is not None and table in FOLD_TABLES:
+            plan.refold = refold.get(table, {})
+        for path in sorted((root / table).glob("*/*.parquet")):
+            new = _new_name(path, number)
+            if _rewrite_file(path, new.with_name(new.name + ".tmp"), plan):
+                added.append(str(new.relative_to(root)))
+                removed.append(str(path.relative_to(root)))
+        if plan.refold:
+            added += _write_new_rows(root, table, plan, number)
+    _fsync_dirs(root, added)
+    return added, removed
+
+
+def _refold(root: Path, target: Target) -> dict[str, dict[int, dict[str, Any]]]:
+    """The fold tables' rows of the target's stream, projected again from its events without it
+    (and without events redacted before): table -> stream_seq -> row (its partition in ``_part``)."""
+    files = sorted(str(p) for p in (root / "events").rglob("*.parquet"))
+    wanted = (ds.field("stream") == target.stream) & ds.field("type").isin(list(_FOLD_READS))
+    table = ds.dataset(files, format="parquet").to_table(columns=["stream_seq", "canonical"], filter=wanted)
+    buf, fold = RowBuffer(), FoldState()
+    for seq, text in sorted(
+        zip(table["stream_seq"].to_pylist(), table["canonical"].to_pylist(), strict=True)
+    ):
+        if seq == target.stream_seq or is_redacted(text):
+            continue
+        decoded = decode_event(text.encode())
+        if isinstance(decoded, Event):
+            rows_for_event(decoded, seq, buf, fold)
+    out: dict[str, dict[int, dict[str, Any]]] = {name: {} for name in FOLD_TABLES}
+    for name, partition, data in buf.tables():
+        if name in out:
+            for row in data.to_pylist():
+                out[name][row["stream_seq"]] = row | {"_part": partition}
+    return out
+
+
+def _write_new_rows(root: Path, table: str, plan: _Plan, number: int) -> list[str]:
+    """Rows the projection without the target has and no file held (a later patch that applies
+    now): a new file per partition, as ``*.tmp``."""
+    assert plan.refold is not None
+    spec = TABLES[table]
+    by_part: dict[str, list[dict[str, Any]]] = {}
+    for seq, row in sorted(plan.refold.items()):
+        if seq not in plan.seen:
+            by_part.setdefault(row["_part"] or "_", []).append(row)  # as the store names it
+    added = []
+    for i, (partition, rows) in enumerate(sorted(by_part.items())):
+        rel = f"{table}/{spec.partition}={partition}/part-{number:010d}-x{i:03d}.parquet"
+        tmp = root / (rel + ".tmp")
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows, schema=spec.schema), tmp, compression="zstd")
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        added.append(rel)
+    return added
+
+
+def _new_name(path: Path, number: int) -> Path:
+    """``part-…-003.parquet`` → ``part-…-003-r<commit>.parquet``: sorts where the old file did."""
+    stem = _REWRITTEN.sub("", path.name.removesuffix(".parquet"))
+    return path.with_name(f"{stem}-r{number:010d}.parquet")
+
+
+def _may_hold(meta: pq.FileMetaData, group: int, names: list[str], plan: _Plan) -> bool:
+    """Whether row group ``group``'s statistics leave room for rows the plan touches."""
+    row_group = meta.row_group(group)
+    bounds: list[tuple[str, Any]] = [("stream", plan.target.stream)]
+    if plan.refold is None:
+        bounds.append(("stream_seq", plan.target.stream_seq))
+    for column, value in bounds:
+        stats = row_group.column(names.index(column)).statistics
+        if stats is not None and stats.has_min_max and not stats.min <= value <= stats.max:
+            return False
+    return True
+
+
+def _rewrite_file(path: Path, tmp: Path, plan: _Plan) -> bool:
+    """``path`` as the plan has it, into ``tmp``, a row group at a time. False (and no tmp file)
+    when the plan changes none of its rows."""
+    parquet = pq.ParquetFile(path)
+    names = parquet.schema_arrow.names
+    if "stream" not in names or "stream_seq" not in names:
+        return False
+    groups = [g for g in range(parquet.num_row_groups) if _may_hold(parquet.metadata, g, names, plan)]
+    if not any(_changes(parquet.read_row_group(g), plan) for g in groups):
+        return False
+    with pq.ParquetWriter(tmp, parquet.schema_arrow, compression="zstd") as writer:
+        for group in range(parquet.num_row_groups):
+            rows = parquet.read_row_group(group)
+            hit = plan.mask(rows)
+            if pc.any(hit).as_py():
+                rows = plan.apply(rows, hit)
+            writer.write_table(rows)
+    with open(tmp, "rb+") as handle:
+        os.fsync(handle.fileno())
+    return True
+
+
+def _changes(rows: pa.Table, plan: _Plan) -> bool:
+    """Whether the plan changes any of ``rows`` (a refold may leave a stream's rows as they are)."""
+    hit = plan.mask(rows)
+    if not pc.any(hit).as_py():
+        return False
+    if plan.refold is None:
+        return True
+    return not plan.apply(rows, hit).equals(rows)  # (and notes the seqs stored: ``_Plan.seen``)
+
+
+def _mark(rows: pa.Table, hit: pa.ChunkedArray, text: str) -> pa.Table:
+    """The events rows with the target's canonical bytes replaced by the redaction marker."""
+    index = rows.schema.get_field_index("canonical")
+    marked = pc.if_else(hit, pa.scalar(text, pa.string()), rows["canonical"])
+    return rows.set_column(index, rows.schema.field(index), marked)
