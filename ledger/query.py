@@ -31,6 +31,7 @@ from ledger.history import (
     value_at,
 )
 from ledger.parquet_schemas import tables_of
+from ledger.redaction import REDACTED_PREFIX, is_redacted, read_marker
 from ledger.sql_guard import RefusedStatement, lock_connection, read_only_statement
 from ledger.store import Ledger, LedgerError, settled_merges
 from ledger.views import connect
@@ -132,9 +133,20 @@ class Reader:
 
     def require_run(self, run_id: str) -> None:
         if not self.run_exists(run_id):
+            self._refuse_redacted_launch(run_id)
             known = [r[0] for r in self.sql("SELECT DISTINCT run_id FROM launches ORDER BY 1").rows]
             hint = f" (known runs: {', '.join(known[:10])})" if known else " (the ledger has no runs yet)"
             raise QueryError(f"unknown run {run_id!r}{hint}")
+
+    def _refuse_redacted_launch(self, run_id: str) -> None:
+        """A run whose every launch was redacted has no launch row: say so, not "unknown run"."""
+        rows = self.sql(
+            "SELECT canonical FROM events WHERE stream = ? AND type = ? AND starts_with(canonical, ?) LIMIT 1",
+            [run_id, c.RUN_STARTED, REDACTED_PREFIX],
+        ).rows
+        if rows:
+            reason = read_marker(rows[0][0]).get("reason", "")
+            raise QueryError(f"run {run_id!r}: its launch was redacted ({reason})")
 
     def events(self, run_id: str, types: Sequence[str] = STATE_TYPES) -> list[Envelope]:
         """A run's events of the given types, in stream order.
@@ -152,6 +164,8 @@ class Reader:
         ).rows
         out = []
         for (canonical,) in rows:
+            if is_redacted(canonical):  # erased (`ledger redact`): its redaction record tells of it
+                continue
             decoded = decode_event(canonical.encode())
             if not hasattr(decoded, "envelope"):
                 raise QueryError(f"stored event of run {run_id} no longer decodes: {decoded.reason}")

@@ -26,7 +26,7 @@ from ingest.spool import SpoolWriter
 from ledger import verifier
 from ledger.integrity import prove_consistency, prove_inclusion, sign_checkpoints, verify_ledger
 from ledger.publish import publish
-from ledger.query import Reader
+from ledger.query import QueryError, Reader
 from ledger.redaction import entry_digest, entry_matches, is_redacted, redact
 from ledger.store import Ledger, LedgerError, SourceRecord
 from ledger.tiles import entries_path, tile_path, walk_entries
@@ -483,6 +483,8 @@ def test_redacting_a_launch_erases_its_config_and_verify_passes(tmp_path: Path) 
     assert reader.sql("SELECT count(*) FROM configs").rows == [(0,)]
     report = verify_ledger(site.root, site.vkey)
     assert report.ok and [r["event_type"] for r in report.redactions] == ["runledger.run.started"]
+    with pytest.raises(QueryError, match=r"^run 'run-a': its launch was redacted \(secret in config\)$"):
+        reader.require_run("run-a")
 
 
 def test_changes_ingested_after_a_redaction_build_on_the_erased_config(tmp_path: Path) -> None:
