@@ -251,29 +251,11 @@ def state(
             markup=False,
         )
     console.print(f"  GitHub events so far: {len(result.github)}", highlight=False)
-    for line in _incident_lines(result.incidents):
-        console.print(line, highlight=False, markup=False)
+    from ledger.history import incident_text
+
+    for fact in result.incidents:  # ``  incident: 8 events lost by the producer (trainer/r/a1, …): …``
+        console.print(f"  incident: {incident_text(fact, brief=True)}", highlight=False, markup=False)
     print_rows(["key", "value"], rows, Format.table, None, title="config", limit=limit, full=full)
-
-
-_INCIDENT_WORDS = {
-    "dropped": "lost by the producer",
-    "gap": "missing (a gap)",
-    "fork": "forked",
-    "positions-missing": "missing from the bus",
-}
-
-
-def _incident_lines(incidents: list[dict[str, Any]]) -> list[str]:
-    """``  incident: 8 events lost by the producer (trainer/r/a1, steps 3..10): queue full``."""
-    lines = []
-    for fact in incidents:
-        what = _INCIDENT_WORDS.get(fact["kind"], fact["kind"])
-        first, last = fact.get("first_step"), fact.get("last_step")
-        steps = f", steps {first}..{last}" if first is not None and last is not None else ""
-        reason = f": {fact['reason']}" if fact.get("reason") else ""
-        lines.append(f"  incident: {plural(fact['count'], 'event')} {what} ({fact['source']}{steps}){reason}")
-    return lines
 
 
 def diff(

@@ -12,9 +12,12 @@ re-import from scratch gives the same ids and bytes: duplicates, never conflicts
   ``wandb-api:E/P/R``          RunStarted (attempt 1, ``external.wandb_url``), RunResumed per restart
                                found in the history, then RunSummary + RunFinished once W&B says the
                                run ended (finished → completed, crashed/failed → failed, killed → stopped)
-  ``wandb-api:E/P/R/history``  StepMetrics per history row at W&B's ``_step`` (names as logged,
-                               typed fields from them: ``runledger.wandb_rows``, as offline and the
-                               bridge; a ``define_metric`` step metric is not applied here yet)
+  ``wandb-api:E/P/R/history``  StepMetrics per history row (names as logged, typed fields from
+                               them), at the row's ``define_metric`` step metric (the run config's
+                               ``_wandb.m``: the Hugging Face Trainer's ``train/global_step``), else
+                               at W&B's ``_step``; consecutive rows at one step (a train row and its
+                               eval row) are one event. All of it ``runledger.wandb_rows``'s, as the
+                               offline import and the bridge do it
   ``wandb-api:E/P/R/system``   RankStats (rank 0) per system-metrics sample, ``system.*`` keys
 
 **Attempts.** W&B keeps one history per run and refuses rows whose ``_step`` is not above the last it
@@ -29,7 +32,11 @@ when its ``_step`` is not above the previous row's (a rewind W&B kept), when ``_
 next ``seq`` of each source, the attempt and the previous row. It is written only after the events it
 covers were handed to the sink and synced, after every page of rows and when a read fails mid-run, so
 an interrupted import continues at the next row. Nothing is emitted for a run before its config and
-summary were read: a deleted or unreadable run leaves nothing behind.
+summary were read: a deleted or unreadable run leaves nothing behind. With step metrics, the rows of
+the last ledger step are held until a row of another step (or the run's end) shows the step is
+complete, and the cursor stays before them, so a run still going gives the same events over several
+imports as in one; a resumed import reads the last row it emitted again (not emitting it) for the
+step metrics' last values and the last ledger step.
 """
 
 from __future__ import annotations
@@ -43,10 +50,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, TypedDict
 
+import msgspec
+
 from ingest.bus import EventSink
 from ingest.wandb_cursor import CursorStore, RunCursor
 from ingest.wandb_import import RUN_ID_RE, history_values
-from runledger.wandb_rows import step_metrics_of_row
+from runledger.wandb_rows import StepAxis, step_metrics_of_row
 from schemas import config_hash, make_event
 from schemas import payloads as p
 from schemas.launch import Provenance, launch_event, launch_fields
@@ -182,6 +191,45 @@ def _unix(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, UTC)
 
 
+def step_axis_of(rawconfig: Any) -> StepAxis:
+    """The run's ``define_metric`` step metrics, from its config's ``_wandb.m``: wandb-core's list of
+    metric records by proto field number (``"1"`` name, ``"2"`` glob name, ``"5"`` the step metric's
+    1-based index in the list). Anything else there is ignored: no step metric, rows at ``_step``."""
+    axis = StepAxis()
+    internal = rawconfig.get("_wandb") if isinstance(rawconfig, Mapping) else None
+    records = internal.get("m") if isinstance(internal, Mapping) else None
+    if not isinstance(records, list):
+        return axis
+    names = [_metric_name(r) for r in records]
+    for record, name in zip(records, names, strict=True):
+        index = record.get("5") if isinstance(record, Mapping) else None
+        step_metric = None
+        if isinstance(index, int) and not isinstance(index, bool) and 1 <= index <= len(names):
+            step_metric = names[index - 1]
+        if name is not None:
+            axis.define(name, step_metric)
+    return axis
+
+
+def _metric_name(record: Any) -> str | None:
+    if not isinstance(record, Mapping):
+        return None
+    name = record.get("1") or record.get("2")
+    return name if isinstance(name, str) and name else None
+
+
+@dataclass
+class _Pending:
+    """History rows at one ledger step, not yet emitted, and the cursor as it was before them."""
+
+    step: int
+    wandb_step: int  # the first row's: the event's id
+    attempt: int
+    time: datetime
+    before: RunCursor
+    values: dict[str, float | int | None] = field(default_factory=dict)
+
+
 class _Where(TypedDict):
     """The ``_RunImport.emit`` arguments a run's summary and its finish share."""
 
@@ -212,6 +260,9 @@ class _RunImport:
         self.entity, self.project = entity, project
         self.requested_run_id = run_id
         self.stats: OnlineRunStats | None = None
+        self.axis = StepAxis()  # the run's define_metric step metrics (its config's ``_wandb.m``)
+        self.pending: _Pending | None = None
+        self.last_step: int | None = None  # the ledger step of the last row read
 
     # Everything a launch needs is read before the first event, so an unreadable run writes nothing.
     def read_run(self) -> tuple[dict[str, Any], dict[str, Any], str, str]:
@@ -227,6 +278,7 @@ class _RunImport:
             ((raw.get("_wandb") or {}) if isinstance(raw, Mapping) else {}).get("cli_version") or ""
         )
         self.software = {"wandb": version} if version else {}
+        self.axis = step_axis_of(raw)
         return _json_safe(config), summary, url, state
 
     def emit(
@@ -258,9 +310,10 @@ class _RunImport:
         self.stats.events += 1
 
     def checkpoint(self, cursor: RunCursor) -> None:
-        """Make what was emitted durable, then (only then) record how far it went."""
+        """Make what was emitted durable, then (only then) record how far it went: up to the rows
+        held for a step not complete yet (they are read again next time)."""
         self.sink.sync()
-        self.cursors.save(self.key, cursor)
+        self.cursors.save(self.key, cursor if self.pending is None else self.pending.before)
 
     def run_import(self) -> OnlineRunStats:
         config, summary, url, state = self.read_run()
@@ -311,6 +364,7 @@ class _RunImport:
         self.import_history(cursor)
         self.import_system(cursor)
         if state in _STATUS_OF_STATE:
+            self.emit_pending(cursor)  # the run ended: its last step is complete
             self.finish(cursor, summary, state)
         self.checkpoint(cursor)
         self.stats.attempts = cursor.attempt
@@ -330,14 +384,22 @@ class _RunImport:
                 self.checkpoint(cursor)
 
     def scan(self, cursor: RunCursor) -> Iterator[Mapping[str, Any]]:
-        """The run's history from the cursor on; W&B's failures as one line saying where it stopped."""
+        """The run's history from the cursor on; W&B's failures as one line saying where it stopped.
+        With step metrics, a resumed import first reads the last row it emitted again, for the step
+        metrics' last values and its ledger step (``recall``), without emitting it."""
+        recall = self.axis.defined and cursor.prev_step is not None
+        start = cursor.prev_step if recall and cursor.prev_step is not None else cursor.next_step
         try:
-            rows = iter(self.run.scan_history(page_size=self.page_rows, min_step=cursor.next_step))
+            rows = iter(self.run.scan_history(page_size=self.page_rows, min_step=start))
             while True:
                 try:
                     row = next(rows)
                 except StopIteration:
                     return
+                step = row.get("_step")
+                if recall and isinstance(step, int) and step < cursor.next_step:
+                    self.last_step = self.axis.step_of(row, step)
+                    continue
                 yield row
         except Exception as exc:
             raise OnlineImportError(
@@ -352,28 +414,45 @@ class _RunImport:
             self.stats.skipped_values += 1
             return
         runtime, timestamp = _float(row.get("_runtime")), _float(row.get("_timestamp"))
+        ledger_step = self.axis.step_of(row, step)
         if self.is_relaunch(cursor, step, runtime, timestamp):
-            self.resume(cursor, step, runtime, timestamp)
+            self.emit_pending(cursor)  # the rows before the restart are the earlier attempt's
+            self.resume(cursor, step, runtime, timestamp, ledger_step)
+        if self.pending is not None and self.pending.step != ledger_step:
+            self.emit_pending(cursor)
+        if self.pending is None:
+            when = _unix(timestamp) if timestamp is not None else _unix(cursor.attempt_starts[-1])
+            before = msgspec.structs.replace(cursor, attempt_starts=list(cursor.attempt_starts))
+            self.pending = _Pending(ledger_step, step, cursor.attempt, when, before)
         # wandb-core hands the row over in no fixed key order: sorted, so the same row gives the same bytes
         values, skipped = history_values(dict(sorted(row.items())))
         self.stats.skipped_values += skipped
-        metrics = step_metrics_of_row(values)
+        self.pending.values.update(values)
+        self.last_step = ledger_step
+        cursor.next_step = step + 1
+        cursor.prev_step, cursor.prev_runtime_s, cursor.prev_timestamp_s = step, runtime, timestamp
+        self.stats.rows += 1
+        if not self.axis.defined:
+            self.emit_pending(cursor)  # no step metric: one row a step, nothing to wait for
+
+    def emit_pending(self, cursor: RunCursor) -> None:
+        """The held rows of one ledger step as one event, id'd by its first row's ``_step``."""
+        held, self.pending = self.pending, None
+        if held is None:
+            return
+        metrics = step_metrics_of_row(held.values)
         if metrics.total_tokens is not None:
             cursor.total_tokens = metrics.total_tokens
-        when = _unix(timestamp) if timestamp is not None else _unix(cursor.attempt_starts[-1])
         self.emit(
             metrics,
             source=f"{self.source}/history",
             seq=cursor.history_seq,
-            kind=f"step/{cursor.attempt}/{step}",
-            attempt=cursor.attempt,
-            time=when,
-            step=step,
+            kind=f"step/{held.attempt}/{held.wandb_step}",
+            attempt=held.attempt,
+            time=held.time,
+            step=held.step,
         )
         cursor.history_seq += 1
-        cursor.next_step = step + 1
-        cursor.prev_step, cursor.prev_runtime_s, cursor.prev_timestamp_s = step, runtime, timestamp
-        self.stats.rows += 1
 
     @staticmethod
     def is_relaunch(cursor: RunCursor, step: int, runtime: float | None, timestamp: float | None) -> bool:
@@ -389,9 +468,19 @@ class _RunImport:
             return False
         return (timestamp - cursor.prev_timestamp_s) - (runtime - cursor.prev_runtime_s) > RELAUNCH_GAP_S
 
-    def resume(self, cursor: RunCursor, step: int, runtime: float | None, timestamp: float | None) -> None:
+    def resume(
+        self,
+        cursor: RunCursor,
+        step: int,
+        runtime: float | None,
+        timestamp: float | None,
+        ledger_step: int,
+    ) -> None:
+        """A new attempt from the row at ``_step`` ``step`` (``ledger_step``): resumed from the step
+        before a rewind, else from the last step read (ledger steps: with step metrics, theirs)."""
         assert cursor.prev_step is not None
-        from_step = step - 1 if step <= cursor.prev_step else cursor.prev_step
+        last = self.last_step if self.last_step is not None else cursor.prev_step
+        from_step = ledger_step - 1 if step <= cursor.prev_step else last
         started = timestamp - runtime if timestamp is not None and runtime is not None else timestamp
         started = started if started is not None else cursor.attempt_starts[-1]
         cursor.attempt += 1
@@ -452,12 +541,13 @@ class _RunImport:
                 if cursor.prev_timestamp_s is not None
                 else _unix(cursor.attempt_starts[-1])
             )
-        common = _Where(source=self.source, attempt=cursor.attempt, time=end, step=cursor.prev_step)
+        last = self.last_step if self.last_step is not None else cursor.prev_step  # a ledger step
+        common = _Where(source=self.source, attempt=cursor.attempt, time=end, step=last)
         self.emit(p.RunSummary(values=values), seq=cursor.lifecycle_seq, kind="summary", **common)
         self.emit(
             p.RunFinished(
                 status=_STATUS_OF_STATE[state],
-                final_step=cursor.prev_step,
+                final_step=last,
                 total_tokens=cursor.total_tokens,
                 duration_s=runtime,
             ),

@@ -31,15 +31,20 @@ Quarantine codes: ``unsigned``, ``unknown-key``, ``revoked-key``, ``bad-signatur
 highest stored, ``prev`` that event's hash (``GENESIS`` and seq 0 for a source's first). Otherwise
 it is still stored (never blocking) and a ``ledger.incident`` event is appended on its stream:
 ``gap`` (``missing`` seq numbers before it) or ``fork`` (its seq was already taken, or its ``prev``
-is not the last event's hash).
+is not the last event's hash). A source that keeps no chain (a producer without a key) still
+numbers its events one by one: a ``seq`` more than one past the highest it stored is a ``gap`` too
+(``unchained_gap``), so a stretch that a keyless producer lost, and died before it could report, is
+on the record. Without a chain nothing tells a fork, so an earlier or repeated ``seq`` is none, and
+its first event may have any ``seq`` (nothing was stored to count from). Bus positions
+(``bus.positions_missing``, numbered by position) are not a producer's count.
 
 **Authenticated.** Each admitted event's row says how it got in (``Admitted.authenticated``, the
 events table's ``authenticated`` column): True, its signature verified against a registered key;
 False, let in unsigned by the policy (answers show it as unauthenticated); None, the ledger had no
 registry then (nothing was checked).
 
-**State.** The registry, the policy and each source's head are saved with every commit record
-(``"admission"``, ``AdmissionState.to_json``): the commit point that stores the events stores the
+**State.** The registry, the policy, each source's head and each unchained source's highest seq
+are saved with every commit record (``"admission"``, ``AdmissionState.to_json``): the commit point that stores the events stores the
 heads they moved, exactly once, and opening a writer reads one record (O(sources)), not the events.
 A ledger written before that is rebuilt once from its events table (``scan_state``).
 """
@@ -132,6 +137,7 @@ class AdmissionState:
     keys: dict[str, ProducerKey] = field(default_factory=dict)
     unsigned_sources: list[str] = field(default_factory=list)
     heads: dict[str, tuple[int, str]] = field(default_factory=dict)  # source -> (highest seq, hash)
+    seqs: dict[str, int] = field(default_factory=dict)  # unchained source -> highest seq stored
     # "run/attempt" -> "source id" of its first launch: a second launch is a duplicate-launch incident
     launches: dict[str, str] = field(default_factory=dict)
 
@@ -141,6 +147,7 @@ class AdmissionState:
             keys=dict(self.keys),
             unsigned_sources=list(self.unsigned_sources),
             heads=dict(self.heads),
+            seqs=dict(self.seqs),
             launches=dict(self.launches),
         )
 
@@ -159,6 +166,7 @@ class AdmissionState:
             ],
             "unsigned_sources": list(self.unsigned_sources),
             "heads": {source: [seq, digest] for source, (seq, digest) in sorted(self.heads.items())},
+            "seqs": dict(sorted(self.seqs.items())),
             "launches": dict(sorted(self.launches.items())),
         }
 
@@ -173,6 +181,8 @@ class AdmissionState:
         state.heads = {
             source: (int(seq), str(digest)) for source, (seq, digest) in obj.get("heads", {}).items()
         }
+        # A record written before unchained sources were counted has none: they count from their next event.
+        state.seqs = {str(source): int(seq) for source, seq in (obj.get("seqs") or {}).items()}
         state.launches = {str(k): str(v) for k, v in (obj.get("launches") or {}).items()}
         return state
 
@@ -309,7 +319,8 @@ class AdmissionRound:
     def _order(self, event: Event, leaf: bytes) -> None:
         env = event.envelope
         if env.prev is None:
-            return  # the producer keeps no chain: seq is its own business
+            self._count(event)
+            return
         head = self.state.heads.get(env.source)
         expected_seq, expected_prev = (0, GENESIS) if head is None else (head[0] + 1, head[1])
         if env.seq > expected_seq:
@@ -320,6 +331,19 @@ class AdmissionRound:
             self._pending.append((_incident("fork", env, expected_seq, expected_prev, 0), event))
         if head is None or env.seq > head[0]:
             self.state.heads[env.source] = (env.seq, leaf.hex())  # = event_hash(canonical)
+
+    def _count(self, event: Event) -> None:
+        """An event of a source that keeps no chain: a gap incident if its ``seq`` skips past the
+        highest this source stored (the module docstring says why only that)."""
+        env = event.envelope
+        if env.type == c.BUS_POSITIONS_MISSING:
+            return  # numbered by bus position, not by a producer
+        last = self.state.seqs.get(env.source)
+        gap = unchained_gap(last, env.seq)
+        if gap:
+            self._pending.append((_incident("gap", env, env.seq - gap, None, gap), event))
+        if last is None or env.seq > last:
+            self.state.seqs[env.source] = env.seq
 
     def _launch(self, event: Event) -> None:
         """A second launch of one attempt of a run (two producers recording one run: the W&B bridge
@@ -385,7 +409,15 @@ def authenticate(state: AdmissionState, env: Any, canonical: bytes) -> Admitted 
     return SIGNED_IN
 
 
-def _incident(kind: str, env: Any, expected_seq: int, expected_prev: str, missing: int) -> p.LedgerIncident:
+def unchained_gap(last_seq: int | None, seq: int) -> int:
+    """How many seq numbers an unchained source skipped before ``seq``, its highest stored being
+    ``last_seq`` (None: nothing stored yet, so nothing to count from)."""
+    return 0 if last_seq is None else max(0, seq - last_seq - 1)
+
+
+def _incident(
+    kind: str, env: Any, expected_seq: int, expected_prev: str | None, missing: int
+) -> p.LedgerIncident:
     return p.LedgerIncident(
         kind=kind,  # type: ignore[arg-type]
         source=env.source,
@@ -482,6 +514,7 @@ def scan_state(ledger: LedgerView, commit: int) -> AdmissionState:
         strict=True,
     ):
         state.heads[source] = (seq, event_hash(canonical[(path, commit, feed, position)].encode()))
+        state.seqs[source] = seq  # read only for the sources that keep no chain
     return state
 
 

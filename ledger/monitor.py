@@ -12,7 +12,8 @@ With witness keys and a quorum, that many valid cosignatures are required. With 
 look also walks the entries new since the last accepted checkpoint and hashes the data files of
 the signed manifest not verified before: a remote verifier of what is new only.
 
-Only an accepted checkpoint is written to the state file, so a refused one is refused again.
+Only an accepted checkpoint is written to the state file, so a refused one is refused again; a look
+that finds nothing new leaves the file as it was (no rewrite, no fsync).
 """
 
 from __future__ import annotations
@@ -122,7 +123,8 @@ def check_log(
     entry new since the last accepted checkpoint and checks the new data files against the signed
     manifest (only what is new: bounded by the growth, not the log)."""
     base = url if url.endswith("/") else url + "/"
-    old = json.loads(state_path.read_bytes()) if state_path.exists() else None
+    saved = state_path.read_bytes() if state_path.exists() else None
+    old = json.loads(saved) if saved is not None else None
     text = _fetch(base + "checkpoint")
     try:
         checkpoint = parse_and_verify_checkpoint(text, log_key, old["origin"] if old else None)
@@ -146,9 +148,17 @@ def check_log(
             base, checkpoint.origin, log_key, old["size"] if old else 0, size, root, verified
         )
     state = {"url": base, "origin": checkpoint.origin, "size": size, "root": base64.b64encode(root).decode()}
-    state_path.parent.mkdir(parents=True, exist_ok=True)
-    write_durably(state_path, json.dumps(state | {"checkpoint": text.decode(), "files": verified}))
+    _save(state_path, saved, json.dumps(state | {"checkpoint": text.decode(), "files": verified}).encode())
     return MonitorReport(checkpoint.origin, None if old is None else old["size"], size, *counted)
+
+
+def _save(state_path: Path, saved: bytes | None, state: bytes) -> None:
+    """Write the state file only when it changes: a monitor polling a quiet log every few seconds
+    would otherwise rewrite and fsync the same bytes each time."""
+    if state == saved:
+        return
+    state_path.parent.mkdir(parents=True, exist_ok=True)
+    write_durably(state_path, state)
 
 
 def _check_new_entries(

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -21,23 +19,10 @@ from ingest.spool_ingester import ingest_spool
 from ledger.store import Ledger
 from tests.client.ledger_support import cli_json, ingest, of_type
 
+if TYPE_CHECKING:  # imported by pytest_plugins first, so that pytest rewrites its asserts
+    from tests.support.small_fs import SmallFs
 
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 300 KB tmpfs, mounted for this test only."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mount = tmp_path / "fs"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(mount)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip() or done.returncode}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+pytest_plugins = ("tests.support.small_fs",)  # the small_fs fixture
 
 
 def fill(fs: Path) -> Path:
@@ -87,19 +72,20 @@ def metric_steps(ledger: Path, run_id: str) -> set[int]:
 
 def test_space_back_mid_run_every_lost_event_is_counted_reported_and_shown(
     client_env: dict[str, str],
-    small_fs: Path,
+    small_fs: SmallFs,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="runledger")
-    spool = small_fs / "spool"
+    fs = small_fs(300)  # KB
+    spool = fs / "spool"
     monkeypatch.setenv("RUNLEDGER_SPOOL", str(spool))
     run = runledger.init("disk-1", config={"lr": 0.1}, queue_size=32, outage_wait_s=0.2, handle_signals=False)
     ok: dict[int, bool] = {}
     for step in range(20):
         ok[step] = run.log({"loss": float(step)}, step=step)
-    filler = fill(small_fs)
+    filler = fill(fs)
     step = log_until_refused(run, ok, 20)
     wait_for(lambda: bus_messages(caplog), "the bus-down warning")
     down = range(step, step + 40)
@@ -143,13 +129,14 @@ def test_space_back_mid_run_every_lost_event_is_counted_reported_and_shown(
 
 def test_disk_full_until_finish_counts_every_refused_event_in_one_warning_and_one_error(
     client_env: dict[str, str],
-    small_fs: Path,
+    small_fs: SmallFs,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="runledger")
-    spool = small_fs / "spool"
+    fs = small_fs(300)  # KB
+    spool = fs / "spool"
     monkeypatch.setenv("RUNLEDGER_SPOOL", str(spool))
     run = runledger.init(
         "disk-2",
@@ -159,7 +146,7 @@ def test_disk_full_until_finish_counts_every_refused_event_in_one_warning_and_on
         flush_timeout_s=0.5,
         handle_signals=False,
     )
-    filler = fill(small_fs)
+    filler = fill(fs)
     ok: dict[int, bool] = {}
     step = log_until_refused(run, ok, 0)
     wait_for(lambda: bus_messages(caplog), "the bus-down warning")

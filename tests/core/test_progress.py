@@ -10,18 +10,22 @@
 
 from __future__ import annotations
 
-import os
 import re
 import socket
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
 from ingest.wandb_mirror import offline_environment
+
+if TYPE_CHECKING:  # imported by pytest_plugins first, so that pytest rewrites its asserts
+    from tests.support.small_fs import SmallFs
+
+pytest_plugins = ("tests.support.small_fs",)  # the small_fs fixture
 
 runner = CliRunner()
 EVERY_UPDATE = {"RUNLEDGER_PROGRESS_S": "0"}
@@ -132,27 +136,8 @@ def test_ingest_wandb_shows_progress(wandb_run: Path, tmp_path: Path) -> None:
 # -- a full disk ----------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A real tmpfs of 64 KB at ``tmp_path/disk`` (grown with ``remount``), unmounted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    where = tmp_path / "disk"
-    where.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], capture_output=True, text=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def _grow(disk: Path) -> None:
-    subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)
-
+SMALL_DISK_KB = 64  # a real tmpfs that fills at once
+GROWN_KB = 16 * 1024  # room for the rerun
 
 DISK_FULL = re.compile(
     r"^error: no space left on device writing (?P<path>\S+) \((?P<free>[\d,.]+ [KMG]?B) free of "
@@ -162,9 +147,10 @@ DISK_FULL = re.compile(
 
 
 def test_a_full_disk_under_ingest_spool_is_one_line_and_a_rerun_completes(
-    spool: tuple[Path, int], small_disk: Path
+    spool: tuple[Path, int], small_fs: SmallFs
 ) -> None:
     where, events = spool
+    small_disk = small_fs(SMALL_DISK_KB)
     ledger = small_disk / "ledger"
     code, _, err = _invoke("ingest", "spool", "--spool", where, "--ledger", ledger, "--batch-size", "100")
     assert code == 1
@@ -172,7 +158,7 @@ def test_a_full_disk_under_ingest_spool_is_one_line_and_a_rerun_completes(
     assert found, err
     # The ledger, or the file inside it that the disk refused (the dedupe index, say).
     assert Path(found["path"]).is_relative_to(ledger) and found["size"] == "64 KB"
-    _grow(small_disk)
+    small_fs.grow(small_disk, GROWN_KB)
     code, out, err = _invoke("ingest", "spool", "--spool", where, "--ledger", ledger)
     assert code == 0, err
     code, out, _ = _invoke("query", "SELECT count(*) FROM events", "--ledger", ledger, "-f", "csv")
@@ -181,13 +167,14 @@ def test_a_full_disk_under_ingest_spool_is_one_line_and_a_rerun_completes(
     assert code == 0 and out.startswith(f"OK: 2 streams, {events} events match")
 
 
-def test_a_full_disk_under_ingest_wandb_is_one_line(wandb_run: Path, small_disk: Path) -> None:
+def test_a_full_disk_under_ingest_wandb_is_one_line(wandb_run: Path, small_fs: SmallFs) -> None:
+    small_disk = small_fs(SMALL_DISK_KB)
     spool = small_disk / "spool"
     code, _, err = _invoke("ingest", "wandb", wandb_run, "--spool", spool)
     assert code == 1
     found = DISK_FULL.match(err)
     assert found, err
     assert found["path"] == str(spool) and found["free"] == "0 B"
-    _grow(small_disk)
+    small_fs.grow(small_disk, GROWN_KB)
     code, _, err = _invoke("ingest", "wandb", wandb_run, "--spool", small_disk / "spool-2")
     assert code == 0, err

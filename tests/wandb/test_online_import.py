@@ -501,3 +501,137 @@ def test_a_restart_whose_runtime_w_and_b_carried_on_is_found_by_the_clock_gap(
     assert _RunImport.is_relaunch(cursor, 11, 101.0, 1002.0 + RELAUNCH_GAP_S) is True  # down, runtime carried
     assert _RunImport.is_relaunch(cursor, 11, 3.0, 2000.0) is True  # runtime from zero again
     assert _RunImport.is_relaunch(cursor, 7, 101.0, 1001.0) is True  # a rewind W&B kept
+
+
+# -- define_metric step metrics: the same steps as the offline import and the bridge ---------------
+
+
+def _offline_trainer_run(root: Path, steps: int, eval_every: int) -> Path:
+    """A real W&B offline run logged as the Hugging Face Trainer logs: ``train/global_step`` is the
+    step metric of everything (``define_metric("*", step_metric=…)``), an eval row follows some train
+    rows at the same global step (W&B's step_sync puts the step into it). Returns its .wandb file."""
+    from ingest.wandb_import import find_offline_runs
+    from ingest.wandb_mirror import offline_environment
+
+    settings = offline_environment(root)
+    Path(settings["WANDB_DIR"]).mkdir(parents=True)
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in settings.items():
+            patch.setenv(key, value)
+        for key in ("WANDB_API_KEY", "WANDB_BASE_URL"):
+            patch.delenv(key, raising=False)
+        import wandb
+
+        run = wandb.init(project="hf", config={"lr": 1e-4}, settings=wandb.Settings(console="off"))
+        run.define_metric("train/global_step")
+        run.define_metric("*", step_metric="train/global_step", step_sync=True)
+        for step in range(1, steps + 1):
+            run.log({"train/global_step": step, "train/loss": 3.0 - step / 100, "train/learning_rate": 1e-4})
+            if step % eval_every == 0:
+                run.log({"eval/loss": 3.2 - step / 100})  # no step given: step_sync adds it
+        run.finish()
+        wandb.teardown()
+    [wandb_file] = find_offline_runs(Path(settings["WANDB_DIR"]) / "wandb")
+    return wandb_file
+
+
+def _run_config_metrics(metric_records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The run config's ``_wandb.m`` that wandb-core uploads for these ``metric`` records
+    (``runmetric.ToRunConfigData``): by proto field number, "1" name or "2" glob name, "5" the step
+    metric's 1-based index in the list (the step metric gets an entry of its own first)."""
+    encoded: list[dict[str, Any]] = []
+    index: dict[str, int] = {}
+
+    def add(name: str, glob: bool, step_metric: str | None) -> None:
+        if name in index:
+            return
+        index[name] = len(encoded)
+        entry: dict[str, Any] = {"2" if glob else "1": name, "6": [3]}
+        encoded.append(entry)
+        if step_metric:
+            add(step_metric, False, None)
+            entry["5"] = index[step_metric] + 1
+
+    for record in metric_records:
+        glob = bool(record.get("glob_name"))
+        add(record.get("glob_name") or record["name"], glob, record.get("step_metric"))
+    return encoded
+
+
+def _as_recorded(wandb_api: WandbApiServer, wandb_file: Path, *, rows: int | None, state: str) -> RecordedRun:
+    """The offline run as W&B's server would hold it (its history rows, its config with ``_wandb.m``),
+    served under the LONG run's name; ``rows``: only the first so many history rows so far."""
+    from ingest.wandb_import import read_records
+
+    records = list(read_records(wandb_file))  # a generator: read once
+    history = [r["history"]["item"] for r in records if r.get("type") == "history"][:rows]
+    metrics = [r["metric"] for r in records if r.get("type") == "metric"]
+    node = dict(wandb_api.runs[LONG].node)
+    config = json.loads(node["config"])
+    config["_wandb"]["value"]["m"] = _run_config_metrics(metrics)
+    keys = dict(node["historyKeys"], lastStep=history[-1]["_step"])
+    node.update(config=json.dumps(config), state=state, historyKeys=keys, historyLineCount=len(history))
+    return RecordedRun(node, [json.dumps(row) for row in history], [])
+
+
+def _step_events(spool: Path) -> list[tuple[int | None, Any]]:
+    return [
+        (e.envelope.step, e.envelope.data)
+        for e in spooled(spool)
+        if e.envelope.type == "runledger.step.metrics"
+    ]
+
+
+def test_define_metric_steps_are_those_of_the_offline_import(
+    wandb_api: WandbApiServer, tmp_path: Path
+) -> None:
+    from ingest.bus import SpoolSink
+    from ingest.wandb_import import import_offline_run
+
+    wandb_file = _offline_trainer_run(tmp_path / "offline", steps=30, eval_every=5)
+    offline = tmp_path / "offline-spool"
+    sink = SpoolSink(offline)
+    try:
+        import_offline_run(wandb_file, sink)
+    finally:
+        sink.close()
+    wandb_api.runs[LONG] = _as_recorded(wandb_api, wandb_file, rows=None, state="finished")
+    online = tmp_path / "online-spool"
+    result = ingest([f"{PROJECT}/{LONG}", "--spool", str(online)])
+    assert result.exit_code == 0, result.output
+    assert outputs(result.stdout)[0]["rows"] == 30 + 6  # W&B's rows: the eval rows are rows there
+
+    steps = _step_events(online)
+    assert [step for step, _ in steps] == list(range(1, 31))  # train/global_step, one event a step
+    evals = {step: data.scalars["eval/loss"] for step, data in steps if "eval/loss" in data.scalars}
+    assert evals == {s: pytest.approx(3.2 - s / 100) for s in range(5, 31, 5)}  # merged into its step
+    assert steps == _step_events(offline)  # the same steps and values as the offline import
+    [end] = [e.envelope.data for e in spooled(online) if e.envelope.type == "runledger.run.finished"]
+    assert end.final_step == 30
+
+
+def test_define_metric_rows_of_a_step_not_complete_wait_for_the_next_import(
+    wandb_api: WandbApiServer, tmp_path: Path
+) -> None:
+    wandb_file = _offline_trainer_run(tmp_path / "offline", steps=20, eval_every=5)
+    target, live = f"{PROJECT}/{LONG}", tmp_path / "live"
+    # So far W&B holds the train row of global step 10 but not yet its eval row: step 10 is held back.
+    wandb_api.runs[LONG] = _as_recorded(wandb_api, wandb_file, rows=11, state="running")
+    early = ingest([target, "--spool", str(live)])
+    assert early.exit_code == 0, early.output
+    assert [step for step, _ in _step_events(live)] == list(range(1, 10))
+    wandb_api.runs[LONG] = _as_recorded(wandb_api, wandb_file, rows=None, state="finished")
+    pages_before = len(wandb_api.operations("HistoryPage"))
+    later = ingest([target, "--spool", str(live)])
+    assert later.exit_code == 0, later.output
+    # It read again from the last row it emitted (step 9's, W&B _step 9), for the step metric's last value.
+    assert wandb_api.operations("HistoryPage")[pages_before].variables["minStep"] == 9
+
+    once = tmp_path / "once"
+    assert ingest([target, "--spool", str(once), "--cursor-file", str(tmp_path / "once.json")]).exit_code == 0
+    in_two = [r.payload for r in SpoolReader(live).read()]
+    in_one = [r.payload for r in SpoolReader(once).read()]
+    assert sorted(in_two) == sorted(in_one)  # the same events, byte for byte, none twice
+    steps = _step_events(live)
+    assert [step for step, _ in steps] == list(range(1, 21))
+    assert "eval/loss" in dict(steps)[10].scalars and "train/loss" in dict(steps)[10].scalars
