@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from ingest.wandb_import import find_offline_runs
 from tests.client.ledger_support import of_type
+from tests.support.wandb_files import close_wandb_files
 
 wandb = pytest.importorskip("wandb")
 
@@ -27,6 +28,7 @@ def wandb_file(wandb_dir: Path) -> Path:
     for i in range(ROWS):
         run.log({"train/loss": 1.0 / (i + 1), "iter": i})
     run.finish()
+    close_wandb_files()
     [path] = find_offline_runs(wandb_dir / "wandb")
     return path
 

@@ -15,6 +15,7 @@ import pytest
 from ingest.bus import SpoolSink
 from ingest.wandb_import import find_offline_runs, import_offline_run, read_records
 from tests.client.ledger_support import cli_json, ingest, metric_series, of_type
+from tests.support.wandb_files import close_wandb_files
 
 wandb = pytest.importorskip("wandb")
 torch = pytest.importorskip("torch")
@@ -72,6 +73,7 @@ def _train(output_dir: Path) -> None:
     )
     trainer.train()
     wandb.finish()
+    close_wandb_files()
 
 
 def _wandb_rows(wandb_dir: Path) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from ingest.bus import SpoolSink
 from ingest.wandb_import import find_offline_runs, import_offline_run, read_records
 from schemas import Envelope
 from tests.client.ledger_support import of_type
+from tests.support.wandb_files import close_wandb_files
 
 wandb = pytest.importorskip("wandb")
 import runledger.wandb as bridge  # noqa: E402
@@ -66,6 +67,7 @@ def test_nanogpt_style_logging_follows_wandb_step_and_both_paths_agree(
             {"iter": it, "train/loss": 4.0 - i / 10, "val/loss": 4.1 - i / 10, "lr": 6e-4, "mfu": 12.5 + i}
         )
     wandb.finish()
+    close_wandb_files()
     assert teed.errors == 0
     spool = Path(client_env["RUNLEDGER_SPOOL"])
     bridged = _steps(spool)
@@ -95,6 +97,7 @@ def test_a_step_metric_names_the_step_and_step_sync_places_the_eval_row(
         if i % 3 == 2:
             run.log({"eval/loss": 2.5 - i / 10})  # no step metric given: step_sync puts it at the last one
     run.finish()
+    close_wandb_files()
     assert teed.errors == 0
     spool = Path(client_env["RUNLEDGER_SPOOL"])
     bridged = _steps(spool)

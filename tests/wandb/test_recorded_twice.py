@@ -17,6 +17,7 @@ import runledger
 from cli.main import app
 from ingest.bus import SpoolSink
 from tests.client.ledger_support import cli_json, ingest
+from tests.support.wandb_files import close_wandb_files
 
 wandb = pytest.importorskip("wandb")
 import runledger.wandb as bridge  # noqa: E402
@@ -63,6 +64,7 @@ def test_a_bridged_run_imported_again_is_one_run(
     for i in range(STEPS):
         wandb.log({"train/loss": 3.0 - i / 10, "lr": 1e-3})
     wandb.finish()
+    close_wandb_files()
     imported = tmp_path / "imported"
     result = CliRunner().invoke(app, ["ingest", "wandb", str(wandb_dir / "wandb"), "--spool", str(imported)])
     assert result.exit_code == 0, result.output
@@ -102,6 +104,7 @@ def test_two_processes_claiming_one_run_id_never_fan_out(tmp_path: Path) -> None
         for step in range(5):
             run.log({"loss": 1.0 + step, "tokens": 100}, step=step)
         run.finish()
+        close_wandb_files()
         sink.close()
         spools.append(tmp_path / f"spool-{name}")
     ledger = tmp_path / "ledger"

@@ -15,6 +15,7 @@ from ingest.spool import SpoolReader
 from ingest.wandb_import import WandbImportError, find_offline_runs, import_offline_run
 from ingest.wandb_mirror import WandbMirror
 from schemas import Event, config_hash, decode_event
+from tests.support.wandb_files import close_wandb_files
 
 STEPS = 300
 CHANGE_AT = 150
@@ -151,6 +152,7 @@ def test_odd_values_crashes_and_plain_wandb_runs(wandb_dir: Path, tmp_path: Path
             step=step,
         )
     run.finish()
+    close_wandb_files()
     [wandb_file] = find_offline_runs(wandb_dir)
     sink = SpoolSink(tmp_path / "spool")
     stats = import_offline_run(wandb_file, sink)
