@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: setup demo test kafka-jars fixtures browser go-tools lint bench clean
+.PHONY: setup demo test kafka-jars fixtures browser nginx go-tools lint bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,18 +28,24 @@ fixtures:
 browser:
 	scripts/browser.sh install
 
-# litewitness (torchwood v0.6.1) and the torchwood verifier of tests/merkle/go_verify, built from the Go
-# module proxy into .go/ before the tests run (minutes the first time, cached after); says why and goes
-# on when there is no Go toolchain (those tests then skip with the reason).
+# nginx-light (Debian) for the tests of DuckDB reading a published copy by URL (Range requests);
+# says why and goes on when it cannot install (those tests then skip with the reason).
+nginx:
+	scripts/http.sh install
+
+# litewitness (torchwood v0.6.1), the torchwood verifier of tests/merkle/go_verify and the S3 server
+# versitygw v1.8.0 (tests/merkle/test_remote_s3.py), built from the Go module proxy into .go/ before the
+# tests run (minutes the first time, cached after); says why and goes on when there is no Go toolchain
+# (those tests then skip with the reason).
 go-tools:
-	@if command -v go >/dev/null; then scripts/witness.sh build && scripts/witness.sh goverify; \
-	else echo "go-tools: no go toolchain here: the witness and Go verifier tests will skip"; fi
+	@if command -v go >/dev/null; then scripts/witness.sh build && scripts/witness.sh goverify && scripts/s3.sh build; \
+	else echo "go-tools: no go toolchain here: the witness, Go verifier and S3 tests will skip"; fi
 
 demo: setup
 	$(BIN)/ledger demo
 
 # RUNLEDGER_REQUIRE_FIXTURES: a test needing the downloaded fixtures fails instead of skipping.
-test: setup kafka-jars fixtures browser go-tools
+test: setup kafka-jars fixtures browser nginx go-tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	RUNLEDGER_REQUIRE_FIXTURES=1 $(BIN)/pytest -q -p no:cacheprovider

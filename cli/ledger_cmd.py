@@ -65,7 +65,10 @@ def query(
     full: FullOption = False,
     remote: Annotated[
         str | None,
-        typer.Option("--remote", help="Answer over a copy published at this URL (needs --log-key)."),
+        typer.Option(
+            "--remote",
+            help="Answer over a copy published at this URL or s3://bucket/prefix (needs --log-key).",
+        ),
     ] = None,
     log_key: Annotated[
         str | None, typer.Option("--log-key", help="With --remote: the log's public key (vkey or .pub file).")
@@ -73,22 +76,61 @@ def query(
     cache: Annotated[
         Path, typer.Option("--cache", help="With --remote: where the verified data files are kept.")
     ] = Path(".runledger/remote-cache"),
+    direct: Annotated[
+        bool,
+        typer.Option(
+            "--direct",
+            help="With --remote: DuckDB reads the published Parquet files by URL (httpfs), nothing "
+            "downloaded; their bytes are not checked against the signed SHA-256.",
+        ),
+    ] = False,
 ) -> None:
     """Run SQL over the ledger's views. Statements that would write are refused.
 
     With --remote URL --log-key VKEY: over a published copy; its signed manifest is checked, the data
     files it names are downloaded (only those not cached) and checked against their SHA-256, and the
-    checkpoint the answer is as of is printed on stderr.
+    checkpoint the answer is as of is printed on stderr. With --direct: DuckDB's httpfs reads the files
+    the signed manifest names by URL, only the byte ranges the query needs (an HTTP server must answer
+    Range requests); the checkpoint and manifest are verified, the data bytes are not (DuckDB cannot
+    check what it reads against the manifest's SHA-256), which is why the verified download is the default.
+    S3: the server and credentials come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY.
     Example: ledger query "SELECT step, value FROM metrics WHERE name = 'loss' ORDER BY step" -o loss.csv
     """
     fmt = resolve_format(fmt, output)
+    if direct and remote is None:
+        raise fail("--direct needs --remote URL", 2)
     if remote is not None:
-        result = _remote_sql(remote, log_key, cache, sql)
+        result = _direct_sql(remote, log_key, sql) if direct else _remote_sql(remote, log_key, cache, sql)
         print_rows(result.columns, result.rows, fmt, output, limit=limit, full=full)
         return
     with user_errors(ledger):
         result = _reader(ledger).sql(sql)
     print_rows(result.columns, result.rows, fmt, output, limit=limit, full=full)
+
+
+def _direct_sql(url: str, log_key: str | None, sql: str) -> Any:
+    import base64
+
+    from cli.merkle_cmd import _vkey
+    from ledger.remote import RemoteError, query_direct
+
+    if log_key is None:
+        raise fail("--remote needs --log-key VKEY (the published log's public key)", 2)
+    key = _vkey(log_key)
+    with user_errors():
+        try:
+            answer = query_direct(url, key, sql)
+        except RemoteError as exc:
+            raise fail(f"REFUSED {exc}") from None
+    cp = answer.checkpoint
+    err_console.print(
+        f"as of {cp.origin} checkpoint size {cp.size} root {base64.b64encode(cp.root).decode()} "
+        f"(signed manifest at log size {answer.manifest_log_size}; read directly from "
+        f"{answer.files} files, their bytes not checked against the manifest)",
+        highlight=False,
+        markup=False,
+    )
+    return answer.result
 
 
 def _remote_sql(url: str, log_key: str | None, cache: Path, sql: str) -> Any:

@@ -118,7 +118,10 @@ def verify(
     ] = None,
     remote: Annotated[
         str | None,
-        typer.Option("--remote", help="Check a published copy at this URL instead (needs --log-key)."),
+        typer.Option(
+            "--remote",
+            help="Check a published copy at this URL or s3://bucket/prefix instead (needs --log-key).",
+        ),
     ] = None,
     log_key: Annotated[
         str | None,
@@ -144,7 +147,9 @@ def verify(
 
     With --remote URL --log-key VKEY: check a copy published by `ledger publish` (signature, witness
     quorum, consistency with the last checkpoint verified from here, every new entry, every new data
-    file), in bounded memory and only what is new since the last run (state kept in --state).
+    file), in bounded memory and only what is new since the last run (state kept in --state). An
+    s3://bucket/prefix copy is read with the server and credentials of AWS_ENDPOINT_URL,
+    AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION.
 
     Exit status: 0 all checked and OK; 1 a problem found, or a checkpoint signed by none of the keys
     tried (said as that, with the signer's and the tried keys' names: with --keys DIR each checkpoint is

@@ -1,4 +1,7 @@
-"""`ledger publish DEST` and `ledger monitor URL`: the ledger as a public tile log, and a follower of one."""
+"""`ledger publish DEST` and `ledger monitor URL`: the ledger as a public tile log, and a follower of one.
+
+DEST is a folder or ``s3://bucket/prefix`` (``ledger.publish_dest``; the S3 server and credentials
+from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION)."""
 
 from __future__ import annotations
 
@@ -24,20 +27,44 @@ def _one_line(ledger: Path) -> Iterator[None]:
             raise fail(str(exc)) from None
 
 
+def _destination(dest: str) -> str:
+    """DEST as given (a folder, or s3://bucket/prefix), checked before anything is read or written."""
+    from ledger.publish_dest import DestError, parse_s3_url
+
+    if "://" not in dest:
+        return dest
+    if not dest.startswith("s3://"):
+        raise fail(f"DEST {dest!r}: give a folder or s3://bucket/prefix", 2)
+    try:
+        parse_s3_url(dest)
+    except DestError as exc:
+        raise fail(str(exc), 2) from None
+    return dest
+
+
 def publish(
     dest: Annotated[
-        Path, typer.Argument(help="Folder to publish to (serve it with any static HTTP server).")
+        str,
+        typer.Argument(
+            help="Folder to publish to (serve it with any static HTTP server), or s3://bucket/prefix "
+            "(server and credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION)."
+        ),
     ],
     ledger: LedgerOption = DEFAULT_LEDGER,
     keys: KeyDir = DEFAULT_KEYS,
 ) -> None:
     """Publish the ledger as one C2SP tlog-tiles log (checkpoint, tiles, bundles) plus its Parquet files and a signed manifest.
 
-    Incremental and safe to kill: run it again after every ingest. Example: ledger publish site/log --keys .runledger/keys
+    Incremental and safe to kill: run it again after every ingest (a publish cut short, by a kill or
+    a store that went away, is finished by the next). The trusted state (what was last published) is
+    kept beside the ledger, never in DEST.
+    Example: ledger publish site/log --keys .runledger/keys
+    Example: AWS_ENDPOINT_URL=http://127.0.0.1:7070 ledger publish s3://public/runledger
     """
     from ledger.publish import publish as publish_log
     from ledger.witness import WitnessRefused
 
+    dest = _destination(dest)
     with _one_line(ledger):
         try:
             result = publish_log(ledger, dest, _log_signing_key(ledger, keys, None))

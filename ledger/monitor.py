@@ -12,6 +12,9 @@ With witness keys and a quorum, that many valid cosignatures are required. With 
 look also walks the entries new since the last accepted checkpoint and hashes the data files of
 the signed manifest not verified before: a remote verifier of what is new only.
 
+The log is read over HTTP from its base URL, or through any ``LogFiles`` (``files=``: e.g.
+``ledger.remote``'s reader of an S3 bucket).
+
 Only an accepted checkpoint is written to the state file, so a refused one is refused again; a look
 that finds nothing new leaves the file as it was (no rewrite, no fsync).
 """
@@ -26,6 +29,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from ledger.log_checkpoint import parse_and_verify_checkpoint
 from ledger.merkle import ProofError, verify_consistency
@@ -43,7 +47,7 @@ from ledger.witness import parse_cosignature_key, verify_cosignatures
 from schemas.durable import write_durably
 from schemas.note import CheckpointError, open_note
 
-__all__ = ["MonitorError", "MonitorReport", "check_log"]
+__all__ = ["LogFiles", "MonitorError", "MonitorReport", "check_log"]
 
 _MAX_FETCH_BYTES = 1 << 20  # a checkpoint or a tile is far smaller
 _TIMEOUT_S = 10
@@ -77,15 +81,38 @@ def _fetch(url: str) -> bytes:
     return data
 
 
-def _tile_reader(base: str) -> TileReader:
+class LogFiles(Protocol):
+    """A published log's files by path relative to its root (failures are MonitorError)."""
+
+    name: str
+
+    def read(self, rel: str) -> bytes: ...
+
+    def sha256(self, rel: str) -> str: ...
+
+
+class _HttpFiles:
+    """The log served under a base URL."""
+
+    def __init__(self, base: str) -> None:
+        self.name = base
+
+    def read(self, rel: str) -> bytes:
+        return _fetch(self.name + rel)
+
+    def sha256(self, rel: str) -> str:
+        return _sha256_url(self.name + rel)
+
+
+def _tile_reader(files: LogFiles) -> TileReader:
     def read(level: int, index: int, width: int) -> bytes:
-        return _fetch(base + tile_path(level, index, width))
+        return files.read(tile_path(level, index, width))
 
     return read
 
 
-def _check_growth(base: str, old: dict[str, object], size: int, root: bytes) -> None:
-    read = _tile_reader(base)
+def _check_growth(files: LogFiles, old: dict[str, object], size: int, root: bytes) -> None:
+    read = _tile_reader(files)
     old_size = int(str(old["size"]))
     old_root = base64.b64decode(str(old["root"]))
     try:
@@ -117,15 +144,18 @@ def check_log(
     witnesses: Sequence[str] = (),
     quorum: int = 0,
     entries: bool = False,
+    files: LogFiles | None = None,
 ) -> MonitorReport:
     """One look at the log at ``url``: raises MonitorError on a fork, rollback, bad signature, or
     fewer than ``quorum`` valid cosignatures by ``witnesses``. With ``entries``, also walks every
     entry new since the last accepted checkpoint and checks the new data files against the signed
-    manifest (only what is new: bounded by the growth, not the log)."""
+    manifest (only what is new: bounded by the growth, not the log). ``files``: read the log
+    through it instead of over HTTP from ``url``."""
     base = url if url.endswith("/") else url + "/"
+    files = files or _HttpFiles(base)
     saved = state_path.read_bytes() if state_path.exists() else None
     old = json.loads(saved) if saved is not None else None
-    text = _fetch(base + "checkpoint")
+    text = files.read("checkpoint")
     try:
         checkpoint = parse_and_verify_checkpoint(text, log_key, old["origin"] if old else None)
     except CheckpointError as exc:
@@ -140,12 +170,12 @@ def check_log(
         if size == old_size and root != old_root:
             raise MonitorError("fork", f"two different roots signed for size {size}")
         if size > old_size:
-            _check_growth(base, old, size, root)
+            _check_growth(files, old, size, root)
     verified = dict(old.get("files", {})) if old else {}
     counted = (0, 0)
     if entries and (old is None or size > old["size"]):  # the same checkpoint: nothing new to walk
         counted = _check_new_entries(
-            base, checkpoint.origin, log_key, old["size"] if old else 0, size, root, verified
+            files, checkpoint.origin, log_key, old["size"] if old else 0, size, root, verified
         )
     state = {"url": base, "origin": checkpoint.origin, "size": size, "root": base64.b64encode(root).decode()}
     _save(state_path, saved, json.dumps(state | {"checkpoint": text.decode(), "files": verified}).encode())
@@ -162,14 +192,20 @@ def _save(state_path: Path, saved: bytes | None, state: bytes) -> None:
 
 
 def _check_new_entries(
-    base: str, origin: str, log_key: str, old_size: int, size: int, root: bytes, verified: dict[str, str]
+    files: LogFiles,
+    origin: str,
+    log_key: str,
+    old_size: int,
+    size: int,
+    root: bytes,
+    verified: dict[str, str],
 ) -> tuple[int, int]:
     """Walk the entries [old_size, size) against the signed root, then the manifest the last
     snapshot entry names and each data file in it not verified before. Returns (entries, files)."""
-    read = _tile_reader(base)
+    read = _tile_reader(files)
 
     def read_bundle(index: int, width: int) -> bytes:
-        return _fetch(base + entries_path(index, width))
+        return files.read(entries_path(index, width))
 
     manifest_digest = None
     count = 0
@@ -181,21 +217,21 @@ def _check_new_entries(
             count += 1
     except (ProofError, TileError, ValueError) as exc:
         raise MonitorError(
-            "bad-entries", f"an entry of {base} does not match the signed tree: {exc}"
+            "bad-entries", f"an entry of {files.name} does not match the signed tree: {exc}"
         ) from exc
     if manifest_digest is None:
         return count, 0
-    return count, _check_data(base, origin, log_key, manifest_digest, verified)
+    return count, _check_data(files, origin, log_key, manifest_digest, verified)
 
 
-def _check_data(base: str, origin: str, log_key: str, digest: str, verified: dict[str, str]) -> int:
-    manifest = _fetch(base + "manifest.json")
+def _check_data(files: LogFiles, origin: str, log_key: str, digest: str, verified: dict[str, str]) -> int:
+    manifest = files.read("manifest.json")
     if hashlib.sha256(manifest).hexdigest() != digest:
         raise MonitorError(
             "bad-manifest", "manifest.json is not the manifest the log's last snapshot entry names"
         )
     try:
-        signed = open_note(_fetch(base + "manifest.sig"), log_key).split("\n")
+        signed = open_note(files.read("manifest.sig"), log_key).split("\n")
     except CheckpointError as exc:
         raise MonitorError("bad-signature", f"manifest.sig: {exc}") from exc
     if signed[0] != f"{origin}/manifest" or base64.b64decode(signed[2]).hex() != digest:
@@ -204,7 +240,7 @@ def _check_data(base: str, origin: str, log_key: str, digest: str, verified: dic
     for item in json.loads(manifest)["files"]:
         if verified.get(item["path"]) == item["sha256"]:
             continue  # verified on an earlier look: files never change once named
-        if _sha256_url(base + item["path"]) != item["sha256"]:
+        if files.sha256(item["path"]) != item["sha256"]:
             raise MonitorError(
                 "bad-data", f"{item['path']} does not match its SHA-256 in the signed manifest"
             )

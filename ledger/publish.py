@@ -1,6 +1,7 @@
 """`ledger publish DEST`: the whole ledger as one public C2SP tlog-tiles log, plus its Parquet files.
 
-DEST is a folder any static HTTP server can serve::
+DEST is a folder any static HTTP server can serve, or ``s3://bucket/prefix`` on an S3-compatible
+server (``ledger.publish_dest``: endpoint and credentials from the AWS_* variables); either holds::
 
     checkpoint                          signed note (origin ``runledger/<ledger id>``, size, root)
     tile/<L>/<N>[.p/<W>]                hash tiles (``ledger.tiles``)
@@ -52,6 +53,7 @@ import pyarrow.parquet as pq
 
 from ledger.log_checkpoint import parse_checkpoint, sign_checkpoint
 from ledger.merkle import EMPTY_ROOT, CompactRange, leaf_hash, verify_consistency
+from ledger.publish_dest import Dest, FolderDest, open_dest
 from ledger.redaction import entry_digest, is_redacted, read_marker
 from ledger.store import COMMITS, SALTS, Ledger
 from ledger.tiles import (
@@ -382,14 +384,15 @@ def _manifest_note(origin: str, log_size: int, manifest: bytes, signer: NoteSign
 class _Files:
     """DEST as a reader, with the staged files laid over it."""
 
-    def __init__(self, dest: Path, staged: Path) -> None:
+    def __init__(self, dest: Dest, staged: Path) -> None:
         self.dest, self.staged = dest, staged
 
     def read(self, rel: str) -> bytes:
-        for base in (self.staged, self.dest):
-            with contextlib.suppress(FileNotFoundError):
-                return (base / rel).read_bytes()
-        raise PublishError(f"{self.dest} lacks {rel}: it is not the log published from this ledger")
+        with contextlib.suppress(FileNotFoundError):
+            return (self.staged / rel).read_bytes()
+        with contextlib.suppress(FileNotFoundError):
+            return self.dest.read(rel)
+        raise PublishError(f"{self.dest.name} lacks {rel}: it is not the log published from this ledger")
 
     def read_tile(self, level: int, index: int, width: int) -> bytes:
         return self.read(tile_path(level, index, width))
@@ -493,31 +496,25 @@ def _stage(
 # -------------------------------------------------------------------------------------------- upload
 
 
-def _put(source: Path, target: Path) -> None:
-    """One file into DEST, whole or not at all (a reader never sees half a tile)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".publish-tmp")
-    shutil.copyfile(source, tmp)
-    os.replace(tmp, target)
-
-
-def _upload(staged: Path, dest: Path, state: PublishState) -> None:
-    """The staged files into DEST: tiles, bundles, data and manifest, then the checkpoint last."""
+def _upload(staged: Path, dest: Dest, state: PublishState) -> None:
+    """The staged files into DEST, each whole or not at all (a reader never sees half a tile):
+    tiles, bundles, data and manifest, then the checkpoint last."""
     for path in sorted(p for p in staged.rglob("*") if p.is_file()):
-        rel = path.relative_to(staged)
-        if str(rel) != CHECKPOINT:
-            _put(path, dest / rel)
+        rel = path.relative_to(staged).as_posix()
+        if rel != CHECKPOINT:
+            dest.put_file(rel, path)
     for gone in state.removed:
-        (dest / DATA / gone).unlink(missing_ok=True)
-    _put(staged / CHECKPOINT, dest / CHECKPOINT)
+        dest.delete(f"{DATA}/{gone}")
+    dest.put_file(CHECKPOINT, staged / CHECKPOINT)
 
 
 # -------------------------------------------------------------------------------------------- state
 
 
-def state_dir(root: Path, dest: Path) -> Path:
-    """Where the trusted state of publishing ``root`` to ``dest`` lives (beside the ledger)."""
-    key = hashlib.sha256(str(dest.resolve()).encode()).hexdigest()[:16]
+def state_dir(root: Path, dest: str | Path | Dest) -> Path:
+    """Where the trusted state of publishing ``root`` to ``dest`` lives (beside the ledger; a
+    folder's key is its resolved path, as before S3 destinations existed)."""
+    key = hashlib.sha256(open_dest(dest).key.encode()).hexdigest()[:16]
     return root / STATE_DIR / key
 
 
@@ -528,13 +525,13 @@ def _load_state(directory: Path) -> PublishState:
     return PublishState.from_json(json.loads(path.read_bytes()))
 
 
-def load_published(root: Path, dest: Path) -> PublishState:
+def load_published(root: Path, dest: str | Path | Dest) -> PublishState:
     """What was last published from the ledger at ``root`` to ``dest`` (for proofs; read-only)."""
     return _load_state(state_dir(root, dest))
 
 
-def _save_state(directory: Path, state: PublishState, dest: Path) -> None:
-    write_durably(directory / "state.json", json.dumps({"dest": str(dest.resolve())} | state.to_json()))
+def _save_state(directory: Path, state: PublishState, dest: Dest) -> None:
+    write_durably(directory / "state.json", json.dumps({"dest": dest.key} | state.to_json()))
 
 
 @contextlib.contextmanager
@@ -550,27 +547,27 @@ def _locked(directory: Path) -> Iterator[None]:
         yield
 
 
-def _check_dest(dest: Path, state: PublishState) -> None:
+def _check_dest(dest: Dest, state: PublishState) -> None:
     """DEST must hold what was last published from here (nothing, the first time)."""
-    path = dest / CHECKPOINT
-    published = path.read_text() if path.exists() else ""
+    published = dest.read(CHECKPOINT).decode() if dest.exists(CHECKPOINT) else ""
     if published != state.checkpoint:
         if not state.checkpoint:
             raise PublishError(
-                f"{dest} already holds a log this ledger did not publish; choose an empty DEST"
+                f"{dest.name} already holds a log this ledger did not publish; choose an empty DEST"
             )
-        raise PublishError(f"{dest}/checkpoint is not the checkpoint last published from this ledger")
+        raise PublishError(f"{dest.name}/checkpoint is not the checkpoint last published from this ledger")
 
 
-def publish(root: str | Path, dest: str | Path, private_key: str) -> PublishResult:
-    """Publish the ledger at ``root`` to the folder ``dest``: only what is new, safe to kill."""
-    root, dest = Path(root), Path(dest)
+def publish(root: str | Path, dest: str | Path | Dest, private_key: str) -> PublishResult:
+    """Publish the ledger at ``root`` to ``dest`` (a folder, ``s3://bucket/prefix`` or a ``Dest``):
+    only what is new, safe to kill."""
+    root = Path(root)
     ledger = Ledger.open(root)
     signer = parse_private_key(private_key)
     origin = log_origin(ledger.ledger_id)
-    if dest.exists() and not dest.is_dir():
-        raise PublishError(f"{dest} is not a folder: DEST is the folder the log is published in")
-    dest.mkdir(parents=True, exist_ok=True)
+    dest = open_dest(dest)  # DestError (one line) for a file, a bad URL, a missing bucket, bad credentials
+    if isinstance(dest, FolderDest):
+        dest.folder.mkdir(parents=True, exist_ok=True)
     directory = state_dir(root, dest)
     with _locked(directory):
         state = _load_state(directory)

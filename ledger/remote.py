@@ -1,4 +1,8 @@
-"""A published copy of the ledger (``ledger publish``), checked and read by anyone who has only its URL.
+"""A published copy of the ledger (``ledger publish``), checked and read by anyone who has only its address.
+
+The copy is read from a ``Source``: a base URL any static HTTP server answers (``HttpSource``), or
+``s3://bucket/prefix`` on an S3-compatible server (``S3Source``, endpoint and credentials from the
+usual AWS_* variables; ``ledger.publish_dest``).
 
 * ``verify_remote``: ``ledger verify --remote URL``. The monitor's check (``ledger.monitor.check_log``
   with ``entries``): the checkpoint's signature and cosignature quorum, its consistency with the last
@@ -8,11 +12,15 @@
 * ``tlog-proof``: an offline proof (C2SP tlog-proof@v1) that an event's entry is in the published
   whole-ledger log: the entry itself as the ``extra`` line, its index, the RFC 6962 audit path and
   the checkpoint verbatim. ``verify_tlog_proof`` needs only the proof and the log's key.
-* ``fetch_copy`` + ``RemoteCopy.sql``: ``ledger query --remote URL``. A verified download, not HTTP
-  range reads: DuckDB's httpfs extension cannot be installed or loaded here (and the read-only walls
-  of ``ledger.sql_guard`` forbid loading extensions), so the Parquet files the signed manifest names
-  are downloaded into a local cache, each checked against its SHA-256, and queried through the same
-  locked views a local ledger gets.
+* ``fetch_copy`` + ``RemoteCopy.sql``: ``ledger query --remote URL``, the default. A verified
+  download: the Parquet files the signed manifest names are downloaded into a local cache, each
+  checked against its SHA-256, and queried through the same locked views a local ledger gets.
+* ``query_direct``: ``ledger query --remote URL --direct``. DuckDB's httpfs reads the published
+  Parquet files by URL (the list from the verified, signed manifest: never a glob), only the byte
+  ranges a query needs, nothing downloaded first. The checkpoint and manifest are verified; the data
+  bytes are not (DuckDB cannot check what it reads against the manifest's SHA-256), which is why the
+  download stays the default. Over HTTP the server must answer Range requests (nginx, caddy; not
+  Python's http.server): that is checked first, and said in one line when it does not.
 """
 
 from __future__ import annotations
@@ -23,17 +31,22 @@ import json
 import re
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import duckdb
 
+from ledger import duck
 from ledger.log_checkpoint import Checkpoint, parse_and_verify_checkpoint
 from ledger.merkle import HASH_SIZE, ProofError, leaf_hash, verify_inclusion
-from ledger.monitor import MonitorReport, check_log
-from ledger.parquet_schemas import tables_of
+from ledger.monitor import MonitorError, MonitorReport, check_log
+from ledger.parquet_schemas import TABLES, tables_of
 from ledger.publish import load_published
+from ledger.publish_dest import Dest, DestError, S3Dest, open_dest
 from ledger.query import QueryError, Result
 from ledger.sql_guard import RefusedStatement, lock_connection, read_only_statement
 from ledger.store import COMMITS, Ledger
@@ -45,19 +58,26 @@ from ledger.tiles import (
     tile_path,
     tile_width,
 )
-from ledger.views import connect
+from ledger.views import _DERIVED as DERIVED_TABLES
+from ledger.views import DERIVED_VIEWS, connect
 from schemas.durable import write_durably
 from schemas.note import CheckpointError, decode_canonical_base64, open_note
 
 __all__ = [
     "TLOG_PROOF_HEADER",
+    "DirectAnswer",
+    "HttpSource",
     "ProvenEntry",
     "RemoteCopy",
     "RemoteError",
+    "S3Source",
+    "Source",
     "default_state_path",
     "fetch_copy",
     "format_tlog_proof",
+    "open_source",
     "prove_published",
+    "query_direct",
     "verify_remote",
     "verify_tlog_proof",
 ]
@@ -85,9 +105,15 @@ def default_state_path(url: str, under: Path = Path(".runledger/remote-verify"))
 def verify_remote(
     url: str, log_key: str, state: Path, *, witnesses: Sequence[str] = (), quorum: int = 0
 ) -> MonitorReport:
-    """Check what is new in the copy at ``url`` since the last checkpoint verified (state in ``state``).
-    MonitorError (with its kind) on anything that does not match the signed log."""
-    return check_log(url, log_key, state, witnesses=witnesses, quorum=quorum, entries=True)
+    """Check what is new in the copy at ``url`` (HTTP or S3) since the last checkpoint verified
+    (state in ``state``). MonitorError (with its kind) on anything that does not match the signed log."""
+    if urlsplit(url).scheme != "s3":
+        return check_log(url, log_key, state, witnesses=witnesses, quorum=quorum, entries=True)
+    try:
+        files = _MonitorFiles(open_source(url))
+    except RemoteError as exc:
+        raise MonitorError("unreachable", str(exc)) from None
+    return check_log(url, log_key, state, witnesses=witnesses, quorum=quorum, entries=True, files=files)
 
 
 # ------------------------------------------------------------------------------------- tlog-proof
@@ -109,9 +135,9 @@ def format_tlog_proof(extra: bytes, index: int, proof: Sequence[bytes], checkpoi
     return "\n".join(lines) + "\n\n" + checkpoint
 
 
-def prove_published(root: Path, dest: Path, event_id: str, source: str | None = None) -> str:
-    """The tlog-proof of event ``event_id``'s entry in the log last published from ``root`` to the
-    folder ``dest``, at its published checkpoint (the entry is the proof's ``extra``)."""
+def prove_published(root: Path, dest: Path | str | Dest, event_id: str, source: str | None = None) -> str:
+    """The tlog-proof of event ``event_id``'s entry in the log last published from ``root`` to
+    ``dest`` (a folder or ``s3://…``), at its published checkpoint (the entry is the proof's ``extra``)."""
     from ledger.query import Reader
 
     Ledger.open(root)
@@ -125,19 +151,28 @@ def prove_published(root: Path, dest: Path, event_id: str, source: str | None = 
             if not found
             else f"{len(found)} events have id {event_id!r}; name one with --source"
         )
-    (stream, seq), published = found[0], load_published(root, dest)
+    load: Any = load_published  # takes any DEST once ledger.publish writes through ledger.publish_dest
+    (stream, seq), published = found[0], load(root, dest)
     index = published.leaf_of(stream, seq)
     if index is None or not published.checkpoint:
         raise RemoteError(f"event {event_id} is not in the log published to {dest}: run `ledger publish`")
+    try:
+        files = open_dest(dest)
+    except DestError as exc:
+        raise RemoteError(str(exc)) from None
+
+    def read(rel: str) -> bytes:
+        try:
+            return files.read(rel)
+        except (FileNotFoundError, DestError) as exc:
+            raise RemoteError(f"{files.name} lacks {rel}: {exc}") from None
 
     def read_tile(level: int, n: int, width: int) -> bytes:
-        return (dest / tile_path(level, n, width)).read_bytes()
+        return read(tile_path(level, n, width))
 
     size = published.size
     width = tile_width(0, index // TILE_WIDTH, size)
-    entry = decode_bundle((dest / entries_path(index // TILE_WIDTH, width)).read_bytes(), width)[
-        index % TILE_WIDTH
-    ]
+    entry = decode_bundle(read(entries_path(index // TILE_WIDTH, width)), width)[index % TILE_WIDTH]
     proof = inclusion_proof_from_tiles(read_tile, index, size)
     verify_inclusion(leaf_hash(entry), index, size, proof, published.root)  # never hand out a bad proof
     return format_tlog_proof(entry, index, proof, published.checkpoint)
@@ -186,18 +221,149 @@ def verify_tlog_proof(text: str, log_key: str, origin: str | None = None) -> Pro
     return ProvenEntry(index, extra, checkpoint)
 
 
+# ------------------------------------------------------------------------------- sources
+
+
+class Source(ABC):
+    """A published copy's files, read by path relative to its root: over HTTP(S) or from S3."""
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """The copy's address as given (a base URL ending in ``/``, or ``s3://bucket/prefix``)."""
+
+    @abstractmethod
+    def stream(self, rel: str) -> Iterator[bytes]:
+        """The file in blocks; RemoteError when it cannot be read."""
+
+    @abstractmethod
+    def url_of(self, rel: str) -> str:
+        """The file's address for DuckDB's httpfs."""
+
+    def read(self, rel: str, max_bytes: int = _MAX_SMALL_BYTES) -> bytes:
+        """A small file whole (a checkpoint, a tile, the manifest): RemoteError past ``max_bytes``."""
+        data = bytearray()
+        for block in self.stream(rel):
+            data += block
+            if len(data) > max_bytes:
+                raise RemoteError(f"{self.url_of(rel)} is larger than {max_bytes} bytes")
+        return bytes(data)
+
+    def sha256(self, rel: str) -> str:
+        """The SHA-256 of a file, read in blocks (one in memory at a time)."""
+        digest = hashlib.sha256()
+        for block in self.stream(rel):
+            digest.update(block)
+        return digest.hexdigest()
+
+
+class HttpSource(Source):
+    """A copy served by any static HTTP server."""
+
+    def __init__(self, url: str) -> None:
+        self.base = _base(url)
+
+    @property
+    def name(self) -> str:
+        return self.base
+
+    def url_of(self, rel: str) -> str:
+        return self.base + rel
+
+    def stream(self, rel: str) -> Iterator[bytes]:
+        url = self.url_of(rel)
+        try:
+            with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as response:
+                yield from iter(lambda: response.read(_BLOCK_BYTES), b"")
+        except (urllib.error.URLError, OSError) as exc:
+            raise RemoteError(f"unreachable: {url}: {exc}") from None
+
+    def answers_ranges(self, rel: str) -> bool:
+        """Whether the server answers a Range request with 206 and just those bytes."""
+        request = urllib.request.Request(self.url_of(rel), headers={"Range": "bytes=0-3"})
+        try:
+            with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:
+                status, body = response.status, response.read(5)
+        except (urllib.error.URLError, OSError) as exc:
+            raise RemoteError(f"unreachable: {self.url_of(rel)}: {exc}") from None
+        return bool(status == 206 and len(body) == 4)
+
+
+class S3Source(Source):
+    """A copy in ``s3://bucket/prefix`` (server and credentials from the AWS_* variables)."""
+
+    def __init__(self, url: str) -> None:
+        try:
+            self.dest = S3Dest(url)
+        except DestError as exc:
+            raise RemoteError(str(exc)) from None
+
+    @property
+    def name(self) -> str:
+        return self.dest.name
+
+    def url_of(self, rel: str) -> str:
+        return self.dest.url_of(rel)
+
+    def stream(self, rel: str) -> Iterator[bytes]:
+        try:
+            yield from self.dest.stream(rel)
+        except FileNotFoundError:
+            raise RemoteError(f"{self.url_of(rel)}: no such object") from None
+        except DestError as exc:
+            raise RemoteError(str(exc)) from None
+
+
+def open_source(url: str) -> Source:
+    """The published copy at ``url``: ``http(s)://…`` or ``s3://bucket/prefix``."""
+    scheme = urlsplit(url).scheme
+    if scheme in ("http", "https"):
+        return HttpSource(url)
+    if scheme == "s3":
+        return S3Source(url)
+    raise RemoteError(f"--remote {url!r}: give an http://, https:// or s3://bucket/prefix address")
+
+
+class _MonitorFiles:
+    """A source as ``ledger.monitor.check_log`` reads it (its failures are ``unreachable``)."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.name = source.name
+
+    def read(self, rel: str) -> bytes:
+        try:
+            return self.source.read(rel, _MAX_SMALL_BYTES)
+        except RemoteError as exc:
+            raise MonitorError("unreachable", str(exc)) from None
+
+    def sha256(self, rel: str) -> str:
+        try:
+            return self.source.sha256(rel)
+        except RemoteError as exc:
+            raise MonitorError("unreachable", str(exc)) from None
+
+
 # ------------------------------------------------------------------------------- query --remote
 
 
-def _fetch(url: str) -> bytes:
+def _download(source: Source, rel: str, target: Path, sha256: str) -> None:
+    """``rel`` of ``source`` into ``target``, kept only if its bytes have the signed SHA-256."""
+    part = target.with_name(target.name + ".part")
+    part.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
     try:
-        with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as response:
-            data: bytes = response.read(_MAX_SMALL_BYTES + 1)
-    except (urllib.error.URLError, OSError) as exc:
-        raise RemoteError(f"unreachable: {url}: {exc}") from None
-    if len(data) > _MAX_SMALL_BYTES:
-        raise RemoteError(f"{url} is larger than {_MAX_SMALL_BYTES} bytes")
-    return data
+        with part.open("wb") as out:
+            for block in source.stream(rel):
+                digest.update(block)
+                out.write(block)
+    except RemoteError:
+        part.unlink(missing_ok=True)
+        raise
+    if digest.hexdigest() != sha256:
+        part.unlink(missing_ok=True)
+        raise RemoteError(f"{source.url_of(rel)} does not match its SHA-256 in the signed manifest")
+    part.replace(target)
 
 
 def _sha256(path: Path) -> str | None:
@@ -208,25 +374,6 @@ def _sha256(path: Path) -> str | None:
         for block in iter(lambda: handle.read(_BLOCK_BYTES), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _download(url: str, target: Path, sha256: str) -> None:
-    """``url`` into ``target``, kept only if its bytes have the signed SHA-256."""
-    part = target.with_name(target.name + ".part")
-    part.parent.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256()
-    try:
-        with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as response, part.open("wb") as out:
-            for block in iter(lambda: response.read(_BLOCK_BYTES), b""):
-                digest.update(block)
-                out.write(block)
-    except (urllib.error.URLError, OSError) as exc:
-        part.unlink(missing_ok=True)
-        raise RemoteError(f"unreachable: {url}: {exc}") from None
-    if digest.hexdigest() != sha256:
-        part.unlink(missing_ok=True)
-        raise RemoteError(f"{url} does not match its SHA-256 in the signed manifest")
-    part.replace(target)
 
 
 @dataclass
@@ -243,53 +390,71 @@ class RemoteCopy:
         con = connect(self.folder)
         try:
             lock_connection(con, [self.folder / name for name in tables_of(self.folder)])
-            try:
-                query = read_only_statement(con, statement)
-            except RefusedStatement as exc:
-                raise QueryError(str(exc)) from None
-            try:
-                rel = con.execute(query)
-                return Result([d[0] for d in rel.description or []], rel.fetchall())
-            except duckdb.Error as exc:  # outside the copy's folders included: one line, as locally
-                raise QueryError(str(exc).splitlines()[0]) from None
+            return _answer(con, statement)
         finally:
             con.close()
 
 
-def _signed_manifest(base: str, log_key: str) -> tuple[Checkpoint, int, dict]:
+def _answer(con: duckdb.DuckDBPyConnection, statement: str) -> Result:
     try:
-        checkpoint = parse_and_verify_checkpoint(_fetch(base + "checkpoint"), log_key)
-        signed = open_note(_fetch(base + "manifest.sig"), log_key).split("\n")
+        query = read_only_statement(con, statement)
+    except RefusedStatement as exc:
+        raise QueryError(str(exc)) from None
+    try:
+        rel = con.execute(query)
+        return Result([d[0] for d in rel.description or []], rel.fetchall())
+    except duckdb.Error as exc:  # outside the copy's folders included: one line, as locally
+        raise QueryError(str(exc).splitlines()[0]) from None
+
+
+def _signed_manifest(source: Source, log_key: str) -> tuple[Checkpoint, int, dict[str, Any]]:
+    """The verified checkpoint, the log size the manifest is signed at, and the manifest."""
+    try:
+        checkpoint = parse_and_verify_checkpoint(source.read("checkpoint"), log_key)
+        signed = open_note(source.read("manifest.sig"), log_key).split("\n")
     except CheckpointError as exc:
         raise RemoteError(f"bad signature: {exc}") from None
-    manifest = _fetch(base + "manifest.json")
+    manifest = source.read("manifest.json")
     digest = base64.b64encode(hashlib.sha256(manifest).digest()).decode()
-    if signed[0] != checkpoint.origin + "/manifest" or signed[2] != digest:
+    if len(signed) < 3 or signed[0] != checkpoint.origin + "/manifest" or signed[2] != digest:
         raise RemoteError("manifest.json is not the manifest signed in manifest.sig for this log")
     if not _DECIMAL.fullmatch(signed[1]) or int(signed[1]) > checkpoint.size:
         raise RemoteError("manifest.sig names a log size beyond the signed checkpoint")
-    return checkpoint, int(signed[1]), json.loads(manifest)
-
-
-def fetch_copy(url: str, log_key: str, cache: Path) -> RemoteCopy:
-    """Download (into ``cache``, only what it lacks) every data file the signed manifest of the copy
-    at ``url`` names, each checked against its SHA-256; files no longer named are removed from the
-    cache, so the views see exactly the published snapshot."""
-    base = _base(url)
-    checkpoint, manifest_size, manifest = _signed_manifest(base, log_key)
-    if manifest.get("origin") != checkpoint.origin:
+    doc = json.loads(manifest)
+    if doc.get("origin") != checkpoint.origin:
         raise RemoteError("manifest.json names another log's origin")
-    folder = cache / hashlib.sha256(base.encode()).hexdigest()[:16]
-    wanted: dict[Path, str] = {}
+    return checkpoint, int(signed[1]), doc
+
+
+def _manifest_files(manifest: dict[str, Any]) -> dict[str, str]:
+    """path (``data/…``) -> SHA-256 of each file the manifest names, each path checked."""
+    files: dict[str, str] = {}
     for item in manifest["files"]:
         rel = str(item["path"])
         if not rel.startswith("data/") or ".." in Path(rel).parts:
             raise RemoteError(f"manifest path {rel!r} is not under data/")
-        wanted[folder / rel.removeprefix("data/")] = str(item["sha256"])
+        files[rel] = str(item["sha256"])
+    return files
+
+
+def _cache_key(name: str) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()[:16]
+
+
+def fetch_copy(url: str, log_key: str, cache: Path) -> RemoteCopy:
+    """Download (into ``cache``, only what it lacks) every data file the signed manifest of the copy
+    at ``url`` (HTTP or S3) names, each checked against its SHA-256; files no longer named are
+    removed from the cache, so the views see exactly the published snapshot."""
+    source = open_source(url)
+    checkpoint, manifest_size, manifest = _signed_manifest(source, log_key)
+    folder = cache / _cache_key(source.name)
+    wanted = {
+        folder / rel.removeprefix("data/"): (rel, sha) for rel, sha in _manifest_files(manifest).items()
+    }
     downloaded = 0
-    for target, sha256 in wanted.items():
+    for target, (rel, sha256) in wanted.items():
         if _sha256(target) != sha256:
-            _download(base + "data/" + str(target.relative_to(folder)), target, sha256)
+            _download(source, rel, target, sha256)
             downloaded += 1
     for old in folder.rglob("*.parquet"):
         if old not in wanted:
@@ -298,3 +463,104 @@ def fetch_copy(url: str, log_key: str, cache: Path) -> RemoteCopy:
     write_durably(folder / "LEDGER.json", json.dumps({"tables": tables, "origin": checkpoint.origin}))
     (folder / COMMITS).mkdir(exist_ok=True)  # none: so a ``Reader`` opens the copy (no merge to wait for)
     return RemoteCopy(folder, checkpoint, manifest_size, downloaded)
+
+
+# ------------------------------------------------------------------------------- query --remote --direct
+
+# A manifest path DuckDB reads by URL as it is: no glob characters, nothing to percent-encode.
+_PLAIN_PATH = re.compile(r"data/[A-Za-z0-9._=/-]+\.parquet")
+
+
+@dataclass
+class DirectAnswer:
+    """An answer read by DuckDB straight from the published files, as of ``checkpoint``."""
+
+    result: Result
+    checkpoint: Checkpoint
+    manifest_log_size: int
+    files: int  # data files the views name
+
+
+def _direct_views(source: Source, files: Sequence[str]) -> str:
+    """The local ledger's views (``ledger.views``) over the manifest's files by URL (a list, never a
+    glob: DuckDB cannot glob over HTTP, and a glob would read files the manifest does not name)."""
+    by_table: dict[str, list[str]] = {}
+    for rel in files:
+        if not _PLAIN_PATH.fullmatch(rel):
+            raise RemoteError(f"manifest path {rel!r} cannot be read by URL as it is: query without --direct")
+        by_table.setdefault(rel.split("/")[1], []).append(source.url_of(rel))
+    lines = []
+    for table, urls in sorted(by_table.items()):
+        if table not in TABLES:
+            continue  # a table this runledger does not know: not in its views
+        listed = ", ".join("'" + u.replace("'", "''") + "'" for u in urls)
+        view = f"_{table}" if table in DERIVED_TABLES else table
+        lines.append(
+            f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM read_parquet([{listed}], hive_partitioning = true, "
+            f"hive_types = {{'{TABLES[table].partition}': VARCHAR}}, union_by_name = true);"
+        )
+    from ledger.code_views import CODE_VIEWS
+
+    return "\n".join(lines) + "\n" + DERIVED_VIEWS + "\n" + CODE_VIEWS
+
+
+def _s3_secret(con: duckdb.DuckDBPyConnection, source: S3Source) -> None:
+    """DuckDB's S3 secret for the copy's server (the AWS_* variables, as for the download)."""
+    config = source.dest.config
+    options = {"REGION": config.region, "URL_STYLE": "path"}
+    if config.endpoint:
+        parts = urlsplit(config.endpoint)
+        options |= {"ENDPOINT": parts.netloc, "USE_SSL": str(parts.scheme == "https").lower()}
+    if config.access_key:
+        options |= {"KEY_ID": config.access_key, "SECRET": config.secret_key}
+        if config.session_token:
+            options["SESSION_TOKEN"] = config.session_token
+    quoted = ", ".join(
+        f"{k} {v}" if k == "USE_SSL" else f"{k} '{v.replace(chr(39), chr(39) * 2)}'"
+        for k, v in options.items()
+    )
+    con.execute(f"CREATE SECRET runledger_copy (TYPE s3, {quoted})")
+
+
+def query_direct(url: str, log_key: str, statement: str) -> DirectAnswer:
+    """One read-only statement run by DuckDB (httpfs) on the published Parquet files by URL, no
+    download. The checkpoint and manifest are verified; the data bytes are not (DuckDB reads only
+    the ranges it needs and cannot check them against the manifest's SHA-256)."""
+    source = open_source(url)
+    checkpoint, manifest_size, manifest = _signed_manifest(source, log_key)
+    files = sorted(_manifest_files(manifest))
+    if not files:
+        raise RemoteError("the signed manifest names no data files")
+    if isinstance(source, HttpSource) and not source.answers_ranges(files[0]):
+        raise RemoteError(
+            f"{source.name} does not answer Range requests (DuckDB needs them to read Parquet by URL): "
+            "query without --direct, or serve the copy with a server that does (scripts/http.sh)"
+        )
+    views = _direct_views(source, files)
+    try:
+        con = duck.connect(extensions=["httpfs"])
+    except duck.ExtensionMissing as exc:
+        raise RemoteError(f"--direct needs DuckDB's httpfs: {exc}") from None
+    try:
+        if isinstance(source, S3Source):
+            _s3_secret(con, source)
+        con.execute("SET TimeZone = 'UTC'")
+        con.execute(views)
+        con.execute(_lock_to([source.url_of(rel) for rel in files]))
+        return DirectAnswer(_answer(con, statement), checkpoint, manifest_size, len(files))
+    finally:
+        con.close()
+
+
+def _lock_to(urls: Sequence[str]) -> str:
+    """``ledger.sql_guard``'s lock, with the manifest's files the only ones DuckDB may read: exact
+    paths, not a URL prefix (a prefix would let ``…/copy/../elsewhere`` through to the server)."""
+    quoted = ", ".join("'" + u.replace("'", "''") + "'" for u in urls)
+    return (
+        f"SET allowed_paths = [{quoted}];\n"
+        "SET enable_external_access = false;\n"
+        "SET autoinstall_known_extensions = false;\n"
+        "SET autoload_known_extensions = false;\n"
+        "SET allow_community_extensions = false;\n"
+        "SET lock_configuration = true;\n"
+    )

@@ -31,6 +31,7 @@ from ledger import publish as publish_mod
 from ledger.log_checkpoint import parse_and_verify_checkpoint
 from ledger.merkle import verify_consistency
 from ledger.publish import PublishError, log_origin, publish
+from ledger.publish_dest import FolderDest
 from ledger.query import Reader
 from ledger.store import Ledger, SourceRecord
 from ledger.tiles import consistency_proof_from_tiles, entries_path, parse_tile_path, tile_path, walk_entries
@@ -187,16 +188,16 @@ def test_killed_during_the_upload_is_finished_by_the_next_publish(
     site.publish()
     old = (site.dest / "checkpoint").read_bytes()
     site.add(600)
-    real_put = publish_mod._put
+    real_put = FolderDest.put_file
     calls = {"n": 0}
 
-    def dies_on_the_third(source: Path, target: Path) -> None:
+    def dies_on_the_third(self: FolderDest, rel: str, source: Path) -> None:
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt
-        real_put(source, target)
+        real_put(self, rel, source)
 
-    monkeypatch.setattr(publish_mod, "_put", dies_on_the_third)
+    monkeypatch.setattr(FolderDest, "put_file", dies_on_the_third)
     with pytest.raises(KeyboardInterrupt):
         site.publish()
     monkeypatch.undo()

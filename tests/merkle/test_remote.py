@@ -212,6 +212,8 @@ def test_tlog_proof_is_checked_offline_and_every_corrupted_field_is_refused(
             str(proof),
             "--leaf-out",
             str(leaf),
+            "--salt-out",
+            str(tmp_path / "salt.hex"),
         ],
         env=ENV,
     )
@@ -220,6 +222,9 @@ def test_tlog_proof_is_checked_offline_and_every_corrupted_field_is_refused(
     assert text.startswith("c2sp.org/tlog-proof@v1\nextra ") and "\nindex 15" in text
     assert text.endswith((site.dest / "checkpoint").read_text())  # the checkpoint, verbatim
     check = ["verify-proof", str(proof), "--log-key", site.vkey, "--origin", "runledger/pub-test"]
+    without = CliRunner().invoke(app, [*check, "--leaf", str(leaf)], env=ENV)  # the salt is needed
+    assert without.exit_code == 1 and "not the event" in without.output
+    check = [*check, "--salt", str(tmp_path / "salt.hex")]
     ok = CliRunner().invoke(app, [*check, "--leaf", str(leaf)], env=ENV)
     assert ok.exit_code == 0 and f"event {event_id}" in ok.output, ok.output
     corruptions = _corruptions(text)
@@ -368,3 +373,19 @@ def test_go_reads_and_checks_the_tlog_proof(goproof: Path, site: Site, tmp_path:
     ]:
         proof.write_text(corruptions[field])
         assert go().returncode == 1, field
+
+
+def test_query_remote_names_the_addresses_it_reads(served: Served, site: Site, tmp_path: Path) -> None:
+    """An address that is neither HTTP(S) nor S3 is one line; http.server (no Range) still serves the
+    verified download, which never needs Range."""
+    site.add(10)
+    site.publish()
+    code, out = _query(served, site, tmp_path / "cache", "SELECT count(*) AS n FROM runs")
+    assert code == 0 and '"n": 1' in out, out
+    for address in ("ftp://127.0.0.1/log", "file:///etc", "/just/a/folder"):
+        args = ["query", "--remote", address, "--log-key", site.vkey, "--cache", str(tmp_path / "c")]
+        result = CliRunner().invoke(app, [*args, "SELECT 1"], env=ENV)
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 1 and lines == [
+            f"error: REFUSED --remote {address!r}: give an http://, https:// or s3://bucket/prefix address"
+        ], result.output
