@@ -4,21 +4,27 @@ on 127.0.0.1, as a person would run it.
 
 1. Freshness. A run logs one step at a time through ``runledger.init`` → spool; the spool ingester
    commits it (its own time, the baseline: log → commit); an SSE client (httpx) notes when the
-   step's event arrives. Reported: ingest (log → commit) and push (commit → event on the stream)
-   p50/p99, over ``--rounds`` rounds.
-2. Page load on a simulated ledger of ``--steps`` steps × 48 layers (bench.bench_report's
-   ``build_ledger``): the first GET of the run's page (built: the report's queries), a second
-   (cached per commit), its size; and, when Chromium is here, navigation to charts drawn.
+   step's event arrives, and (with Chromium) an open page notes when it drew the step
+   (``window.__live.drawn``). Reported: ingest (log → commit), push (commit → event on the stream)
+   and commit → point drawn, p50/p99, over ``--rounds`` rounds.
+2. Page load over each ``--ledger`` (e.g. the reference run at 10 %, 30 % and 100 %; without one, a
+   simulated ledger of ``--steps`` steps × 48 layers, bench.bench_report's ``build_ledger``). In the
+   same run, the baselines: a plain DuckDB scan of the run's router rows and ``ledger report``'s
+   build_report + render_html. Then the server: warm (the page built at its start: how long after
+   start, the first GET, the next), GETs of the kept page while it is rebuilt in the background,
+   cold (no warm-up: the first GET builds), and, with Chromium, navigation to charts drawn for the
+   page and for the report file; the server's RSS and peak RSS.
 3. Memory: the server's RSS idle, with ``--clients`` streams open, and after ``--burst`` events
    pushed to all of them (each client checks it got every id once).
 
-    python -m bench.bench_live_page [--rounds 60] [--steps 100000] [--clients 100]
+    python -m bench.bench_live_page [--rounds 60] [--clients 100] [--ledger LEDGER ...] [--skip page]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import statistics
@@ -33,7 +39,10 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVE = "import sys; from ledger.live_page import serve; serve(sys.argv[1], port=int(sys.argv[2]))"
+SERVE = (  # SIGUSR1 dumps the server's threads (a stuck build can be seen)
+    "import faulthandler, json, signal, sys; faulthandler.register(signal.SIGUSR1); "
+    "from ledger.live_page import serve; serve(sys.argv[1], port=int(sys.argv[2]), **json.loads(sys.argv[3]))"
+)
 
 
 def _port() -> int:
@@ -43,23 +52,30 @@ def _port() -> int:
 
 
 class Server:
-    def __init__(self, ledger: Path) -> None:
+    def __init__(self, ledger: Path, **options: Any) -> None:
         self.port = _port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen([sys.executable, "-c", SERVE, str(ledger), str(self.port)], env=env)
+        started = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", SERVE, str(ledger), str(self.port), json.dumps(options)], env=env
+        )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
                 if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    self.up_s = time.perf_counter() - started
                     return
             except httpx.HTTPError:
                 time.sleep(0.1)
         raise RuntimeError("the server did not start")
 
-    def rss_mb(self) -> float:
+    def health(self) -> dict[str, Any]:
+        return dict(httpx.get(self.url + "/healthz", timeout=30).json())
+
+    def rss_mb(self, field: str = "VmRSS") -> float:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
         return float("nan")
 
@@ -127,43 +143,183 @@ def freshness(work: Path, rounds: int) -> dict[str, list[float]]:
     return {"ingest": ingest_s, "push": push_s, "total": total_s}
 
 
+def page_freshness(work: Path, rounds: int) -> dict[str, list[float]] | None:
+    """Commit → point drawn on an open page in headless Chromium (live.js notes when each redraw
+    drew up to which leaf: ``window.__live.drawn``), beside the ingester's log → commit."""
+    import runledger
+    from ingest.spool_ingester import ingest_spool
+    from ledger.store import Ledger
+
+    driver = _driver()
+    if driver is None:
+        return None
+    spool, ledger = work / "pspool", work / "pledger"
+    run = runledger.init(
+        "bench-page", config={"lr": 0.01}, spool=spool, state_dir=work / "pstate", handle_signals=False
+    )
+    run.log({"loss": 1.0}, step=0)
+    run.emitter.flush()
+    ingest_spool(Ledger.create(ledger), spool)
+    server = Server(ledger)
+    ingest_s, drawn_s = [], []
+    try:
+        driver.get(f"{server.url}/runs/bench-page")
+        deadline = time.monotonic() + 60
+        while not driver.execute_script("return !!(window.__live && window.__live.connected)"):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the page did not connect")
+            time.sleep(0.05)
+        for step in range(1, rounds + 1):
+            logged = time.time()
+            run.log({"loss": 1.0 / step}, step=step)
+            run.emitter.flush()
+            led = Ledger.open(ledger)
+            ingest_spool(led, spool)
+            committed = time.time()
+            leaf = led.stream_heads()["bench-page"].size - 1
+            deadline = time.monotonic() + 10
+            at = None
+            while at is None and time.monotonic() < deadline:
+                drawn = driver.execute_script("return window.__live.drawn")
+                at = next((t / 1000 for last, t in drawn if last >= leaf), None)
+                time.sleep(0.01)
+            ingest_s.append(committed - logged)
+            drawn_s.append((at if at is not None else float("inf")) - committed)
+            time.sleep(0.05)
+    finally:
+        driver.quit()
+        server.stop()
+        run.finish()
+    return {"ingest": ingest_s, "drawn": drawn_s}
+
+
+def _driver() -> Any:
+    import shutil
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if not (chromium and driver_path):
+        return None
+    from selenium import webdriver
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1800",
+    ):
+        options.add_argument(arg)
+    return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver_path))
+
+
 # ---------------------------------------------------------------------------------------- 2. page load
-def page_load(work: Path, steps: int) -> dict[str, Any]:
-    from bench.bench_report import build_ledger
+def page_load(work: Path, ledger: Path | None, steps: int) -> dict[str, Any]:
+    """The run's page over ``ledger`` (or, without one, a simulated ledger of ``steps`` steps):
+    baselines first (a plain DuckDB scan of the router rows, ``ledger report``'s build), then the
+    server three ways: warm (its start builds the page), a visit while a rebuild runs (page kept,
+    ``page_max_age_s=0``: every GET starts one), and cold (no warm-up: the first GET builds)."""
     from ledger.query import Reader
     from ledger.report import build_report, render_html
 
-    ledger = work / "big"
-    built_s = build_ledger(ledger, steps, expert_every=1000)
+    out: dict[str, Any] = {"built_s": None}
+    if ledger is None:
+        from bench.bench_report import build_ledger
+
+        ledger = work / "big"
+        out["built_s"] = build_ledger(ledger, steps, expert_every=1000)
+    reader = Reader(ledger)
+    run_id = str(reader.sql("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 1").rows[0][0])
+    out["run_id"] = run_id
+    out["events"] = int(reader.sql("SELECT count(*) FROM events").rows[0][0])
+    t = time.perf_counter()
+    rows = reader.sql(
+        "SELECT count(*), avg(token_drop_rate) FROM _moe_layer_stats WHERE run_id = ?", [run_id]
+    ).rows[0]
+    out["scan_s"], out["layer_rows"] = time.perf_counter() - t, int(rows[0])
     t = time.perf_counter()
     report_file = work / "report.html"  # the baseline: `ledger report`'s own work, and its file
-    report_file.write_text(render_html(build_report(Reader(ledger), ["bench-run"])))
-    report_s = time.perf_counter() - t
+    report_file.write_text(render_html(build_report(reader, [run_id])))
+    out["report_s"] = time.perf_counter() - t
+    page = f"/runs/{run_id}"
+    out.update(_warm_server(ledger, page))
+    out.update(_while_rebuilding(ledger, page))
+    out.update(_cold_server(ledger, page))
+    # The live page twice (the first navigation of a fresh Chromium is a cold start), the file once.
     server = Server(ledger)
     try:
-        t = time.perf_counter()
-        first = httpx.get(f"{server.url}/runs/bench-run", timeout=120)
-        first_s = time.perf_counter() - t
-        t = time.perf_counter()
-        httpx.get(f"{server.url}/runs/bench-run", timeout=120)
-        cached_s = time.perf_counter() - t
-        out: dict[str, Any] = {
-            "steps": steps,
-            "built_s": built_s,
-            "report_s": report_s,
+        _until_built(server, 1)
+        cold, out["report_browser_s"], out["browser_s"] = _browser_load(
+            [server.url + page, report_file.as_uri(), server.url + page]
+        )
+        out["cold_browser_s"] = cold
+    finally:
+        server.stop()
+    return out
+
+
+def _until_built(server: Server, pages: int, wait_s: float = 600) -> float:
+    """Seconds until the server has built ``pages`` pages (its warm-up or rebuilds)."""
+    t = time.perf_counter()
+    while server.health()["pages_built"] < pages:
+        if time.perf_counter() - t > wait_s:
+            raise RuntimeError("the page was not built")
+        time.sleep(0.05)
+    return time.perf_counter() - t
+
+
+def _get(url: str) -> tuple[float, httpx.Response]:
+    t = time.perf_counter()
+    resp = httpx.get(url, timeout=600)
+    return time.perf_counter() - t, resp
+
+
+def _warm_server(ledger: Path, page: str) -> dict[str, Any]:
+    server = Server(ledger)
+    try:
+        warm_s = server.up_s + _until_built(server, 1)
+        first_s, first = _get(server.url + page)
+        again_s, _ = _get(server.url + page)
+        return {
+            "up_s": server.up_s,
+            "warm_s": warm_s,
+            "build_s": server.health()["page_build_s"][-1],
             "first_s": first_s,
-            "cached_s": cached_s,
+            "again_s": again_s,
             "bytes": len(first.content),
             "status": first.status_code,
             "rss_mb": server.rss_mb(),
+            "peak_rss_mb": server.rss_mb("VmHWM"),
         }
-        # The live page twice (the first navigation of a fresh Chromium is a cold start), the file once.
-        live_url = f"{server.url}/runs/bench-run"
-        cold, out["report_browser_s"], out["browser_s"] = _browser_load(
-            [live_url, report_file.as_uri(), live_url]
-        )
-        out["cold_browser_s"] = cold
-        return out
+    finally:
+        server.stop()
+
+
+def _while_rebuilding(ledger: Path, page: str) -> dict[str, Any]:
+    """GETs of a kept page while its rebuild runs (every GET of an old page starts one)."""
+    server = Server(ledger, page_max_age_s=0.0)
+    try:
+        _until_built(server, 1)
+        times: list[float] = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (not times or server.health()["pages_built"] < 2):
+            took, resp = _get(server.url + page)
+            assert resp.status_code == 200
+            times.append(took)
+            time.sleep(0.2)
+        return {"rebuilding_get_s": times}
+    finally:
+        server.stop()
+
+
+def _cold_server(ledger: Path, page: str) -> dict[str, Any]:
+    server = Server(ledger, warm=False)
+    try:
+        cold_s, resp = _get(server.url + page)
+        assert resp.status_code == 200
+        return {"cold_first_s": cold_s}
     finally:
         server.stop()
 
@@ -264,6 +420,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--steps", type=int, default=100_000)
+    ap.add_argument(
+        "--ledger",
+        type=Path,
+        action="append",
+        default=[],
+        help="measure the page over this ledger (repeat: e.g. the reference run at 10%%, 30%%, 100%%); "
+        "default: a simulated one of --steps steps",
+    )
     ap.add_argument("--clients", type=int, default=100)
     ap.add_argument("--burst", type=int, default=50)
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: freshness,page,memory")
@@ -280,6 +444,13 @@ def main() -> None:
             print(f"  ingester, log → commit     {_ms(f['ingest'])}")
             print(f"  live page, commit → event  {_ms(f['push'])}")
             print(f"  log → event on the stream  {_ms(f['total'])}")
+            pf = page_freshness(work, args.rounds)
+            if pf is None:
+                print("commit → point on the page: no Chromium")
+            else:
+                print(f"commit → point drawn on an open page in headless Chromium, over {args.rounds} steps:")
+                print(f"  ingester, log → commit     {_ms(pf['ingest'])}")
+                print(f"  commit → point drawn       {_ms(pf['drawn'])}")
         if "memory" not in skip:
             m = memory(work, args.clients, args.burst)
             print(
@@ -288,19 +459,39 @@ def main() -> None:
                 f"id once; commit → last client's last event {m['fanout_s']:.2f} s"
             )
         if "page" not in skip:
-            pl = page_load(work, args.steps)
-            b, r = pl["browser_s"], pl["report_browser_s"]
-            browser = (
-                f"{b[0]:.2f} s (the response {b[1]:.2f} s of it; a fresh Chromium's first load "
-                f"{pl['cold_browser_s'][0]:.2f} s; the report file from disk: {r[0]:.2f} s)"
-                if b is not None and r is not None
-                else "no Chromium"
-            )
-            print(
-                f"page load, {pl['steps']:,} steps × 48 layers (ledger built in {pl['built_s']:.0f} s): "
-                f"`ledger report`'s build_report+render_html {pl['report_s']:.2f} s; first GET {pl['first_s']:.2f} s (HTTP {pl['status']}, {pl['bytes'] / 1e6:.2f} MB), next GET (page kept 30 s) "
-                f"{pl['cached_s'] * 1000:.0f} ms, in Chromium to charts drawn {browser}; server RSS {pl['rss_mb']:.0f} MB"
-            )
+            for ledger in args.ledger or [None]:
+                _print_page(page_load(work, ledger, args.steps), ledger)
+
+
+def _print_page(pl: dict[str, Any], ledger: Path | None) -> None:
+    b, r = pl["browser_s"], pl["report_browser_s"]
+    browser = (
+        f"{b[0]:.2f} s (the response {b[1]:.2f} s of it; a fresh Chromium's first load "
+        f"{pl['cold_browser_s'][0]:.2f} s; the report file from disk: {r[0]:.2f} s)"
+        if b is not None and r is not None
+        else "no Chromium"
+    )
+    where = str(ledger) if ledger is not None else f"simulated, built in {pl['built_s']:.0f} s"
+    rebuilding = pl["rebuilding_get_s"]
+    print(
+        f"page load over {where}: run {pl['run_id']}, {pl['events']:,} events, {pl['layer_rows']:,} router rows"
+    )
+    print(
+        f"  baselines: DuckDB scan of the router rows {pl['scan_s']:.2f} s; "
+        f"`ledger report`'s build_report+render_html {pl['report_s']:.2f} s"
+    )
+    print(
+        f"  warm server: up {pl['up_s']:.2f} s, page built {pl['warm_s']:.2f} s after start (the build "
+        f"{pl['build_s']:.2f} s); first GET {pl['first_s'] * 1000:.0f} ms (HTTP {pl['status']}, "
+        f"{pl['bytes'] / 1e6:.2f} MB), next {pl['again_s'] * 1000:.0f} ms; RSS {pl['rss_mb']:.0f} MB "
+        f"(peak {pl['peak_rss_mb']:.0f} MB)"
+    )
+    print(
+        f"  GET while the page is rebuilt: {len(rebuilding)} GETs, max {max(rebuilding) * 1000:.0f} ms, "
+        f"median {statistics.median(rebuilding) * 1000:.0f} ms"
+    )
+    print(f"  cold server (no warm-up): first GET {pl['cold_first_s']:.2f} s (it builds the page)")
+    print(f"  in Chromium to charts drawn: {browser}")
 
 
 if __name__ == "__main__":

@@ -4,11 +4,14 @@ ledger or a published copy of one). The work is in ``ledger.live_page``; this is
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, user_errors
+
+if TYPE_CHECKING:
+    from ledger.live_page import Witnesses
 
 
 def serve_page(
@@ -36,6 +39,16 @@ def serve_page(
     cache: Annotated[
         Path, typer.Option("--cache", help="With --remote: where the verified data files are kept.")
     ] = Path(".runledger/remote-cache"),
+    witness: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--witness", help="A witness's cosignature vkey (or a file holding it); repeat for each witness."
+        ),
+    ] = None,
+    quorum: Annotated[
+        int | None,
+        typer.Option("--quorum", help="Valid cosignatures required of the --witness keys (default: all)."),
+    ] = None,
 ) -> None:
     """Serve each run's page live: its curves, history, state and record, updated as the ledger commits.
 
@@ -43,7 +56,11 @@ def serve_page(
     With --remote URL --log-key VKEY: over a published copy; every second its checkpoint is fetched, and
     one that grew and verifies (signature, consistency with the last one seen, the new entries and data
     files) reaches the open pages. One that does not verify is shown as "not verified" and stops updates.
+    With --witness VKEY (repeat) [--quorum N]: the cosignatures on the checkpoint the page answers from
+    are checked against those keys; the page shows which verified and whether the quorum holds (over
+    --remote, a checkpoint short of the quorum is not shown as current).
     Example: ledger serve page --ledger .runledger/demo/ledger --port 8790
+    Example: ledger serve page --remote https://example.org/log/ --log-key log.pub --witness w1.vkey --quorum 1
     """
     from ledger.live_page import serve
     from ledger.store import Ledger
@@ -54,19 +71,49 @@ def serve_page(
         raise fail("--max-clients must be at least 1", 2)
     if public_key is not None and not public_key.is_file():
         raise fail(f"public key file not found: {public_key}", 2)
+    witnesses = _witnesses(witness or [], quorum)
     if remote is not None:
-        _serve_remote(remote, log_key, cache, host, port, max_clients)
+        _serve_remote(remote, log_key, cache, host, port, max_clients, witnesses)
         return
     with user_errors(ledger):
         Ledger.open(ledger)  # a missing ledger is one line here, before listening
     console.print(f"live page over {ledger} at http://{host}:{port}/ (Ctrl-C stops)", highlight=False)
     try:
-        serve(ledger, host, port, public_key_path=public_key, max_clients=max_clients)
+        serve(ledger, host, port, public_key_path=public_key, max_clients=max_clients, witnesses=witnesses)
     except OSError as exc:
         raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
-def _serve_remote(url: str, log_key: str | None, cache: Path, host: str, port: int, max_clients: int) -> None:
+def _witnesses(given: list[str], quorum: int | None) -> Witnesses:
+    """The --witness keys (inline or a file each) and --quorum, checked: one line and exit 2 if bad."""
+    from ledger.live_page import Witnesses
+
+    if quorum is not None and not given:
+        raise fail("--quorum needs --witness VKEY (the keys whose cosignatures count)", 2)
+    vkeys = [_key_text(v) for v in given]
+    try:
+        return Witnesses.of(vkeys, quorum)
+    except ValueError as exc:
+        raise fail(f"bad --witness/--quorum: {exc}", 2) from None
+
+
+def _key_text(given: str) -> str:
+    """A key given inline, or the contents of the file it names."""
+    try:
+        return Path(given).read_text().strip() if Path(given).is_file() else given.strip()
+    except (OSError, UnicodeDecodeError):  # a name too long for a file, an unreadable file: not a file
+        return given.strip()
+
+
+def _serve_remote(
+    url: str,
+    log_key: str | None,
+    cache: Path,
+    host: str,
+    port: int,
+    max_clients: int,
+    witnesses: Witnesses,
+) -> None:
     from cli.merkle_cmd import _vkey
     from ledger.live_page import serve_published
 
@@ -79,6 +126,6 @@ def _serve_remote(url: str, log_key: str | None, cache: Path, host: str, port: i
         f"live page over the published copy {url} at http://{host}:{port}/ (Ctrl-C stops)", highlight=False
     )
     try:
-        serve_published(url, key, cache, host, port, max_clients=max_clients)
+        serve_published(url, key, cache, host, port, max_clients=max_clients, witnesses=witnesses)
     except OSError as exc:
         raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

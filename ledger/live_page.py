@@ -50,11 +50,12 @@ from starlette.routing import Route
 from ledger.history import config_after, history_item
 from ledger.integrity import checkpoint_path
 from ledger.log_checkpoint import parse_and_verify_checkpoint, parse_checkpoint
-from ledger.monitor import MonitorError
+from ledger.monitor import MonitorError, check_quorum
 from ledger.query import QueryError, Reader
 from ledger.remote import RemoteError, default_state_path, fetch_copy, verify_remote
 from ledger.report import CURVES, MARKER_KINDS, asset, build_report, script_json
 from ledger.store import COMMITS
+from ledger.witness import parse_cosignature_key, verify_cosignatures
 from schemas import Envelope, decode_event
 from schemas import catalogue as c
 
@@ -104,6 +105,68 @@ def _finite(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
+# ---------------------------------------------------------------------------------------- witnesses
+@dataclass(frozen=True)
+class Witnesses:
+    """The witness keys (C2SP cosignature/v1 vkeys) a page checks cosignatures against, and how
+    many must verify (the quorum). The check is ``ledger.witness``'s; whether the quorum holds is
+    ``ledger.monitor``'s (the same rule ``ledger verify --remote --witness`` applies)."""
+
+    vkeys: tuple[str, ...] = ()
+    quorum: int = 0
+
+    @classmethod
+    def of(cls, vkeys: list[str] | tuple[str, ...], quorum: int | None = None) -> Witnesses:
+        """Checked keys; quorum defaults to all of them. ValueError (one line) on a bad key or quorum."""
+        for vkey in vkeys:
+            parse_cosignature_key(vkey)
+        wanted = len(vkeys) if quorum is None else quorum
+        if not 0 <= wanted <= len(vkeys):
+            raise ValueError(f"--quorum {wanted}: give 0..{len(vkeys)} (the number of --witness keys)")
+        return cls(tuple(vkeys), wanted)
+
+    def check(self, checkpoint: str, log_names: set[str]) -> dict[str, Any]:
+        """Which witnesses' cosignatures on ``checkpoint`` (a signed note) verify, and whether the
+        quorum holds; ``log_names``: the signers that are the log itself (not cosignatures)."""
+        signers = _signers(checkpoint)
+        others = [name for name in signers if name not in log_names]
+        keys = [parse_cosignature_key(vkey) for vkey in self.vkeys]
+        good = verify_cosignatures(checkpoint, keys) if keys else []
+        holds = True
+        if self.quorum:
+            try:
+                check_quorum(checkpoint.encode(), self.vkeys, self.quorum)
+            except MonitorError:
+                holds = False
+        out: dict[str, Any] = {
+            "cosignatures": len(others),
+            "witnesses": [{"name": k.name, "verified": k.name in good} for k in keys],
+            "verified": good,
+            "quorum": self.quorum,
+            "quorum_met": holds,
+        }
+        return {**out, "summary": _cosigned_summary(out, others)}
+
+
+def _signers(note: str) -> list[str]:
+    """The names on a signed note's signature lines (at most 16: a page shows no more)."""
+    _body, _, signatures = note.partition("\n\n")
+    return [line.split(" ")[1] for line in signatures.splitlines() if line.startswith("— ")][:16]
+
+
+def _cosigned_summary(check: dict[str, Any], others: list[str]) -> str:
+    if not check["witnesses"]:
+        count = len(others)
+        return f"{count} cosignatures, not checked (no --witness keys given)" if count else "no cosignatures"
+    good = check["verified"]
+    verified = f"{len(good)} of {len(check['witnesses'])} witnesses verified ({', '.join(good) or 'none'})"
+    if not check["quorum"]:
+        return f"{verified}; no quorum required"
+    if check["quorum_met"]:
+        return f"quorum holds: {verified}, {check['quorum']} required"
+    return f"LACKS QUORUM: {verified}, {check['quorum']} required"
+
+
 # ---------------------------------------------------------------------------------------- events → messages
 @dataclass
 class RunFeed:
@@ -140,8 +203,39 @@ def _event_message(env: Envelope, config: dict[str, Any] | None) -> tuple[str, d
     if env.type in STATE_TYPES and env.step is not None:
         item = history_item(env, config)
         marker = {"kind": item.kind, "step": item.step, "attempt": item.attempt, "time": base["time"]}
-        return "marker", {**base, "marker": {**marker, "text": item.text, "superseded": False}}
+        extra = _attempt_change(env)
+        return "marker", {**base, "marker": {**marker, "text": item.text, "superseded": False}, **extra}
     return "other", base
+
+
+def _attempt_change(env: Envelope) -> dict[str, Any]:
+    """What a state event changes in the attempts timeline (``ledger.report.attempts_table``'s
+    rows): a launch adds an attempt (a resume from step S supersedes the earlier attempts' steps
+    after S), a crash or a finish says how an attempt ended."""
+    d = env.data
+    if env.type in (c.RUN_STARTED, c.RUN_RESUMED):
+        start = int(getattr(d, "from_checkpoint_step", 0) or 0)
+        commit = (d.git_commit or "unknown")[:12] + (" (dirty)" if d.git_dirty else "")
+        launch = {
+            "attempt": env.attempt,
+            "kind": "start" if env.type == c.RUN_STARTED else "resume",
+            "start_step": start,
+            "end_step": start,
+            "started_at": env.time.isoformat(),
+            "ended_at": env.time.isoformat(),
+            "ended": "no end recorded",
+            "commit": commit,
+            "host": d.host,
+            "job": d.job_id,
+            "superseded_after": None,
+        }
+        return {"launch": launch}
+    if env.type == c.RUN_CRASHED:
+        how = d.kind + (f": {d.exc_type}" if d.exc_type else "") + (f" {d.message}" if d.message else "")
+        return {"ended": f"crashed ({how})"}
+    if env.type == c.RUN_FINISHED:
+        return {"ended": d.status}
+    return {}
 
 
 # ---------------------------------------------------------------------------------------- reading the ledger
@@ -198,10 +292,17 @@ def _config_before(reader: Reader, run_id: str, seq: int) -> dict[str, Any] | No
 
 
 def record_of_stream(
-    root: Path, ledger_id: str, stream: str, size: int, public_key: str | None
+    root: Path,
+    ledger_id: str,
+    stream: str,
+    size: int,
+    public_key: str | None,
+    witnesses: Witnesses | None = None,
 ) -> dict[str, Any]:
     """The run stream's latest signed checkpoint, read from its one file (no pass over the log): its
-    size against the stream's, whether its signature verifies (with a key), and who signed it."""
+    size against the stream's, whether its signature verifies (with a key), who signed it, and
+    which of ``witnesses`` cosigned it (checked) and whether their quorum holds."""
+    witnesses = witnesses or Witnesses()
     out: dict[str, Any] = {"stream": stream, "size": size, "signed_size": None, "root": None, "signers": []}
     path = checkpoint_path(root, stream)
     try:
@@ -210,8 +311,8 @@ def record_of_stream(
         return {**out, "checkpoint": "not signed yet (ledger checkpoint signs the streams)"}
     except (OSError, UnicodeDecodeError) as exc:
         return {**out, "checkpoint": f"FAILS: cannot read {path.name}: {exc}"}
-    body, _, signatures = text.partition("\n\n")
-    out["signers"] = [line.split(" ")[1] for line in signatures.splitlines() if line.startswith("— ")][:16]
+    body, _, _signatures = text.partition("\n\n")
+    out["signers"] = _signers(text)
     try:
         if public_key is not None:
             cp = parse_and_verify_checkpoint(text, public_key, origin=f"runledger/{ledger_id}/{stream}")
@@ -228,7 +329,43 @@ def record_of_stream(
         "signed_size": cp.size,
         "root": cp.root.hex(),
         "checkpoint": f"signed at {cp.size:,} events, {when} ({checked})",
+        "cosigned": _cosigned_if_any(witnesses.check(text, _log_names(out["signers"], public_key))),
     }
+
+
+def _cosigned_if_any(check: dict[str, Any]) -> dict[str, Any] | None:
+    """A stream's own checkpoint is signed by the ledger only (witnesses cosign the published log):
+    its check is shown when it carries cosignatures, else nothing (no red "lacks quorum" for it)."""
+    return check if check["cosignatures"] else None
+
+
+def _log_names(signers: list[str], log_key: str | None) -> set[str]:
+    """The signers that are the log itself: its key's name, or (no key given) the note's first signer."""
+    if log_key is not None:
+        return {log_key.split("+", 1)[0]}
+    return set(signers[:1])
+
+
+def published_of_ledger(root: Path, witnesses: Witnesses, log_key: str | None) -> dict[str, Any] | None:
+    """The newest checkpoint ``ledger publish`` published from this ledger (its trusted state,
+    ``_publish/<dest>/state.json``), with its cosignatures checked; None if never published."""
+    newest: dict[str, Any] | None = None
+    for state in sorted((root / "_publish").glob("*/state.json")):
+        try:
+            doc = json.loads(state.read_bytes())
+        except (OSError, ValueError):
+            continue
+        text = doc.get("checkpoint") or ""
+        if not text or (newest is not None and int(doc.get("size", 0)) <= newest["size"]):
+            continue
+        signers = _signers(text)
+        newest = {
+            "dest": str(doc.get("dest", "")),
+            "size": int(doc.get("size", 0)),
+            "signers": signers,
+            "cosigned": witnesses.check(text, _log_names(signers, log_key)),
+        }
+    return newest
 
 
 def _state_now(reader: Reader, run_id: str) -> dict[str, Any]:
@@ -255,10 +392,20 @@ class LedgerWatch:
     ``heads``: each stream's size as of the newest commit read. Followed runs (those a page or
     stream asked for) get their new leaves turned into messages here, once for every client."""
 
-    def __init__(self, root: Path, *, poll_s: float = POLL_S, public_key: str | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        poll_s: float = POLL_S,
+        public_key: str | None = None,
+        witnesses: Witnesses | None = None,
+    ) -> None:
         self.root = root
         self.poll_s = poll_s
         self.public_key = public_key
+        self.witnesses = witnesses or Witnesses()
+        self.published_stamp: tuple[tuple[str, int], ...] | None = None  # the publish states' mtimes
+        self.published: dict[str, Any] | None = None  # the newest checkpoint published from here
         self.lost: str | None = None
         self.heads: dict[str, int] = {}
         self.commit = -1
@@ -356,9 +503,13 @@ class LedgerWatch:
 
     def _signed_since(self) -> bool:
         """Whether a followed run's signed checkpoint file changed (``ledger checkpoint`` signs
-        without a commit): one stat per followed run."""
-        changed = False
+        without a commit), or a publish of this ledger did (``ledger publish`` commits nothing
+        either): one stat per followed run and per publish state."""
+        changed = self._published_since()
         with self.lock:
+            if changed:
+                for run_id in self.feeds:
+                    self._refresh_status(run_id, state=False)
             for run_id in list(self.feeds):
                 try:
                     stamp = os.stat(checkpoint_path(self.root, run_id)).st_mtime_ns
@@ -369,6 +520,18 @@ class LedgerWatch:
                     self._refresh_status(run_id, state=False)
                     changed = True
         return changed
+
+    def _published_since(self) -> bool:
+        """Re-read the newest published checkpoint when a publish state file changed."""
+        stamp: list[tuple[str, int]] = []
+        for state in sorted((self.root / "_publish").glob("*/state.json")):
+            with contextlib.suppress(OSError):
+                stamp.append((state.parent.name, os.stat(state).st_mtime_ns))
+        if tuple(stamp) == self.published_stamp:
+            return False
+        self.published_stamp = tuple(stamp)
+        self.published = published_of_ledger(self.root, self.witnesses, None) if stamp else None
+        return True
 
     def _problem(self) -> str | None:
         marker = self.root / "LEDGER.json"
@@ -456,8 +619,12 @@ class LedgerWatch:
         return f"ledger commit {self.commit}"
 
     def record(self, run_id: str, size: int) -> dict[str, Any]:
-        """The record panel: the run stream's latest signed checkpoint in this ledger."""
-        return record_of_stream(self.root, self.ledger_id, run_id, size, self.public_key)
+        """The record panel: the run stream's latest signed checkpoint in this ledger, and the
+        newest checkpoint published from it (``ledger publish``) with its cosignatures checked."""
+        if self.published_stamp is None:
+            self._published_since()
+        out = record_of_stream(self.root, self.ledger_id, run_id, size, self.public_key, self.witnesses)
+        return {**out, "published": self.published}
 
     def page_reader(self, commit: int) -> Reader:
         """A reader of its own for one page build, holding at least commit ``commit``."""
@@ -521,15 +688,29 @@ class PublishedWatch(LedgerWatch):
     the new leaves of the followed runs into messages. A checkpoint that does not verify (a bad
     signature, a fork, a rollback, data that does not match) is shown as ``not verified: <reason>``
     and ends the updates for good: nothing later from that copy is shown as current. An unreachable
-    copy is only "lost": it is tried again on the next poll."""
+    copy is only "lost": it is tried again on the next poll.
 
-    def __init__(self, url: str, log_key: str, cache: Path, *, poll_s: float = PUBLISHED_POLL_S) -> None:
-        super().__init__(cache, poll_s=poll_s)
+    With ``witnesses`` and a quorum, a checkpoint is taken only with that many valid cosignatures
+    (the monitor's rule): one short of it is not shown as current (the pages keep the last one that
+    had its quorum, and say the newer one lacks it; with none yet, they say that and show nothing)
+    and is looked at again on the next poll, since a witness may cosign late."""
+
+    def __init__(
+        self,
+        url: str,
+        log_key: str,
+        cache: Path,
+        *,
+        poll_s: float = PUBLISHED_POLL_S,
+        witnesses: Witnesses | None = None,
+    ) -> None:
+        super().__init__(cache, poll_s=poll_s, witnesses=witnesses)
         self.url, self.log_key, self.cache = url, log_key, cache
         self.verified_state = default_state_path(url, under=cache)  # the monitor's last accepted checkpoint
         self.refused: str | None = None  # set once: a copy that failed verification is never followed again
         self.published: dict[str, Any] = {}  # the checkpoint the pages answer from
         self.copy_failing_since: float | None = None  # when the download began to fail (monotonic)
+        self.short_of_quorum: str | None = None  # the newest checkpoint lacks the witnesses' quorum: why
 
     def _open(self) -> None:
         self._look()
@@ -546,11 +727,22 @@ class PublishedWatch(LedgerWatch):
     def _look(self) -> bool:
         """One look at the copy; True when a new verified checkpoint was taken."""
         try:
-            report = verify_remote(self.url, self.log_key, self.verified_state)
+            report = verify_remote(
+                self.url,
+                self.log_key,
+                self.verified_state,
+                witnesses=self.witnesses.vkeys,
+                quorum=self.witnesses.quorum,
+            )
         except MonitorError as exc:
             if exc.kind == "unreachable":
                 return self._set_lost(f"the published copy at {self.url} is unreachable: {exc}")
+            if exc.kind == "quorum":
+                return self._lacks_quorum(str(exc))
             return self._refuse(str(exc))
+        if self.short_of_quorum is not None:
+            self.short_of_quorum = None
+            self._refresh_all()
         if self.reader is not None and report.size == self.commit:
             return False
         try:
@@ -581,6 +773,22 @@ class PublishedWatch(LedgerWatch):
             return self._set_lost(f"the published copy at {self.url} is {exc}")
         return self._refuse(str(exc))
 
+    def _lacks_quorum(self, why: str) -> bool:
+        """The copy's newest checkpoint has too few valid cosignatures: not shown as current."""
+        said = f"the newest published checkpoint lacks the witnesses' quorum: {why}"
+        if self.reader is None:  # nothing ever had its quorum: nothing to show
+            return self._set_lost(f"{said}; nothing is shown until one has it")
+        if said == self.short_of_quorum:
+            return False
+        self.short_of_quorum = said
+        self._refresh_all()
+        return True
+
+    def _refresh_all(self) -> None:
+        with self.lock:
+            for run_id in self.feeds:
+                self._refresh_status(run_id, state=False)
+
     def _refuse(self, why: str) -> bool:
         self.refused = f"not verified: {why}"
         return self._set_lost(self.refused)
@@ -594,7 +802,7 @@ class PublishedWatch(LedgerWatch):
             self.root, self.reader, self.lost = folder, reader, None
             self.heads = {str(stream): int(size) for stream, size in rows}
             self.commit, self.ledger_id = int(checked["size"]), str(checked["origin"])
-            self.published = _published_checkpoint(str(checked["checkpoint"]), self.log_key)
+            self.published = _published_checkpoint(str(checked["checkpoint"]), self.log_key, self.witnesses)
             for run_id, feed in self.feeds.items():
                 hi = self.heads.get(run_id, 0) - 1
                 if feed.next_seq <= hi:
@@ -622,9 +830,10 @@ class PublishedWatch(LedgerWatch):
             "root": cp["root"],
             "signers": cp["signers"],
             "cosignatures": cp["cosignatures"],
+            "cosigned": cp["cosigned"],
+            "newer": self.short_of_quorum,
             "checkpoint": f"signed published checkpoint {cp['origin']} at {cp['size']:,} log entries "
-            f"(signature verified, consistent with every earlier one seen; "
-            f"{cp['cosignatures']} cosignatures, not checked here)",
+            "(signature verified, consistent with every earlier one seen)",
         }
 
     def page_reader(self, commit: int) -> Reader:
@@ -634,47 +843,88 @@ class PublishedWatch(LedgerWatch):
             return Reader(self.root)
 
 
-def _published_checkpoint(text: str, log_key: str) -> dict[str, Any]:
-    """Origin, size, root (hex) and signers of a verified checkpoint note; a cosignature is a
-    signature line by any name but the log key's own."""
-    body, _, signatures = text.partition("\n\n")
+def _published_checkpoint(text: str, log_key: str, witnesses: Witnesses) -> dict[str, Any]:
+    """Origin, size, root (hex) and signers of a verified checkpoint note, and its cosignatures
+    (signature lines by any name but the log key's own) checked against ``witnesses``."""
+    body, _, _signatures = text.partition("\n\n")
     cp = parse_checkpoint(body + "\n")
-    signers = [line.split(" ")[1] for line in signatures.splitlines() if line.startswith("— ")][:16]
-    log_name = log_key.split("+", 1)[0]
+    signers = _signers(text)
+    cosigned = witnesses.check(text, _log_names(signers, log_key))
     return {
         "origin": cp.origin,
         "size": cp.size,
         "root": cp.root.hex(),
         "signers": signers,
-        "cosignatures": sum(1 for name in signers if name != log_name),
+        "cosignatures": cosigned["cosignatures"],
+        "cosigned": cosigned,
     }
 
 
 # ---------------------------------------------------------------------------------------- pages
 class PageCache:
-    """Rendered pages by run, reused for ``max_age_s``: a page of the full reference run takes
-    seconds to build, and a page a little old is still exact, since its stream starts at the leaf
-    after the last one it holds and catches it up. One build per run at a time (the others wait)."""
+    """Rendered pages by run. A page a little old is still exact: its stream starts at the leaf
+    after the last one it holds and catches it up (curves, markers, heatmap, attempts and state
+    all follow the stream). So a kept page is always answered at once, and one older than
+    ``max_age_s`` is rebuilt in the background (stale while revalidating): only a run asked for
+    the very first time (or warmed at start and not built yet) waits for a build, which costs
+    what ``ledger report``'s does (seconds on the full reference run). One build per run at a time."""
 
     def __init__(self, size: int = PAGE_CACHE, max_age_s: float = PAGE_MAX_AGE_S) -> None:
         self.size, self.max_age_s = size, max_age_s
         self.pages: OrderedDict[tuple[str, int], tuple[float, str]] = OrderedDict()
         self.lock = threading.Lock()
         self.building: dict[tuple[str, int], threading.Lock] = {}
+        self.rebuilding: set[tuple[str, int]] = set()
+        self.builds = 0  # pages built (a test and the bench read it)
+        self.build_s: list[float] = []  # how long each build took (the newest 32)
 
     def get(self, key: tuple[str, int], build: Callable[[], str]) -> str:
+        with self.lock:
+            hit = self.pages.get(key)
+            if hit is not None:
+                self.pages.move_to_end(key)
+                if time.monotonic() - hit[0] >= self.max_age_s:
+                    self._rebuild_later(key, build)
+                return hit[1]
+        return self._build(key, build, wait=True) or ""
+
+    def warm(self, key: tuple[str, int], build: Callable[[], str]) -> None:
+        """Build ``key``'s page now unless one is kept (the server's start, from its own thread:
+        a visitor meanwhile waits for this build rather than starting another)."""
+        with self.lock:
+            if key in self.pages:
+                return
+        self._rebuild(key, build)
+
+    def _rebuild_later(self, key: tuple[str, int], build: Callable[[], str]) -> None:
+        if key in self.rebuilding:  # (called under self.lock)
+            return
+        self.rebuilding.add(key)
+        threading.Thread(target=self._rebuild, args=(key, build), name="page-build", daemon=True).start()
+
+    def _rebuild(self, key: tuple[str, int], build: Callable[[], str]) -> None:
+        try:
+            self._build(key, build, wait=False)
+        except Exception as exc:  # a lost ledger, a run gone: the kept page ages out, the next GET says why
+            log.info("live page: rebuilding the page of %s: %s", key[0], exc)
+        finally:
+            with self.lock:
+                self.rebuilding.discard(key)
+
+    def _build(self, key: tuple[str, int], build: Callable[[], str], *, wait: bool) -> str | None:
         with self.lock:
             one_build = self.building.setdefault(key, threading.Lock())
         with one_build:
             with self.lock:
                 hit = self.pages.get(key)
-                if hit is not None and time.monotonic() - hit[0] < self.max_age_s:
-                    self.pages.move_to_end(key)
-                    return hit[1]
-            built_at = time.monotonic()
+                if hit is not None and (wait or time.monotonic() - hit[0] < self.max_age_s):
+                    return hit[1]  # built by the one this waited for
+            started = time.monotonic()
             page = build()
             with self.lock:
-                self.pages[key] = (built_at, page)
+                self.builds += 1
+                self.build_s = [*self.build_s[-31:], time.monotonic() - started]
+                self.pages[key] = (started, page)
                 self.pages.move_to_end(key)
                 while len(self.pages) > self.size:
                     dropped, _ = self.pages.popitem(last=False)
@@ -792,12 +1042,15 @@ class LivePage:
         public_key_path: Path | None = None,
         page_max_age_s: float = PAGE_MAX_AGE_S,
         watch: LedgerWatch | None = None,
+        witnesses: Witnesses | None = None,
+        warm: bool = True,
     ) -> None:
         key = public_key_path.read_text().strip() if public_key_path is not None else None
-        self.watch = watch if watch is not None else LedgerWatch(root, poll_s=poll_s, public_key=key)
+        self.watch = watch or LedgerWatch(root, poll_s=poll_s, public_key=key, witnesses=witnesses)
         self.max_clients = max_clients
         self.clients = 0
         self.pages = PageCache(max_age_s=page_max_age_s)
+        self.warm = warm
         self.app = Starlette(
             routes=[
                 Route("/", self.index),
@@ -812,6 +1065,8 @@ class LivePage:
     @contextlib.asynccontextmanager
     async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
         self.watch.start(asyncio.get_running_loop())
+        if self.warm:
+            threading.Thread(target=self._warm, name="page-warm", daemon=True).start()
         try:
             yield
         finally:
@@ -824,9 +1079,28 @@ class LivePage:
         run_id = request.path_params["run_id"]
         if not RUN_ID.fullmatch(run_id):
             return _text(f"no run {run_id!r}: a run id is 1-128 of A-Z a-z 0-9 . _ - (see /)", 404)
-        return await self._page(
-            lambda: self.pages.get((run_id, self.watch.opened), lambda: render_run_page(self.watch, run_id))
-        )
+        return await self._page(lambda: self.pages.get(*self._page_of(run_id)))
+
+    def _page_of(self, run_id: str) -> tuple[tuple[str, int], Callable[[], str]]:
+        """The run's key in the page cache (pages of an earlier opening of the ledger are never
+        served again) and how its page is built."""
+        return (run_id, self.watch.opened), lambda: render_run_page(self.watch, run_id)
+
+    def _warm(self) -> None:
+        """Build the pages of the newest runs (as many as are kept) in the background at start,
+        so the first visitor of a long run does not wait for its build."""
+        with self.watch.lock:
+            reader = self.watch.reader
+            if reader is None:
+                return
+            try:
+                runs = [r[0] for r in reader.sql("SELECT run_id FROM runs ORDER BY started_at DESC").rows]
+            except QueryError as exc:
+                log.info("live page: no runs to warm: %s", exc)
+                return
+        for run_id in runs[: self.pages.size]:
+            if RUN_ID.fullmatch(str(run_id)):
+                self.pages.warm(*self._page_of(str(run_id)))
 
     async def _page(self, build: Callable[[], str]) -> Response:
         if self.watch.lost is not None:  # a cached page would show the past as current
@@ -848,7 +1122,14 @@ class LivePage:
 
     async def health(self, request: Request) -> Response:
         lost = self.watch.lost
-        body = {"ok": lost is None, "commit": self.watch.commit, "clients": self.clients, "lost": lost}
+        body = {
+            "ok": lost is None,
+            "commit": self.watch.commit,
+            "clients": self.clients,
+            "lost": lost,
+            "pages_built": self.pages.builds,
+            "page_build_s": self.pages.build_s[-1:],
+        }
         return JSONResponse(body, status_code=200 if lost is None else 503)
 
     async def events(self, request: Request) -> Response:
@@ -980,7 +1261,8 @@ def create_published_app(url: str, log_key: str, cache: str | Path, **options: A
     """The live page's ASGI app over the published copy at ``url`` (verified with ``log_key``; its
     data files downloaded into ``cache``). ``poll_s``: how often its checkpoint is fetched."""
     poll_s = float(options.pop("poll_s", PUBLISHED_POLL_S))
-    watch = PublishedWatch(url, log_key, Path(cache), poll_s=poll_s)
+    witnesses = options.pop("witnesses", None)
+    watch = PublishedWatch(url, log_key, Path(cache), poll_s=poll_s, witnesses=witnesses)
     return LivePage(Path(cache), watch=watch, **options).app
 
 

@@ -127,7 +127,7 @@ def _check_growth(files: LogFiles, old: dict[str, object], size: int, root: byte
         raise MonitorError("fork", f"no valid consistency proof from {old_size} to {size}: {exc}") from exc
 
 
-def _check_quorum(text: bytes, witnesses: Sequence[str], quorum: int) -> None:
+def check_quorum(text: bytes, witnesses: Sequence[str], quorum: int) -> None:
     keys = [parse_cosignature_key(w) for w in witnesses]
     good = verify_cosignatures(text.decode(), keys)
     if len(good) < quorum:
@@ -161,7 +161,7 @@ def check_log(
     except CheckpointError as exc:
         raise MonitorError("bad-signature", f"{base}checkpoint: {exc}") from exc
     if quorum:
-        _check_quorum(text, witnesses, quorum)
+        check_quorum(text, witnesses, quorum)
     size, root = checkpoint.size, checkpoint.root
     if old is not None:
         old_size, old_root = old["size"], base64.b64decode(old["root"])
