@@ -22,6 +22,7 @@ from cli import (
     kafka_cmd,
     ledger_cmd,
     merkle_cmd,
+    migrate_cmd,
     page_cmd,
     producers_cmd,
     publish_cmd,
@@ -149,6 +150,7 @@ app.command("publish")(publish_cmd.publish)
 app.command("redact")(redact_cmd.redact)
 app.command("monitor")(publish_cmd.monitor)
 app.command("demo")(demo_cmd.demo)
+app.command("migrate")(migrate_cmd.migrate)
 
 app.add_typer(ingest_app, name="ingest")
 ingest_app.command("spool")(ingest_cmd.ingest_spool)

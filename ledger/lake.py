@@ -1,0 +1,612 @@
+"""The ledger's tables in a DuckLake: one engine transaction per ledger commit, one snapshot per reader.
+
+``LakeTables`` stores the tables of ``ledger.parquet_schemas.TABLES`` (plus their hive partition
+column, partitioned by it) in a DuckLake (DuckDB's lakehouse format; duckdb 1.5.5 with the extension
+wheels ``ledger.duck`` loads). Its catalog is a DuckDB file (embedded, one process), a SQLite file
+(one host: writers retry "database is locked" with a bounded backoff) or a PostgreSQL DSN (many
+writers on many hosts); its data files are Parquet under ``data_path``.
+
+It is the storage layer *under* the ledger's commit logic (decode, admission, projection, Merkle state
+stay in ``ledger.store``):
+
+* ``commit(tables, positions, state)``: every table's rows, each source's position, the writer's state
+  and a ``ledger_commits`` row in ONE transaction = one snapshot. Positions are fenced: each source has
+  a one-row fence table (``ledger_fence_<digest>``) that a commit deletes and re-inserts, so two racing
+  copies of one ingester conflict in the engine and the loser gets ``stale`` (nothing of it lands);
+  writers of different sources touch different fence tables and never conflict. (DuckLake conflicts
+  at table level when one transaction inserts into a table another deleted from, so one shared
+  positions table updated in place would serialise every writer.)
+* ``reader(snapshot)``: a DuckDB connection where every table is one snapshot.
+* ``maintain()``: DuckLake's own merge / expire / clean-up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import random
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import duckdb
+import pyarrow as pa
+
+from ledger.duck import connect
+from ledger.parquet_schemas import TABLES
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Catalog", "LakeCommit", "LakeError", "LakeReader", "LakeTables", "Queryable", "lake_schema"]
+
+CatalogKind = Literal["duckdb", "sqlite", "postgres"]
+_EXTENSIONS: dict[CatalogKind, list[str]] = {
+    "duckdb": ["ducklake"],
+    "sqlite": ["ducklake", "sqlite_scanner"],
+    "postgres": ["ducklake", "postgres_scanner"],
+}
+ALIAS = "lake"
+POSITIONS = "ledger_positions"
+STATE = "ledger_state"
+COMMITS = "ledger_commits"
+FENCE_PREFIX = "ledger_fence_"
+# SQLite catalog: "database is locked" under concurrency (duckdb/ducklake#128). Bounded retries.
+LOCKED_RETRIES = 60
+LOCKED_BACKOFF_S = (0.01, 0.5)  # first and largest sleep; doubled each try, with jitter
+CONFLICT_RETRIES = 20  # an engine conflict that is not a fence (a concurrent maintain()): redo
+
+T = TypeVar("T")
+
+
+class LakeError(RuntimeError):
+    """A user-facing problem with a lake (bad catalog spec, unreachable catalog...)."""
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """Where the DuckLake catalog lives: ``duckdb:PATH``, ``sqlite:PATH`` or ``postgres:DSN``."""
+
+    kind: CatalogKind
+    target: str  # a file path, or a libpq DSN ("dbname=ledger host=127.0.0.1 port=5432 user=postgres")
+
+    @classmethod
+    def parse(cls, spec: str) -> Catalog:
+        """``postgres:DSN`` / ``sqlite:PATH`` / ``duckdb:PATH``; a bare path: by its suffix."""
+        for kind in ("postgres", "sqlite", "duckdb"):
+            if spec.startswith(kind + ":"):
+                target = spec[len(kind) + 1 :]
+                if not target:
+                    raise LakeError(f"catalog {spec!r}: nothing after {kind}:")
+                return cls(kind, target)
+        if not spec:
+            raise LakeError("catalog: empty (give duckdb:PATH, sqlite:PATH or postgres:DSN)")
+        suffix = Path(spec).suffix
+        return cls("sqlite" if suffix in {".sqlite", ".sqlite3", ".db"} else "duckdb", spec)
+
+    @property
+    def extensions(self) -> list[str]:
+        return _EXTENSIONS[self.kind]
+
+    def uri(self) -> str:
+        prefix = {"duckdb": "", "sqlite": "sqlite:", "postgres": "postgres:"}[self.kind]
+        return f"ducklake:{prefix}{self.target}"
+
+    @property
+    def one_process(self) -> bool:
+        """A DuckDB-file catalog is held by one process (DuckDB's file lock)."""
+        return self.kind == "duckdb"
+
+
+@dataclass
+class LakeCommit:
+    """What one ``commit`` did: the snapshot it made and the data files it added, or why not."""
+
+    commit_id: str
+    snapshot: int | None  # None: nothing committed (stale, or an empty commit)
+    stale: dict[str, int] = field(default_factory=dict)  # source -> its stored next position
+    files: list[dict[str, Any]] = field(default_factory=list)  # table, path, bytes, rows, sha256
+    rows: int = 0
+    retries: int = 0  # "database is locked" / engine conflicts retried
+
+    @property
+    def ok(self) -> bool:
+        return self.snapshot is not None
+
+    def record(self) -> dict[str, Any]:
+        """The commit record naming the snapshot (what the log will carry)."""
+        return {"commit_id": self.commit_id, "snapshot": self.snapshot, "files": self.files}
+
+
+class _Stale(Exception):
+    def __init__(self, stored: dict[str, int]) -> None:
+        super().__init__(f"positions moved: {stored}")
+        self.stored = stored
+
+
+def lake_schema(name: str) -> pa.Schema:
+    """A ledger table's columns in the lake: its file columns, then its hive partition column (as a
+    hive-partitioned glob reader sees them today)."""
+    spec = TABLES[name]
+    if spec.partition in spec.schema.names:
+        return spec.schema
+    return spec.schema.append(pa.field(spec.partition, pa.string()))
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def fence_table(source: str) -> str:
+    return FENCE_PREFIX + hashlib.sha256(source.encode()).hexdigest()[:20]
+
+
+def _is_locked(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "database is locked" in text or "database is busy" in text or "sqlite_busy" in text
+
+
+def _is_conflict(exc: BaseException) -> bool:
+    return "conflict" in str(exc).lower()
+
+
+def _sqlite_wal(path: Path) -> None:
+    """Put a SQLite catalog in WAL mode (persistent in the file): readers then never wait for a
+    writer's commit, and writers wait for each other only while one commits."""
+    with contextlib.closing(sqlite3.connect(path, timeout=30)) as db:
+        if db.execute("PRAGMA journal_mode").fetchone() != ("wal",):
+            db.execute("PRAGMA journal_mode=WAL")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class LakeTables:
+    """The ledger's tables in one DuckLake. One writer connection per instance (not thread-safe)."""
+
+    def __init__(self, catalog: Catalog | str, data_path: str | Path, *, create: bool = True) -> None:
+        self.catalog = Catalog.parse(catalog) if isinstance(catalog, str) else catalog
+        # A folder today; an s3:// URL later (kept a string so nothing assumes a local path).
+        self.data_path = str(data_path)
+        self.retries = 0  # every "database is locked" and engine conflict retried, over the instance
+        self._fences: set[str] = set()  # sources whose fence table is known to exist
+        if self.catalog.kind != "postgres":
+            Path(self.catalog.target).parent.mkdir(parents=True, exist_ok=True)
+        if self.catalog.kind == "sqlite":
+            _sqlite_wal(Path(self.catalog.target))
+        if "://" not in self.data_path:
+            Path(self.data_path).mkdir(parents=True, exist_ok=True)
+        self.con = self._retry(self._attach_writer)
+        if create:
+            self._retry(self._create_tables)
+
+    # ----------------------------------------------------------------- connections
+    def _attach_writer(self) -> duckdb.DuckDBPyConnection:
+        con = connect(extensions=self.catalog.extensions)
+        options = f"DATA_PATH {_literal(self.data_path)}, DATA_INLINING_ROW_LIMIT 0"
+        try:
+            con.execute(f"ATTACH {_literal(self.catalog.uri())} AS {ALIAS} ({options})")
+        except BaseException:
+            con.close()
+            raise
+        return con
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> LakeTables:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _retry(
+        self,
+        attempt: Callable[[], T],
+        *,
+        on_conflict: bool = False,
+        con: duckdb.DuckDBPyConnection | None = None,
+    ) -> T:
+        """Run ``attempt``, again after "database is locked" (SQLite catalog) with a bounded
+        exponential backoff, and after an engine conflict when ``on_conflict``."""
+        sleep_s, cap_s = LOCKED_BACKOFF_S
+        tries = 0
+        while True:
+            try:
+                return attempt()
+            except duckdb.Error as exc:
+                retryable = _is_locked(exc) or (on_conflict and _is_conflict(exc))
+                limit = LOCKED_RETRIES if _is_locked(exc) else CONFLICT_RETRIES
+                if not retryable or tries >= limit:
+                    raise
+                self._rollback(con)
+                tries += 1
+                self.retries += 1
+                time.sleep(sleep_s * (0.5 + random.random()))
+                sleep_s = min(cap_s, sleep_s * 2)
+
+    def _rollback(self, con: duckdb.DuckDBPyConnection | None = None) -> None:
+        with contextlib.suppress(duckdb.Error, AttributeError):
+            (con or self.con).execute("ROLLBACK")
+
+    # ----------------------------------------------------------------- tables
+    def _existing(self) -> set[str]:
+        rows = self.con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = ?", [ALIAS]
+        ).fetchall()
+        return {r[0] for r in rows}
+
+    def _create_tables(self) -> None:
+        """Every ledger table and the writer-state tables, once (racing creators: one wins, the
+        other's conflict is retried and then finds them)."""
+        existing = self._existing()
+        wanted = [n for n in [*TABLES, POSITIONS, STATE, COMMITS] if n not in existing]
+        if not wanted:
+            return
+        self.con.execute("BEGIN")
+        try:
+            for name in wanted:
+                self._create_one(name)
+            self.con.execute(f"CALL {ALIAS}.set_option('data_inlining_row_limit', 0)")
+            self.con.execute("COMMIT")
+        except duckdb.Error as exc:
+            self._rollback()
+            if _is_conflict(exc) and not (set(wanted) - self._existing()):
+                return  # another process created them first
+            raise
+
+    def _create_one(self, name: str) -> None:
+        columns = {
+            POSITIONS: "source VARCHAR, next_position BIGINT, commit_id VARCHAR",
+            STATE: "key VARCHAR, value VARCHAR, commit_id VARCHAR",
+            COMMITS: "commit_id VARCHAR, writer VARCHAR, time TIMESTAMPTZ, positions VARCHAR, "
+            "rows BIGINT, info VARCHAR",
+        }.get(name)
+        if columns is not None:
+            self.con.execute(f"CREATE TABLE {ALIAS}.{_quote(name)} ({columns})")
+            return
+        empty = lake_schema(name).empty_table()
+        self.con.register("_lake_empty", empty)
+        try:
+            self.con.execute(f"CREATE TABLE {ALIAS}.{_quote(name)} AS SELECT * FROM _lake_empty LIMIT 0")
+        finally:
+            self.con.unregister("_lake_empty")
+        partition = TABLES[name].partition
+        self.con.execute(f"ALTER TABLE {ALIAS}.{_quote(name)} SET PARTITIONED BY ({_quote(partition)})")
+
+    # ----------------------------------------------------------------- commit
+    def commit(
+        self,
+        tables: Mapping[str, pa.Table],
+        positions: Mapping[str, tuple[int, int]],
+        state: Mapping[str, Any],
+        *,
+        writer: str = "",
+        info: Mapping[str, Any] | None = None,
+    ) -> LakeCommit:
+        """Commit every table's rows, the positions (source -> (expected next, new next)) and the
+        state (key -> JSON value) as one snapshot. If a source's stored next position is not the
+        expected one (another writer got there first), nothing lands: ``stale`` names them."""
+        for name in tables:
+            if name not in TABLES:
+                raise LakeError(f"unknown table {name!r}")
+        commit_id = uuid.uuid4().hex
+        before = self.retries
+        try:
+            snapshot = self._retry(
+                lambda: self._commit_once(commit_id, tables, positions, state, writer, info or {}),
+                on_conflict=True,
+            )
+        except _Stale as stale:
+            self._rollback()
+            return LakeCommit(commit_id, None, stale=stale.stored, retries=self.retries - before)
+        except duckdb.Error as exc:
+            if not _is_conflict(exc):
+                raise
+            # The conflict outlived its retries: the fence tells whether someone else took it.
+            stored = self.fence_positions(list(positions))
+            moved = {s: stored.get(s, 0) for s, (want, _) in positions.items() if stored.get(s, 0) != want}
+            if not moved:
+                raise
+            return LakeCommit(commit_id, None, stale=moved, retries=self.retries - before)
+        result = LakeCommit(commit_id, snapshot, retries=self.retries - before)
+        result.rows = sum(t.num_rows for t in tables.values())
+        if snapshot is not None:
+            result.files = self._retry(lambda: self.added_files(snapshot))
+        return result
+
+    def _commit_once(
+        self,
+        commit_id: str,
+        tables: Mapping[str, pa.Table],
+        positions: Mapping[str, tuple[int, int]],
+        state: Mapping[str, Any],
+        writer: str,
+        info: Mapping[str, Any],
+    ) -> int | None:
+        self.con.execute("BEGIN")
+        try:
+            return self._in_transaction(commit_id, tables, positions, state, writer, info)
+        except BaseException:
+            self._rollback()  # a failed statement leaves the transaction open: never the next commit's
+            raise
+
+    def _in_transaction(
+        self,
+        commit_id: str,
+        tables: Mapping[str, pa.Table],
+        positions: Mapping[str, tuple[int, int]],
+        state: Mapping[str, Any],
+        writer: str,
+        info: Mapping[str, Any],
+    ) -> int | None:
+        con = self.con
+        self._fence(positions)
+        rows = 0
+        for name, table in sorted(tables.items()):
+            if table.num_rows:
+                self._insert(name, table)
+                rows += table.num_rows
+        if rows == 0 and not positions and not state:
+            con.execute("ROLLBACK")
+            return None
+        if positions:
+            con.executemany(
+                f"INSERT INTO {ALIAS}.{POSITIONS} VALUES (?, ?, ?)",
+                [[s, new, commit_id] for s, (_, new) in sorted(positions.items())],
+            )
+        if state:
+            con.executemany(
+                f"INSERT INTO {ALIAS}.{STATE} VALUES (?, ?, ?)",
+                [[k, json.dumps(v, sort_keys=True), commit_id] for k, v in sorted(state.items())],
+            )
+        moved = {s: new for s, (_, new) in positions.items()}
+        con.execute(
+            f"INSERT INTO {ALIAS}.{COMMITS} VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                commit_id,
+                writer,
+                datetime.now(UTC),
+                json.dumps(moved, sort_keys=True),
+                rows,
+                json.dumps(dict(info)),
+            ],
+        )
+        con.execute(f"CALL {ALIAS}.set_commit_message(?, ?)", [writer, commit_id])
+        con.execute("COMMIT")
+        (snapshot,) = con.execute(f"FROM ducklake_last_committed_snapshot('{ALIAS}')").fetchone() or (None,)
+        return int(snapshot) if snapshot is not None else None
+
+    def _insert(self, name: str, table: pa.Table) -> None:
+        view = f"_lake_rows_{name}"
+        self.con.register(view, table)
+        try:
+            self.con.execute(f"INSERT INTO {ALIAS}.{_quote(name)} BY NAME SELECT * FROM {_quote(view)}")
+        finally:
+            self.con.unregister(view)
+
+    def _fence(self, positions: Mapping[str, tuple[int, int]]) -> None:
+        """Inside the transaction: check each source's stored next position and move it. A racing
+        copy that moves the same fence conflicts at COMMIT (both delete its one row)."""
+        stale: dict[str, int] = {}
+        for source, (expected, new) in sorted(positions.items()):
+            table = f"{ALIAS}.{fence_table(source)}"
+            exists = self._fence_exists(source)
+            stored = self._fenced(source) if exists else 0
+            if stored != expected:
+                stale[source] = stored
+                continue
+            if exists:
+                self.con.execute(f"DELETE FROM {table}")
+            else:
+                self.con.execute(f"CREATE TABLE {table} (source VARCHAR, next_position BIGINT)")
+            self.con.execute(f"INSERT INTO {table} VALUES (?, ?)", [source, new])
+        if stale:
+            raise _Stale(stale)
+
+    def _fence_exists(self, source: str) -> bool:
+        """Whether the source's fence table exists (once made, it stays: remembered)."""
+        if source in self._fences:
+            return True
+        if fence_table(source) in self._existing():
+            self._fences.add(source)
+            return True
+        return False
+
+    def _fenced(self, source: str) -> int:
+        row = self.con.execute(f"SELECT max(next_position) FROM {ALIAS}.{fence_table(source)}").fetchone()
+        return int(row[0]) if row and row[0] is not None else 0
+
+    def fence_positions(self, sources: list[str]) -> dict[str, int]:
+        """Each source's fenced next position as of now (0: never committed)."""
+        self._rollback()
+        return {s: self._fenced(s) if self._fence_exists(s) else 0 for s in sources}
+
+    # ----------------------------------------------------------------- what a snapshot holds
+    def current_snapshot(self) -> int:
+        """The newest snapshot id (through a cursor: safe beside a commit in another thread)."""
+
+        def ask() -> int:
+            with contextlib.closing(self.con.cursor()) as cur:
+                row = cur.execute(f"FROM {ALIAS}.current_snapshot()").fetchone()
+            return int(row[0]) if row else 0
+
+        return self._retry(ask)
+
+    def added_files(self, snapshot: int) -> list[dict[str, Any]]:
+        """The data files ``snapshot`` added to the ledger's tables, with their SHA-256 (the bytes
+        DuckDB will read), sorted by table and path."""
+        meta = f"__ducklake_metadata_{ALIAS}"
+        rows = self.con.execute(
+            f"SELECT t.table_name, f.path, f.record_count FROM {meta}.ducklake_data_file f "
+            f"JOIN {meta}.ducklake_table t ON t.table_id = f.table_id AND t.end_snapshot IS NULL "
+            "WHERE f.begin_snapshot = ?",
+            [snapshot],
+        ).fetchall()
+        names = {Path(p).name: (t, n) for t, p, n in rows if t in TABLES}
+        out: list[dict[str, Any]] = []
+        for table in sorted({t for t, _ in names.values()}):
+            listed = self.con.execute(
+                "SELECT data_file, data_file_size_bytes FROM ducklake_list_files(?, ?, snapshot_version => ?)",
+                [ALIAS, table, snapshot],
+            ).fetchall()
+            for path, size in listed:
+                if Path(path).name in names:
+                    entry = {
+                        "table": table,
+                        "path": path,
+                        "bytes": int(size),
+                        "rows": names[Path(path).name][1],
+                    }
+                    entry["sha256"] = _sha256(Path(path)) if "://" not in path else None
+                    out.append(entry)
+        return sorted(out, key=lambda e: (e["table"], e["path"]))
+
+    def positions(self, snapshot: int | None = None) -> dict[str, int]:
+        with self.reader(snapshot) as con:
+            return read_positions(con)
+
+    def state(self, snapshot: int | None = None) -> dict[str, Any]:
+        with self.reader(snapshot) as con:
+            return read_state(con)
+
+    # ----------------------------------------------------------------- readers
+    @contextlib.contextmanager
+    def reader(self, snapshot: int | None = None) -> Iterator[LakeReader]:
+        """A connection whose every table (``events``, ``metrics``... unqualified) is one snapshot:
+        ``snapshot``, or the newest when the reader opens. Closed on leaving the block."""
+        pinned = self.current_snapshot() if snapshot is None else snapshot
+        if self.catalog.one_process:
+            con = self._pinned_views(pinned)  # the catalog file is this process's: share its instance
+        else:
+            con = self._retry(lambda: self._attach_reader(pinned))
+        try:
+            yield LakeReader(con, pinned, self)
+        finally:
+            con.close()
+
+    def _attach_reader(self, snapshot: int) -> duckdb.DuckDBPyConnection:
+        con = connect(extensions=self.catalog.extensions)
+        try:
+            con.execute(
+                f"ATTACH {_literal(self.catalog.uri())} AS snap "
+                f"(READ_ONLY, SNAPSHOT_VERSION {int(snapshot)}, DATA_PATH {_literal(self.data_path)})"
+            )
+            con.execute("USE snap")
+        except BaseException:
+            con.close()
+            raise
+        return con
+
+    def _pinned_views(self, snapshot: int) -> duckdb.DuckDBPyConnection:
+        """DuckDB-file catalog: a cursor on the writer's instance, each table a view at the snapshot."""
+        con = self.con.cursor()
+        tables = con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = ?", [ALIAS]
+        ).fetchall()
+        for (name,) in tables:
+            extra = ", rowid AS rowid" if name == STATE else ""  # read_state orders by it
+            con.execute(
+                f"CREATE TEMP VIEW {_quote(name)} AS SELECT *{extra} FROM {ALIAS}.{_quote(name)} AT (VERSION => {int(snapshot)})"
+            )
+        return con
+
+    # ----------------------------------------------------------------- maintenance
+    def maintain(self, *, keep_s: float = 3600.0) -> dict[str, int]:
+        """DuckLake's own compaction and clean-up: merge adjacent small files, expire snapshots older
+        than ``keep_s`` and delete the files no remaining snapshot needs. A reader pinned at a
+        snapshot younger than ``keep_s`` answers the same during and after it. Runs on its own
+        cursor, so a commit may run beside it in another thread."""
+        older = f"now() - to_seconds({float(keep_s)})"
+        with contextlib.closing(self.con.cursor()) as cur:
+            before = _file_count(cur)
+
+            def call(sql: str) -> int:
+                return len(cur.execute(sql).fetchall())
+
+            self._retry(
+                lambda: call(f"CALL ducklake_merge_adjacent_files('{ALIAS}')"), on_conflict=True, con=cur
+            )
+            expired = self._retry(lambda: _expire(cur, keep_s), on_conflict=True, con=cur)
+            cleaned = self._retry(
+                lambda: call(f"CALL ducklake_cleanup_old_files('{ALIAS}', older_than => {older})"), con=cur
+            )
+            after = _file_count(cur)
+        return {
+            "files_before": before,
+            "files_after": after,
+            "snapshots_expired": expired,
+            "files_deleted": cleaned,
+        }
+
+
+class LakeReader:
+    """A pinned snapshot's connection. ``execute`` retries "database is locked" (a SQLite catalog is
+    read on every statement, and a writer may hold it); the rest is the DuckDB connection's."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, snapshot: int, lake: LakeTables) -> None:
+        self.con = con
+        self.snapshot = snapshot
+        self._lake = lake
+
+    def execute(self, sql: str, params: object = None) -> duckdb.DuckDBPyConnection:
+        return self._lake._retry(lambda: self.con.execute(sql, params), con=self.con)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.con, name)
+
+
+Queryable = duckdb.DuckDBPyConnection | LakeReader
+
+
+def _expire(con: duckdb.DuckDBPyConnection, keep_s: float) -> int:
+    """Expire the snapshots older than ``keep_s`` (never the newest), named by id: DuckLake 1.5.5's
+    ``older_than`` on a SQLite catalog compares the stored times as text and expired snapshots
+    seconds old (seen here), so the times are compared in DuckDB instead."""
+    rows = con.execute(
+        f"SELECT snapshot_id FROM {ALIAS}.snapshots() WHERE snapshot_time < now() - to_seconds(?) "
+        f"AND snapshot_id < (SELECT max(snapshot_id) FROM {ALIAS}.snapshots()) ORDER BY 1",
+        [float(keep_s)],
+    ).fetchall()
+    if not rows:
+        return 0
+    versions = ", ".join(str(int(r[0])) for r in rows)
+    return len(con.execute(f"CALL ducklake_expire_snapshots('{ALIAS}', versions => [{versions}])").fetchall())
+
+
+def _file_count(con: duckdb.DuckDBPyConnection) -> int:
+    """Data files in the newest snapshot (every table, the writer's own included)."""
+    row = con.execute(
+        f"SELECT count(*) FROM __ducklake_metadata_{ALIAS}.ducklake_data_file WHERE end_snapshot IS NULL"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def read_positions(con: Queryable) -> dict[str, int]:
+    """Each source's next position in a pinned reader (positions only move forward)."""
+    rows = con.execute(
+        f"SELECT source, max(next_position) FROM {POSITIONS} GROUP BY source ORDER BY source"
+    ).fetchall()
+    return {s: int(n) for s, n in rows}
+
+
+def read_state(con: Queryable) -> dict[str, Any]:
+    """Each state key's newest value in a pinned reader. Newest: the highest row id, as DuckLake
+    assigns row ids at commit in commit order and keeps them through compaction."""
+    rows = con.execute(f"SELECT key, arg_max(value, rowid) FROM {STATE} GROUP BY key ORDER BY key").fetchall()
+    return {k: json.loads(v) for k, v in rows}

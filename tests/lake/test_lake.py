@@ -1,0 +1,213 @@
+"""LakeTables on every catalog backend: atomic multi-table commits, fenced positions, SIGKILLed
+writers, racing and parallel writers, one snapshot per reader, maintenance under a pinned reader."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from ledger.lake import LakeReader, LakeTables, fence_table
+from tests.lake.conftest import Backend
+from tests.lake.support import batch, spawn
+
+ROWS = 50
+
+
+def _count(con: LakeReader, sql: str) -> int:
+    row = con.execute(sql).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _per_commit(lake: LakeTables) -> dict[int, tuple[int, int]]:
+    """commit tag -> (events rows, metrics rows) in the newest snapshot."""
+    with lake.reader() as con:
+        events = dict(con.execute('SELECT "commit", count(*) FROM events GROUP BY 1').fetchall())
+        metrics = dict(con.execute("SELECT attempt, count(*) FROM metrics GROUP BY 1").fetchall())
+    return {k: (events.get(k, 0), metrics.get(k, 0)) for k in set(events) | set(metrics)}
+
+
+def test_a_commit_lands_every_table_at_once_or_nothing(backend: Backend) -> None:
+    with LakeTables(backend.catalog, backend.data) as lake:
+        first = lake.commit(batch("s", 0, ROWS, 0), {"s": (0, ROWS)}, {"head": {"size": ROWS}})
+        assert first.ok and first.rows == 2 * ROWS
+        assert {f["table"] for f in first.files} == {"events", "metrics"}
+        assert all(len(f["sha256"]) == 64 and f["bytes"] > 0 for f in first.files)
+        # The second table's rows cannot be stored: the events already inserted must not land either.
+        broken = batch("s", ROWS, ROWS, 1)
+        broken["metrics"] = pa.table({"no_such_column": [1]})
+        with pytest.raises(duckdb.Error):
+            lake.commit(broken, {"s": (ROWS, 2 * ROWS)}, {"head": {"size": 2 * ROWS}})
+        assert _per_commit(lake) == {0: (ROWS, ROWS)}
+        assert lake.positions() == {"s": ROWS}
+        assert lake.state() == {"head": {"size": ROWS}}
+        assert lake.commit(batch("s", ROWS, ROWS, 1), {"s": (ROWS, 2 * ROWS)}, {}).ok  # the writer goes on
+        with lake.reader(first.snapshot) as con:
+            assert _count(con, "SELECT count(*) FROM events") == ROWS
+
+
+def test_a_replayed_batch_is_stale_and_lands_nothing(backend: Backend) -> None:
+    with LakeTables(backend.catalog, backend.data) as lake:
+        assert lake.commit(batch("s", 0, ROWS, 0), {"s": (0, ROWS)}, {}).ok
+        again = lake.commit(batch("s", 0, ROWS, 0), {"s": (0, ROWS)}, {})
+        assert not again.ok and again.stale == {"s": ROWS}
+        assert _per_commit(lake) == {0: (ROWS, ROWS)}
+        assert lake.positions() == {"s": ROWS}
+
+
+def test_a_writer_killed_mid_commit_leaves_nothing_and_the_next_commit_lands(backend: Backend) -> None:
+    LakeTables(backend.catalog, backend.data).close()  # tables made before the writer starts
+    proc = spawn("write", backend.catalog, str(backend.data), "s", str(ROWS * 20))
+    assert proc.stdout is not None
+    done = [proc.stdout.readline() for _ in range(2)]  # two commits landed for sure
+    assert all(line.strip().isdigit() for line in done), proc.stderr.read() if proc.stderr else ""
+    time.sleep(random.uniform(0.0, 0.3))  # then somewhere inside a later commit
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    with LakeTables(backend.catalog, backend.data) as lake:
+        landed = _per_commit(lake)
+        tags = sorted(landed)
+        assert tags == list(range(len(tags))) and len(tags) >= 2
+        assert all(counts == (ROWS * 20, ROWS * 20) for counts in landed.values())
+        assert lake.positions() == {"s": len(tags) * ROWS * 20}
+        n = len(tags)
+        nxt = lake.commit(
+            batch("s", n * ROWS * 20, ROWS, n), {"s": (n * ROWS * 20, n * ROWS * 20 + ROWS)}, {}
+        )
+        assert nxt.ok
+        assert _per_commit(lake)[n] == (ROWS, ROWS)
+
+
+def _finish(procs: list[subprocess.Popen[str]]) -> list[dict[str, Any]]:
+    outs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    return outs
+
+
+def test_three_racing_copies_of_one_ingester_land_each_record_once(backend: Backend) -> None:
+    if not backend.many_processes:
+        pytest.skip("a DuckDB-file catalog is held by one process")
+    LakeTables(backend.catalog, backend.data).close()
+    batches = 6
+    outs = _finish(
+        [spawn("race", backend.catalog, str(backend.data), "s", str(batches), str(ROWS)) for _ in range(3)]
+    )
+    assert sum(o["mine"] for o in outs) == batches  # each batch committed by exactly one copy
+    with LakeTables(backend.catalog, backend.data) as lake, lake.reader() as con:
+        assert _count(con, "SELECT count(*) FROM events") == batches * ROWS
+        assert _count(con, "SELECT count(DISTINCT stream_seq) FROM events") == batches * ROWS
+        assert _count(con, "SELECT count(*) FROM metrics") == batches * ROWS
+        assert lake.positions() == {"s": batches * ROWS}
+        assert _count(con, f"SELECT count(*) FROM {fence_table('s')}") == 1
+
+
+@pytest.mark.parametrize("writers", [2, 4])
+def test_writers_of_separate_sources_all_land(backend: Backend, writers: int) -> None:
+    if not backend.many_processes:
+        pytest.skip("a DuckDB-file catalog is held by one process")
+    LakeTables(backend.catalog, backend.data).close()
+    batches = 4
+    sources = [f"src{i}" for i in range(writers)]
+    outs = _finish(
+        [spawn("race", backend.catalog, str(backend.data), s, str(batches), str(ROWS)) for s in sources]
+    )
+    assert [o["mine"] for o in outs] == [batches] * writers
+    with LakeTables(backend.catalog, backend.data) as lake, lake.reader() as con:
+        by_stream = dict(con.execute("SELECT stream, count(*) FROM events GROUP BY 1").fetchall())
+        assert by_stream == {s: batches * ROWS for s in sources}
+        assert lake.positions() == {s: batches * ROWS for s in sources}
+        assert lake.state() == {f"head:{s}": batches - 1 for s in sources}
+
+
+def test_every_read_sees_one_snapshot_while_writers_commit_and_maintain_runs(backend: Backend) -> None:
+    lake = LakeTables(backend.catalog, backend.data)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def write() -> None:  # a writer beside the readers (a thread: one process may hold the catalog)
+        try:
+            with LakeTables(backend.catalog, backend.data) if backend.many_processes else _Shared(lake) as w:
+                b = 0
+                while not stop.is_set() and b < 15:
+                    w.commit(batch("w", b * ROWS, ROWS, b), {"w": (b * ROWS, (b + 1) * ROWS)}, {})
+                    b += 1
+        except BaseException as exc:  # reported by the test below
+            errors.append(exc)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    diffs: list[int] = []
+    joins: list[bool] = []
+    seen: set[int] = set()  # the counts read: more than one, so reads overlapped the writer
+    maintained = 0
+    try:
+        deadline = time.monotonic() + 240.0  # a hard stop only: the loop ends when the writer has
+        while time.monotonic() < deadline and (thread.is_alive() or len(diffs) < 3):
+            with lake.reader() as con:
+                first = _count(con, "SELECT count(*) FROM events")
+                diffs.append(
+                    _count(con, "SELECT (SELECT count(*) FROM events) - (SELECT count(*) FROM events)")
+                )
+                joined = _count(
+                    con, "SELECT count(*) FROM metrics m JOIN events e USING (stream, stream_seq)"
+                )
+                joins.append(joined == _count(con, "SELECT count(*) FROM metrics"))
+                time.sleep(0.05)  # let the writer commit meanwhile: the reader's statements still agree
+                diffs.append(_count(con, "SELECT count(*) FROM events") - first)
+                seen.add(first)
+            if len(diffs) % 6 == 0:
+                lake.maintain(keep_s=0.5)
+                maintained += 1
+    finally:
+        stop.set()
+        thread.join(timeout=120)
+        lake.close()
+    assert not errors, errors
+    assert len(diffs) >= 3 and maintained >= 1
+    assert set(diffs) == {0}
+    assert all(joins)
+    assert len(seen) >= 2
+
+
+class _Shared:
+    """The test's own LakeTables, used by the writer thread (a DuckDB-file catalog allows one)."""
+
+    def __init__(self, lake: LakeTables) -> None:
+        self.lake = lake
+
+    def __enter__(self) -> LakeTables:
+        return self.lake
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def test_maintain_merges_files_and_a_pinned_reader_answers_the_same(backend: Backend) -> None:
+    with LakeTables(backend.catalog, backend.data) as lake:
+        for b in range(12):
+            assert lake.commit(batch("s", b * ROWS, ROWS, b), {"s": (b * ROWS, (b + 1) * ROWS)}, {}).ok
+        question = "SELECT e.stream, sum(m.value), count(*) FROM metrics m JOIN events e USING (stream, stream_seq) GROUP BY 1"
+        with lake.reader() as pinned:
+            before = pinned.execute(question).fetchall()
+            stats = lake.maintain()
+            assert stats["files_after"] < stats["files_before"]
+            assert stats["snapshots_expired"] == 0  # all younger than keep_s (an hour)
+            assert pinned.execute(question).fetchall() == before
+        with lake.reader() as fresh:
+            assert fresh.execute(question).fetchall() == before
+        assert lake.maintain(keep_s=0)["snapshots_expired"] > 0
+        with lake.reader() as newest:
+            assert newest.execute(question).fetchall() == before

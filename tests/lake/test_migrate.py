@@ -1,0 +1,95 @@
+"""`ledger migrate`: a real ledger made by `ledger simulate` + `ledger ingest spool`, into a lake
+(DuckDB-file and PostgreSQL catalogs), with identical rows, positions and stream heads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from cli import migrate_cmd
+from cli.main import app
+from ledger.lake import LakeTables
+from ledger.parquet_schemas import TABLES, tables_of
+from ledger.store import Ledger
+from tests.lake.support import Postgres
+
+runner = CliRunner()
+SMALL = ["--steps", "200", "--rank-stats-every", "100000", "--expert-counts-every", "100000"]
+
+# cli/main.py registers `migrate` (the lines are in docs/ducklake.md); until then a group of its own.
+migrate_app = typer.Typer()
+migrate_app.command("migrate")(migrate_cmd.migrate)
+migrate_app.command("noop", hidden=True)(lambda: None)
+
+
+def _cli(target: typer.Typer, *args: str | Path) -> str:
+    result = runner.invoke(target, [str(a) for a in args], env={"RUNLEDGER_PROGRESS_S": "off"})
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def old(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("migrate")
+    _cli(app, "simulate", "reference-535b", "--spool", root / "spool", *SMALL)
+    _cli(
+        app, "ingest", "spool", "--spool", root / "spool", "--ledger", root / "ledger", "--batch-size", "500"
+    )
+    Ledger.open(root / "ledger").compact()  # a compacted ledger: commits' own files merged away
+    return root / "ledger"
+
+
+def _same_rows(old: Path, lake: LakeTables) -> None:
+    """Each table's rows, read apart from the migration's own check: pyarrow over the old files."""
+    with lake.reader() as con:
+        for name in tables_of(old):
+            files = sorted(str(p) for p in (old / name).glob("*=*/*.parquet"))
+            before = ds.dataset(files, format="parquet", partitioning="hive").to_table() if files else None
+            rows = con.execute(f'SELECT * FROM "{name}"').to_arrow_table()
+            assert rows.num_rows == (before.num_rows if before is not None else 0), name
+            if before is not None and before.num_rows:
+                cols = [c for c in before.column_names if c != TABLES[name].partition]
+                key = [(c, "ascending") for c in cols if not pa.types.is_list(before.schema.field(c).type)]
+                assert (
+                    rows.select(cols).sort_by(key).to_pylist() == before.select(cols).sort_by(key).to_pylist()
+                ), name
+
+
+def test_migrate_into_an_embedded_lake_keeps_every_row(old: Path, tmp_path: Path) -> None:
+    out = _cli(migrate_app, "migrate", old, tmp_path / "lake")
+    commits = len(list((old / "_commits").glob("*.json")))
+    assert out.startswith("migrated ") and "rows, positions and stream heads identical" in out
+    compactions = sum('"writer": "compact"' in p.read_text() for p in (old / "_commits").glob("*.json"))
+    assert commits >= 3 and compactions >= 1
+    rows = sum(
+        ds.dataset(sorted(str(p) for p in (old / name).glob("*=*/*.parquet")), format="parquet").count_rows()
+        for name in tables_of(old)
+    )
+    kept = commits - compactions  # every commit but the compactions
+    lake_dir = tmp_path / "lake"
+    assert (
+        out
+        == f"migrated {kept} commits ({rows} rows) into {lake_dir}: rows, positions and stream heads identical\n"
+    )
+    with LakeTables(f"duckdb:{tmp_path / 'lake' / 'catalog.ducklake'}", tmp_path / "lake" / "data") as lake:
+        _same_rows(old, lake)
+        assert lake.positions() == Ledger.open(old).positions()
+
+
+def test_migrate_into_a_postgres_catalog(old: Path, tmp_path: Path, postgres: Postgres | str) -> None:
+    if isinstance(postgres, str):
+        pytest.skip(postgres)
+    dsn = postgres.database()
+    out = _cli(migrate_app, "migrate", old, tmp_path / "lake", "--catalog", f"postgres:{dsn}")
+    assert "identical" in out
+
+
+def test_migrate_refuses_a_folder_that_is_no_ledger(tmp_path: Path) -> None:
+    result = runner.invoke(migrate_app, ["migrate", str(tmp_path / "none"), str(tmp_path / "lake")])
+    assert result.exit_code == 1
+    assert result.output.count("\n") == 1 and "no ledger at" in result.output
