@@ -317,7 +317,8 @@ def prove_inclusion(
     salt_out: Annotated[
         Path | None,
         typer.Option(
-            "--salt-out", help="With --format tlog-proof: write the event's salt (hex) its entry's digest needs."
+            "--salt-out",
+            help="With --format tlog-proof: write the event's salt (hex) its entry's digest needs.",
         ),
     ] = None,
 ) -> None:
@@ -424,7 +425,9 @@ def verify_proof(
     ] = None,
     salt: Annotated[
         str | None,
-        typer.Option("--salt", help="With --leaf: the event's salt, hex or a file (`prove inclusion --salt-out`)."),
+        typer.Option(
+            "--salt", help="With --leaf: the event's salt, hex or a file (`prove inclusion --salt-out`)."
+        ),
     ] = None,
 ) -> None:
     """Check a C2SP tlog-proof offline: the checkpoint's signature, then the entry's inclusion in it.

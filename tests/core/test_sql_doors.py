@@ -103,7 +103,7 @@ WRITES = [
     "SELECT * FROM enable_logging()",
     # duckdb 1.5.5 wrote its log files into an allowed folder from a plain SELECT, configuration locked
     "SELECT * FROM enable_logging(storage = 'file', storage_path = '{inside}')",
-    'SELECT * FROM main."enable_logging"(storage = \'file\', storage_path = \'{inside}\')',
+    "SELECT * FROM main.\"enable_logging\"(storage = 'file', storage_path = '{inside}')",
     "SELECT * FROM query('SELECT * FROM enable_' || 'logging()')",
 ]
 # Reads of files that are not the ledger's tables: DuckDB itself refuses them.
