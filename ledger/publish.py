@@ -80,6 +80,7 @@ CHECKPOINT = "checkpoint"
 MANIFEST = "manifest.json"
 MANIFEST_SIG = "manifest.sig"
 DATA = "data"
+EVENTS_PER_PASS = 50_000  # events read, built into entries and staged at a time (~100 MB at 2 KB each)
 
 
 class PublishError(ValueError):
@@ -403,6 +404,45 @@ class _Files:
         path.write_bytes(data)
 
 
+def _commit_groups(records: list[dict[str, Any]], max_events: int) -> Iterator[list[dict[str, Any]]]:
+    """``records`` in consecutive groups of at most ``max_events`` events each (a bigger commit alone):
+    a publish reads, builds and stages one group at a time, so its memory does not grow with the log."""
+    group: list[dict[str, Any]] = []
+    count = 0
+    for record in records:
+        n = sum(len(a.get("ids", ())) for a in record.get("appended", {}).values())
+        if group and count + n > max_events:
+            yield group
+            group, count = [], 0
+        group.append(record)
+        count += n
+    if group:
+        yield group
+
+
+def _stage_growth(files: _Files, old_size: int, entries: list[bytes]) -> None:
+    """The tiles and bundles of a tree of ``old_size`` leaves grown by ``entries`` (the old partial
+    tiles and bundle read from the staged files first, then DEST)."""
+    for tile in grow_tiles(old_size, [leaf_hash(e) for e in entries], files.read_tile):
+        files.put(tile.path, tile.data)
+    _stage_bundles(files, old_size, entries)
+
+
+def _drop_passing_partials(staged: Path, size: int) -> None:
+    """Staged partial tiles and bundles of the sizes a publish passed through between its groups: only
+    the partials of the size it checkpoints are published (C2SP keeps one per checkpointed size)."""
+    keep = {entries_path(size // TILE_WIDTH, size % TILE_WIDTH)} if size % TILE_WIDTH else set()
+    level, count = 0, size
+    while count:
+        if count % TILE_WIDTH:
+            keep.add(tile_path(level, count // TILE_WIDTH, count % TILE_WIDTH))
+        level, count = level + 1, count // TILE_WIDTH
+    for path in (staged / "tile").rglob("*"):
+        partial = path.is_file() and path.parent.name.endswith(".p")
+        if partial and path.relative_to(staged).as_posix() not in keep:
+            path.unlink()
+
+
 def _stage_bundles(files: _Files, old_size: int, entries: list[bytes]) -> None:
     """The entry bundles the new entries fill or extend (the old partial bundle's entries first,
     checked against the old tree's level-0 tile)."""
@@ -468,18 +508,20 @@ def _stage(
     files.staged.mkdir(parents=True)
     new = PublishState.from_json(json.loads(json.dumps(state.to_json())))
     new.live = _live_files(root, state.live, records)
-    entries, events = _build_entries(root, new, records, new.live)
-    new.commit = records[-1]["commit"]
-    log_size = state.size + len(entries)
+    events = 0
+    for group in _commit_groups(records, EVENTS_PER_PASS):  # bounded memory: a pass per group
+        entries, group_events = _build_entries(root, new, group, new.live)
+        _stage_growth(files, new.size, entries)
+        new.size += len(entries)
+        new.commit = group[-1]["commit"]  # the next group's events are those after it
+        events += group_events
+    log_size = new.size
     manifest = _manifest(root, new, new.live, origin, log_size)
     digest = hashlib.sha256(manifest).hexdigest()
-    entries.append(
-        _entry({"t": "snapshot", "commit": new.commit, "log_size": log_size, "manifest_sha256": digest})
-    )
-    for tile in grow_tiles(state.size, [leaf_hash(e) for e in entries], files.read_tile):
-        files.put(tile.path, tile.data)
-    _stage_bundles(files, state.size, entries)
-    new.size = state.size + len(entries)
+    snapshot = _entry({"t": "snapshot", "commit": new.commit, "log_size": log_size, "manifest_sha256": digest})
+    _stage_growth(files, new.size, [snapshot])
+    new.size += 1
+    _drop_passing_partials(files.staged, new.size)
     new.root = root_from_tiles(files.read_tile, new.size)
     _check_extends(files, state, new)
     copied = _stage_data(root, files, [rel for rel in new.live if rel not in state.files])
@@ -490,7 +532,7 @@ def _stage(
     files.put(CHECKPOINT, new.checkpoint.encode())
     new.removed = [rel for rel in state.live if rel not in set(new.live)]
     new.pending = True
-    return new, len(entries), events, copied
+    return new, new.size - state.size, events, copied
 
 
 # -------------------------------------------------------------------------------------------- upload
