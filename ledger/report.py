@@ -41,7 +41,7 @@ CURVES = (
     ("mfu", "MFU (%)"),
 )
 # Event kinds as markers, for the page and the plot alike: label, colour, ECharts and matplotlib symbol,
-# and the height (0..1 of the plot) of the row its symbols sit on.
+# the height (0..1 of the plot) of the row its symbols sit on, and (line: False) no vertical line on the page.
 MARKER_KINDS: dict[str, dict[str, Any]] = {
     "run.started": {"label": "launch", "color": "#2f6fde", "symbol": "triangle", "mpl": "^", "row": 0.94},
     "run.resumed": {"label": "resume", "color": "#7b3fe4", "symbol": "triangle", "mpl": "^", "row": 0.94},
@@ -65,6 +65,7 @@ MARKER_KINDS: dict[str, dict[str, Any]] = {
         "symbol": "rect",
         "mpl": "s",
         "row": 0.78,
+        "line": False,  # routine (every 1,000 steps): its symbol, not a line through every chart
     },
     "run.crashed": {"label": "crash", "color": "#d92d20", "symbol": "circle", "mpl": "X", "row": 0.94},
     "step.skipped": {
@@ -77,7 +78,14 @@ MARKER_KINDS: dict[str, dict[str, Any]] = {
     "run.finished": {"label": "finished", "color": "#344054", "symbol": "rect", "mpl": "s", "row": 0.94},
     "annotation": {"label": "annotation", "color": "#0e9384", "symbol": "roundRect", "mpl": "P", "row": 0.7},
     "github.merge": {"label": "PR merge", "color": "#6941c6", "symbol": "arrow", "mpl": "v", "row": 0.62},
-    "github.push": {"label": "push", "color": "#9e77ed", "symbol": "arrow", "mpl": "v", "row": 0.62},
+    "github.push": {
+        "label": "push",
+        "color": "#9e77ed",
+        "symbol": "arrow",
+        "mpl": "v",
+        "row": 0.62,
+        "line": False,
+    },
 }
 SUPERSEDED_COLOR = "#98a2b3"
 DEFAULT_BUCKETS = 2000

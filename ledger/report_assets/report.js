@@ -1,11 +1,22 @@
 // The report page: reads the JSON that `ledger report` embedded and draws it with ECharts (inlined).
-// window.__report tells a test (or a curious reader) what was drawn: the charts and when it is ready.
+// window.__report tells a test (or a curious reader) what was drawn: the charts, when the first screen is
+// drawn (ready) and when every chart is (complete), and what each draw took (timings).
 (function () {
   "use strict";
+  // timings: [what, ms]: the data's parse, the page's layout, each chart's draw, the first frame (for the bench).
+  var t0 = performance.now();
   var data = JSON.parse(document.getElementById("report-data").textContent);
   var app = document.getElementById("app");
-  var state = { charts: [], ready: false, markers: 0 };
+  var state = { charts: [], ready: false, complete: false, markers: 0, timings: [["parse", performance.now() - t0]],
+    ready_ms: null, complete_ms: null };  // performance.now() (ms since navigation) of each moment
   window.__report = state;
+  // mark(what): the milliseconds since the previous mark, under what.
+  var lastMark = performance.now();
+  function mark(what) {
+    var now = performance.now();
+    state.timings.push([what, Math.round((now - lastMark) * 10) / 10]);
+    lastMark = now;
+  }
 
   var KINDS = data.kinds;  // one definition, in ledger.report.MARKER_KINDS
   var RUN_COLORS = ["#2f6fde", "#e04f5f", "#12a594", "#f08c00", "#7048e8", "#475467"];
@@ -34,6 +45,19 @@
   function section(title, note) {
     app.appendChild(el("h2", {}, [title]));
     if (note) app.appendChild(el("p", { class: "note" }, [note]));
+  }
+  // Drawing is queued: the page is laid out first, then the charts on the first screen are drawn (ready),
+  // then the others one per task, so the page opens and answers input while the rest is drawn (complete;
+  // live.js starts then). Each queued draw is [box, fn].
+  var queued = [];
+  function later(chart, fn) {
+    var entry = state.charts.filter(function (c) { return c.chart === chart; })[0];
+    queued.push([chart.getDom(), fn, entry ? entry.name : "?"]);
+  }
+  function drawQueued(q) {
+    var t = performance.now();
+    q[1]();
+    state.timings.push([q[2], Math.round((performance.now() - t) * 10) / 10]);
   }
   function chartBox(name, cls) {
     var box = el("div", { class: "chart" + (cls ? " " + cls : ""), "data-chart": name });
@@ -95,7 +119,7 @@
             itemStyle: { color: k.color, opacity: m.superseded ? 0.55 : 1 } };
         }),
         markLine: { silent: false, symbol: "none", label: { show: false }, animation: false,
-          data: run.markers.map(function (m) {
+          data: run.markers.filter(function (m) { return kindOf(m.kind).line !== false; }).map(function (m) {
             var k = kindOf(m.kind);
             return { xAxis: m.step, name: k.label + " at step " + m.step + ": " + m.text,
               lineStyle: { color: m.superseded ? SUPERSEDED : k.color, width: 1, opacity: 0.55,
@@ -141,13 +165,13 @@
       }));
     });
     var chart = chartBox("curve:" + curve.name);
-    chart.setOption({
+    later(chart, function () { chart.setOption({
       animation: false, tooltip: tooltip,
       title: { text: curve.label, left: 8, top: 4, textStyle: { fontSize: 13 } },
       grid: { left: 64, right: 24, top: 30, bottom: 44 },
       xAxis: stepAxis(), yAxis: [{ type: "value", scale: true }, { type: "value", min: 0, max: 1, show: false }],
       dataZoom: zoom([0]), series: series.concat(markerSeries(1))
-    });
+    }); });
     curveCharts.push(chart);
   });
 
@@ -160,7 +184,7 @@
     r.drop_cells.forEach(function (c) { if (c[2] > max) max = c[2]; });
     var layerIndex = {};
     r.layers.forEach(function (l, i) { layerIndex[l] = i; });
-    chart.setOption({
+    later(chart, function () { chart.setOption({
       animation: false,
       title: { text: "drop rate by layer · " + run.run_id + (r.layers.length ? "" : " (no router statistics)"), left: 8, top: 4, textStyle: { fontSize: 13 } },
       tooltip: { confine: true, formatter: function (p) { return "layer " + r.layers[p.value[1]] + ", steps from " + r.heat_bucket_steps[p.value[0]] + ": drop rate " + fmt(p.value[2]); } },
@@ -169,7 +193,7 @@
       yAxis: { type: "category", data: r.layers, name: "layer", nameLocation: "middle", nameGap: 40 },
       visualMap: { min: 0, max: max || 1, calculable: true, precision: 3, orient: "vertical", right: 4, top: 30, itemHeight: 120, inRange: { color: ["#f7fbff", "#fdae6b", "#e6550d", "#7f2704"] } },
       series: [{ type: "heatmap", data: r.drop_cells.map(function (c) { return [c[0], layerIndex[c[1]], c[2]]; }), progressive: 0 }]
-    });
+    }); });
   });
   (function () {
     var chart = chartBox("mean-drop", "tall");
@@ -188,7 +212,7 @@
         data: cap.x.map(function (x, j) { return [x, cap.capacity_factor[j]]; }) });
     });
     var markers = markerSeries(1);
-    chart.setOption({
+    later(chart, function () { chart.setOption({
       animation: false, tooltip: tooltip,
       title: { text: "mean token-drop rate, and capacity factor / dispatcher (step function)", left: 8, top: 4, textStyle: { fontSize: 13 } },
       grid: [{ left: 64, right: 24, top: 30, height: "52%" }, { left: 64, right: 24, top: "72%", bottom: 40 }],
@@ -196,7 +220,7 @@
       yAxis: [{ type: "value", scale: true, gridIndex: 0 }, { type: "value", min: 0, max: 1, show: false, gridIndex: 0 },
         { type: "value", scale: true, gridIndex: 1, splitNumber: 2 }],
       dataZoom: zoom([0, 1]), series: series.concat(markers)
-    });
+    }); });
     curveCharts.push(chart);
   })();
 
@@ -231,7 +255,7 @@
         series: [{ type: "heatmap", data: cells, progressive: 0 }]
       }, true);
     }
-    draw(r.expert_step);
+    later(chart, function () { draw(r.expert_step); });
     pick.addEventListener("change", function () { draw(Number(pick.value)); });
   });
   (function () {
@@ -239,17 +263,18 @@
     var series = [];
     data.runs.forEach(function (run, i) {
       var color = RUN_COLORS[i % RUN_COLORS.length];
-      series.push({ type: "line", name: run.run_id + " · imbalance (max/mean)", showSymbol: true, symbolSize: 3, sampling: "none",
+      // A symbol per logged step while there are few (thousands of them cost a draw and add nothing).
+      series.push({ type: "line", name: run.run_id + " · imbalance (max/mean)", showSymbol: run.router.imbalance.x.length <= 400, symbolSize: 3, sampling: "none",
         lineStyle: { color: color }, itemStyle: { color: color },
         data: run.router.imbalance.x.map(function (x, j) { return [x, run.router.imbalance.y[j]]; }) });
     });
-    chart.setOption({
+    later(chart, function () { chart.setOption({
       animation: false, tooltip: tooltip,
       title: { text: "expert load imbalance (max/mean)", left: 8, top: 4, textStyle: { fontSize: 13 } },
       grid: { left: 64, right: 24, top: 30, bottom: 44 },
       xAxis: stepAxis(), yAxis: [{ type: "value", scale: true }, { type: "value", min: 0, max: 1, show: false }],
       dataZoom: zoom([0]), series: series.concat(markerSeries(1))
-    });
+    }); });
     curveCharts.push(chart);
   })();
   // Zoom follows across the step charts (tooltips stay on the chart the pointer is on).
@@ -271,7 +296,7 @@
     });
     var labels = rows.map(function (x) { return x.run + " #" + x.a.attempt; });
     var chart = chartBox("attempts", "short");
-    chart.setOption({
+    later(chart, function () { chart.setOption({
       animation: false,
       tooltip: { confine: true, formatter: function (p) {
         var a = rows[p.dataIndex].a;
@@ -297,7 +322,7 @@
           return { type: "group", children: children };
         }
       }]
-    });
+    }); });
     table([["run", "run"], ["attempt", "attempt"], ["kind", "kind"], ["start_step", "start step"], ["end_step", "last step"],
       ["started_at", "started"], ["ended_at", "last event"], ["ended", "how it ended"], ["commit", "commit", "mono"], ["host", "host"], ["job", "job"]],
       rows.map(function (x) { return Object.assign({ run: x.run }, x.a); }));
@@ -339,5 +364,25 @@
   app.appendChild(el("p", { class: "note" }, [raw]));
 
   window.addEventListener("resize", function () { state.charts.forEach(function (c) { c.chart.resize(); }); });
-  requestAnimationFrame(function () { state.ready = true; });
+  // The first screen's charts now, then a frame (ready), then the rest one per task (complete).
+  var firstScreen = queued.filter(function (q) { return q[0].getBoundingClientRect().top < window.innerHeight; });
+  var rest = queued.filter(function (q) { return firstScreen.indexOf(q) < 0; });
+  mark("layout");
+  firstScreen.forEach(drawQueued);
+  mark("first screen");
+  requestAnimationFrame(function () {
+    mark("first frame");
+    state.ready_ms = performance.now();
+    state.ready = true;
+    (function next() {
+      if (!rest.length) {
+        state.complete_ms = performance.now();
+        state.complete = true;
+        document.dispatchEvent(new Event("report-complete"));
+        return;
+      }
+      drawQueued(rest.shift());
+      setTimeout(next, 0);
+    })();
+  });
 })();

@@ -396,7 +396,7 @@ def open_offline(html_file: Path, window: tuple[int, int] = (1400, 1800)) -> Any
     from selenium.webdriver.support.ui import WebDriverWait
 
     WebDriverWait(driver, 60).until(
-        lambda d: d.execute_script("return !!(window.__report && window.__report.ready)")
+        lambda d: d.execute_script("return !!(window.__report && window.__report.complete)")
     )
     return driver
 
@@ -491,6 +491,44 @@ def test_demo_report_in_a_browser_offline(demo_report: tuple[Path, str]) -> None
                 if url != page_url and not url.startswith("data:"):
                     requested.append(url)
         assert requested == []
+    finally:
+        driver.quit()
+
+
+_DRAW_ORDER = """
+const r = window.__report, names = r.timings.map(t => t[0]);
+const cut = names.indexOf('first screen');
+const onScreen = r.charts.filter(c => c.el.getBoundingClientRect().top < window.innerHeight).map(c => c.name);
+return {before: names.slice(0, cut).filter(n => r.charts.some(c => c.name === n)),
+        after: names.slice(cut).filter(n => r.charts.some(c => c.name === n)), onScreen: onScreen,
+        all: r.charts.map(c => c.name)};
+"""
+
+_LINES_AND_SYMBOLS = """
+const option = window.__report.charts.find(c => c.name === 'curve:loss').chart.getOption();
+const kinds = {symbols: [], lines: []};
+option.series.forEach(s => {
+  (s.data || []).forEach(d => { if (d && d.marker) kinds.symbols.push(d.marker.kind); });
+  ((s.markLine || {}).data || []).forEach(d => kinds.lines.push(d.name));
+});
+return kinds;
+"""
+
+
+def test_first_screen_drawn_first_then_every_chart(demo_report: tuple[Path, str]) -> None:
+    """The charts on the first screen are drawn before the page says ready, the others after it, each
+    once, and routine checkpoints are symbols without a line through every chart."""
+    report, _run_id = demo_report
+    driver = open_offline(report)
+    try:
+        order = driver.execute_script(_DRAW_ORDER)
+        assert order["before"] == order["onScreen"] and order["before"], order
+        assert sorted(order["before"] + order["after"]) == sorted(order["all"]), order
+        assert order["after"], "the demo page is longer than one screen"
+        kinds = driver.execute_script(_LINES_AND_SYMBOLS)
+        assert "checkpoint.saved" in kinds["symbols"] and "run.crashed" in kinds["symbols"]
+        assert not any(name.startswith("checkpoint at step") for name in kinds["lines"]), kinds["lines"]
+        assert any(name.startswith("crash at step") for name in kinds["lines"]), kinds["lines"]
     finally:
         driver.quit()
 
