@@ -518,7 +518,9 @@ def _stage(
     log_size = new.size
     manifest = _manifest(root, new, new.live, origin, log_size)
     digest = hashlib.sha256(manifest).hexdigest()
-    snapshot = _entry({"t": "snapshot", "commit": new.commit, "log_size": log_size, "manifest_sha256": digest})
+    snapshot = _entry(
+        {"t": "snapshot", "commit": new.commit, "log_size": log_size, "manifest_sha256": digest}
+    )
     _stage_growth(files, new.size, [snapshot])
     new.size += 1
     _drop_passing_partials(files.staged, new.size)

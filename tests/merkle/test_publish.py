@@ -174,7 +174,9 @@ def test_publish_in_groups_writes_the_log_one_pass_writes(
     assert (grouped.size, grouped.events) == (one_pass.size, one_pass.events)
 
     def tiles(dest: Path) -> dict[str, bytes]:
-        return {p.relative_to(dest).as_posix(): p.read_bytes() for p in (dest / "tile").rglob("*") if p.is_file()}
+        return {
+            p.relative_to(dest).as_posix(): p.read_bytes() for p in (dest / "tile").rglob("*") if p.is_file()
+        }
 
     assert tiles(tmp_path / "grouped") == tiles(site.dest)
     assert (tmp_path / "grouped" / "checkpoint").read_bytes() == (site.dest / "checkpoint").read_bytes()
