@@ -142,6 +142,26 @@ def test_edited_metric_value_is_named(signed: Path) -> None:
     assert "table-mismatch: stream run-a event run-a-20 (#20)" in out
 
 
+@pytest.mark.parametrize("rows_per_pass", [1, 7])
+def test_edited_metric_value_is_named_when_compared_in_passes(
+    signed: Path, monkeypatch: pytest.MonkeyPatch, rows_per_pass: int
+) -> None:
+    """A big table is compared a stream_seq bucket at a time (bounded memory): every bucket is
+    compared, so an edited row is named whichever bucket it is in, and nothing else is."""
+    from ledger import integrity
+
+    monkeypatch.setattr(integrity, "_ROWS_PER_PASS", rows_per_pass)
+    assert _verify(signed)[0] == 0
+    path = sorted((signed / "l" / "metrics").rglob("part-0000000001-*.parquet"))[0]
+    table = pq.read_table(path)
+    values = table.column("value").to_pylist()
+    values[-1] = 123.0
+    pq.write_table(table.set_column(table.schema.get_field_index("value"), "value", pa.array(values)), path)
+    code, out = _verify(signed)
+    assert code == 1
+    assert out.count("table-mismatch") == 1, out
+
+
 def test_rewritten_history_fails_the_signed_checkpoint(signed: Path) -> None:
     # Rewrite data AND commit log consistently: only the signed checkpoint can tell.
     cp = next((signed / "l" / "_checkpoints").glob("*.txt"))
