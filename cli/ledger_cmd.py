@@ -12,12 +12,14 @@ from rich.markup import escape
 
 from cli.output import (
     DEFAULT_LEDGER,
+    AtCheckpointOption,
     Format,
     FormatOption,
     FullOption,
     LedgerOption,
     LimitOption,
     OutputOption,
+    SnapshotOption,
     console,
     err_console,
     fail,
@@ -37,10 +39,21 @@ RunArgument = Annotated[
 ]
 
 
-def _reader(ledger: Path):
+def _reader(ledger: Path, snapshot: int | None = None, at_checkpoint: Path | None = None):
+    """The ledger's reader; a ledger on DuckLake answers at one snapshot (the newest, ``snapshot``, or
+    the one a signed checkpoint pins), named on stderr when one was asked for."""
     from ledger.query import Reader
 
-    return Reader(ledger)
+    text = None
+    if at_checkpoint is not None:
+        try:
+            text = at_checkpoint.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise fail(f"--at-checkpoint {at_checkpoint}: {exc}") from None
+    reader = Reader(ledger, snapshot=snapshot, at_checkpoint=text)
+    if reader.snapshot is not None and (snapshot is not None or at_checkpoint is not None):
+        err_console.print(f"as of lake snapshot {reader.snapshot}", highlight=False)
+    return reader
 
 
 def resolve_run(reader, run: str) -> str:
@@ -59,6 +72,8 @@ def query(
         str, typer.Argument(metavar="SQL", help="One read-only SQL statement over the ledger's views.")
     ],
     ledger: LedgerOption = DEFAULT_LEDGER,
+    snapshot: SnapshotOption = None,
+    at_checkpoint: AtCheckpointOption = None,
     fmt: FormatOption = None,
     output: OutputOption = None,
     limit: LimitOption = None,
@@ -104,7 +119,7 @@ def query(
         print_rows(result.columns, result.rows, fmt, output, limit=limit, full=full)
         return
     with user_errors(ledger):
-        result = _reader(ledger).sql(sql)
+        result = _reader(ledger, snapshot, at_checkpoint).sql(sql)
     print_rows(result.columns, result.rows, fmt, output, limit=limit, full=full)
 
 
@@ -160,6 +175,8 @@ def _remote_sql(url: str, log_key: str | None, cache: Path, sql: str) -> Any:
 
 def runs(
     ledger: LedgerOption = DEFAULT_LEDGER,
+    snapshot: SnapshotOption = None,
+    at_checkpoint: AtCheckpointOption = None,
     fmt: FormatOption = None,
     output: OutputOption = None,
     limit: LimitOption = None,
@@ -171,13 +188,15 @@ def runs(
     """
     fmt = resolve_format(fmt, output)
     with user_errors(ledger):
-        result = _reader(ledger).runs()
+        result = _reader(ledger, snapshot, at_checkpoint).runs()
     print_rows(result.columns, result.rows, fmt, output, title="runs", limit=limit, full=full)
 
 
 def history(
     run: RunArgument,
     ledger: LedgerOption = DEFAULT_LEDGER,
+    snapshot: SnapshotOption = None,
+    at_checkpoint: AtCheckpointOption = None,
     fmt: FormatOption = None,
     output: OutputOption = None,
     limit: LimitOption = None,
@@ -201,7 +220,7 @@ def history(
 
     fmt = resolve_format(fmt, output)
     with user_errors(ledger):
-        reader = _reader(ledger)
+        reader = _reader(ledger, snapshot, at_checkpoint)
         run = resolve_run(reader, run)
         items = reader.history(run)
         ranged = from_step is not None or to_step is not None
@@ -236,6 +255,8 @@ def state(
         datetime | None, typer.Option("--at", help="Wall-clock time (ISO 8601, UTC if no offset).")
     ] = None,
     ledger: LedgerOption = DEFAULT_LEDGER,
+    snapshot: SnapshotOption = None,
+    at_checkpoint: AtCheckpointOption = None,
     fmt: FormatOption = None,
     output: OutputOption = None,
     limit: LimitOption = None,
@@ -254,7 +275,7 @@ def state(
 
         at = at.replace(tzinfo=UTC)
     with user_errors(ledger):
-        reader = _reader(ledger)
+        reader = _reader(ledger, snapshot, at_checkpoint)
         run = resolve_run(reader, run)
         result = reader.state(run, step=step, at=at)
         if at is not None and result.attempt is None:
@@ -305,6 +326,8 @@ def diff(
     from_step: Annotated[int, typer.Option("--from-step", help="Earlier step.")],
     to_step: Annotated[int, typer.Option("--to-step", help="Later step.")],
     ledger: LedgerOption = DEFAULT_LEDGER,
+    snapshot: SnapshotOption = None,
+    at_checkpoint: AtCheckpointOption = None,
     fmt: FormatOption = None,
     output: OutputOption = None,
     limit: LimitOption = None,
@@ -317,7 +340,7 @@ def diff(
     """
     fmt = resolve_format(fmt, output)
     with user_errors(ledger):
-        reader = _reader(ledger)
+        reader = _reader(ledger, snapshot, at_checkpoint)
         run = resolve_run(reader, run)
         result = reader.diff(run, from_step, to_step)
     if fmt == Format.json:
@@ -358,6 +381,8 @@ def blame(
     ],
     step: Annotated[int | None, typer.Option("--step", help="Step (default: the last).")] = None,
     ledger: LedgerOption = DEFAULT_LEDGER,
+    snapshot: SnapshotOption = None,
+    at_checkpoint: AtCheckpointOption = None,
     fmt: FormatOption = None,
     output: OutputOption = None,
     full: FullOption = False,
@@ -369,7 +394,7 @@ def blame(
     """
     fmt = resolve_format(fmt, output)
     with user_errors(ledger):
-        reader = _reader(ledger)
+        reader = _reader(ledger, snapshot, at_checkpoint)
         run = resolve_run(reader, run)
         result = reader.blame(run, key, step)
     if fmt == Format.json:

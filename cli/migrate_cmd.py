@@ -36,7 +36,7 @@ def migrate(
     with user_errors(old):
         try:
             with LakeTables(spec, new / "data") as lake:
-                done = run(old, lake)
+                done = run(old, lake, new)
         except (LakeError, MigrateError) as exc:
             raise fail(str(exc)) from None
     if done.mismatches:

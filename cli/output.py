@@ -64,6 +64,23 @@ LedgerOption = Annotated[
     Path,
     typer.Option("--ledger", envvar="RUNLEDGER_LEDGER", help="Ledger directory.", show_default=True),
 ]
+SnapshotOption = Annotated[
+    int | None,
+    typer.Option(
+        "--snapshot",
+        help="A ledger on DuckLake: answer as of this lake snapshot (default: the newest).",
+        show_default=False,
+    ),
+]
+AtCheckpointOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--at-checkpoint",
+        help="A ledger on DuckLake: answer as of the snapshot this signed stream checkpoint "
+        "(_checkpoints/<stream>.txt) pins; its size and root must be the lake's.",
+        show_default=False,
+    ),
+]
 FormatOption = Annotated[
     Format | None,
     typer.Option(

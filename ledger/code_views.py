@@ -61,7 +61,8 @@ SELECT repo, number,
        arg_max(head_sha, (time, stream_seq)) AS head_sha,
        min(merged_at) AS merged_at,
        arg_max(merge_commit_sha, (time, stream_seq)) FILTER (WHERE merged_at IS NOT NULL) AS merge_commit_sha,
-       list(DISTINCT head_sha) FILTER (WHERE head_sha IS NOT NULL) AS head_shas,
+       -- sorted: the same list whatever order the files are scanned in
+       list(DISTINCT head_sha ORDER BY head_sha) FILTER (WHERE head_sha IS NOT NULL) AS head_shas,
        max(time) AS updated_at
 FROM _github_pull_events
 GROUP BY repo, number;

@@ -44,7 +44,17 @@ from ledger.parquet_schemas import TABLES
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Catalog", "LakeCommit", "LakeError", "LakeReader", "LakeTables", "Queryable", "lake_schema"]
+__all__ = [
+    "Catalog",
+    "LakeCommit",
+    "LakeError",
+    "LakeFolder",
+    "LakeReader",
+    "LakeTables",
+    "Queryable",
+    "lake_schema",
+    "open_snapshot",
+]
 
 CatalogKind = Literal["duckdb", "sqlite", "postgres"]
 _EXTENSIONS: dict[CatalogKind, list[str]] = {
@@ -89,6 +99,11 @@ class Catalog:
             raise LakeError("catalog: empty (give duckdb:PATH, sqlite:PATH or postgres:DSN)")
         suffix = Path(spec).suffix
         return cls("sqlite" if suffix in {".sqlite", ".sqlite3", ".db"} else "duckdb", spec)
+
+    @property
+    def spec(self) -> str:
+        """The ``kind:target`` text ``parse`` reads back."""
+        return f"{self.kind}:{self.target}"
 
     @property
     def extensions(self) -> list[str]:
@@ -160,6 +175,21 @@ def _is_conflict(exc: BaseException) -> bool:
     return "conflict" in str(exc).lower()
 
 
+def retry_locked(attempt: Callable[[], T]) -> T:
+    """``attempt()``, again after "database is locked" (a SQLite catalog that a writer holds for a
+    moment), with the same bounded backoff as a writer."""
+    sleep_s, cap_s = LOCKED_BACKOFF_S
+    for _ in range(LOCKED_RETRIES):
+        try:
+            return attempt()
+        except duckdb.Error as exc:
+            if not _is_locked(exc):
+                raise
+        time.sleep(sleep_s * (0.5 + random.random()))
+        sleep_s = min(cap_s, sleep_s * 2)
+    return attempt()
+
+
 def _sqlite_wal(path: Path) -> None:
     """Put a SQLite catalog in WAL mode (persistent in the file): readers then never wait for a
     writer's commit, and writers wait for each other only while one commits."""
@@ -169,11 +199,134 @@ def _sqlite_wal(path: Path) -> None:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+# ----------------------------------------------------------------- a ledger folder on a lake
+LAKE_MARKER = "LAKE.json"  # in a ledger folder whose tables are in a lake (``ledger migrate`` writes it)
+
+
+@dataclass(frozen=True)
+class LakeFolder:
+    """A ledger folder whose tables live in a lake: the catalog, the data path, the ledger's id and
+    the tables it keeps complete (as ``LEDGER.json``'s list: a table added later may be empty)."""
+
+    folder: Path
+    catalog: str
+    data_path: str
+    ledger_id: str
+    tables: tuple[str, ...]
+
+    @classmethod
+    def read(cls, folder: Path) -> LakeFolder | None:
+        """The folder's lake, or None when it holds none (then it is a ledger of part files, or nothing)."""
+        try:
+            obj = json.loads((folder / LAKE_MARKER).read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise LakeError(f"{folder / LAKE_MARKER}: unreadable ({exc})") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("catalog"), str):
+            raise LakeError(f"{folder / LAKE_MARKER}: no catalog named")
+        data = str(obj.get("data_path") or folder / "data")
+        if "://" not in data and not Path(data).is_absolute():
+            data = str(folder / data)  # relative to the folder: a copied folder reads its own files
+        catalog = obj["catalog"]
+        parsed = Catalog.parse(catalog)
+        if parsed.kind != "postgres" and not Path(parsed.target).is_absolute():
+            catalog = f"{parsed.kind}:{folder / parsed.target}"
+        tables = tuple(t for t in obj.get("tables") or TABLES if t in TABLES)
+        return cls(folder, catalog, data, str(obj.get("ledger_id") or "ledger"), tables)
+
+    def write(self) -> None:
+        """The marker, with the catalog and data path relative to the folder when they are inside it."""
+        from schemas.durable import write_durably
+
+        def inside(path: str) -> str:
+            with contextlib.suppress(ValueError):
+                return Path(path).resolve().relative_to(self.folder.resolve()).as_posix()
+            return path
+
+        parsed = Catalog.parse(self.catalog)
+        catalog = self.catalog if parsed.kind == "postgres" else f"{parsed.kind}:{inside(parsed.target)}"
+        data = self.data_path if "://" in self.data_path else inside(self.data_path)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        body: dict[str, Any] = {"format": "runledger-lake/1", "catalog": catalog, "data_path": data}
+        body |= {"ledger_id": self.ledger_id, "tables": list(self.tables)}
+        write_durably(self.folder / LAKE_MARKER, json.dumps(body, indent=2) + "\n")
+
+
+def checkpoint_snapshot(con: duckdb.DuckDBPyConnection, ledger_id: str, note: str) -> int:
+    """The snapshot a signed stream checkpoint (``ledger checkpoint``'s note) pins: the commit that
+    brought its stream to the checkpoint's size, whose Merkle head must have the checkpoint's root
+    (so a checkpoint of another history names no snapshot). ``con``: ``open_snapshot``'s, newest."""
+    from ledger.log_checkpoint import CheckpointError, parse_checkpoint
+    from ledger.merkle import CompactRange
+
+    try:
+        cp = parse_checkpoint(note.split("\n\n", 1)[0] + "\n")
+    except CheckpointError as exc:
+        raise LakeError(f"not a checkpoint: {exc}") from None
+    prefix = f"runledger/{ledger_id}/"
+    if not cp.origin.startswith(prefix):
+        raise LakeError(f"checkpoint of {cp.origin!r}: not a stream of ledger {ledger_id}")
+    stream = cp.origin[len(prefix) :]
+    rows = con.execute(
+        f"SELECT s.value, n.snapshot_id FROM {ALIAS}.{STATE} s "
+        f"JOIN {ALIAS}.snapshots() n ON n.commit_message = s.commit_id "
+        "WHERE s.key = ? ORDER BY n.snapshot_id",
+        [f"stream:{stream}"],
+    ).fetchall()
+    for value, snapshot in rows:
+        head = json.loads(value)
+        if head.get("size") != cp.size:
+            continue
+        if CompactRange.from_json(head["tree"]).root() != cp.root:
+            raise LakeError(
+                f"checkpoint {stream} at size {cp.size}: its root is not the lake's at that size "
+                "(another history)"
+            )
+        return int(snapshot)
+    raise LakeError(f"no snapshot of the lake has stream {stream} at size {cp.size}")
+
+
+def open_snapshot(
+    catalog: Catalog | str, data_path: str, snapshot: int | None = None
+) -> tuple[duckdb.DuckDBPyConnection, int]:
+    """A new connection with the lake attached read-only at one snapshot (``snapshot``, or the newest
+    now) as ``lake``, its files read under ``data_path``: every statement on it, naming
+    ``lake.<table>`` or not, sees that one moment.
+    For a process that only reads (``ledger query``); a DuckDB-file catalog must not be held by a
+    writer process meanwhile (DuckDB's file lock)."""
+    spec = Catalog.parse(catalog) if isinstance(catalog, str) else catalog
+    if spec.kind != "postgres" and not Path(spec.target).exists():
+        raise LakeError(f"no lake catalog at {spec.target}")
+    con = connect(extensions=spec.extensions)
+    try:
+        where = f"DATA_PATH {_literal(data_path)}, OVERRIDE_DATA_PATH true"
+        con.execute(f"ATTACH {_literal(spec.uri())} AS {ALIAS} (READ_ONLY, {where})")
+        row = con.execute(f"FROM {ALIAS}.current_snapshot()").fetchone()
+        newest = int(row[0]) if row else 0
+        if snapshot is None:
+            snapshot = newest
+        elif not 0 <= snapshot <= newest:
+            raise LakeError(f"snapshot {snapshot}: the lake's snapshots are 0-{newest}")
+        elif not con.execute(
+            f"SELECT 1 FROM {ALIAS}.snapshots() WHERE snapshot_id = ?", [snapshot]
+        ).fetchone():
+            raise LakeError(f"snapshot {snapshot} has expired (maintenance removed it)")
+        con.execute(f"DETACH {ALIAS}")
+        con.execute(
+            f"ATTACH {_literal(spec.uri())} AS {ALIAS} (READ_ONLY, SNAPSHOT_VERSION {int(snapshot)}, {where})"
+        )
+    except duckdb.Error as exc:
+        con.close()
+        raise LakeError(f"lake catalog {spec.target}: {str(exc).strip().splitlines()[0]}") from None
+    except BaseException:
+        con.close()
+        raise
+    return con, snapshot
 
 
 class LakeTables:
@@ -198,7 +351,9 @@ class LakeTables:
     # ----------------------------------------------------------------- connections
     def _attach_writer(self) -> duckdb.DuckDBPyConnection:
         con = connect(extensions=self.catalog.extensions)
-        options = f"DATA_PATH {_literal(self.data_path)}, DATA_INLINING_ROW_LIMIT 0"
+        # OVERRIDE_DATA_PATH: a lake folder copied or moved (its catalog names the old data path;
+        # DuckLake keeps each file's path relative to it) is read and written where it is now.
+        options = f"DATA_PATH {_literal(self.data_path)}, OVERRIDE_DATA_PATH true, DATA_INLINING_ROW_LIMIT 0"
         try:
             con.execute(f"ATTACH {_literal(self.catalog.uri())} AS {ALIAS} ({options})")
         except BaseException:
@@ -450,31 +605,30 @@ class LakeTables:
 
     def added_files(self, snapshot: int) -> list[dict[str, Any]]:
         """The data files ``snapshot`` added to the ledger's tables, with their SHA-256 (the bytes
-        DuckDB will read), sorted by table and path."""
+        DuckDB will read), sorted by table and path. One query of the catalog's own tables, which
+        answers even when maintenance has expired the snapshot meanwhile (a ``maintain(keep_s)``
+        shorter than a commit); a file merged and deleted by then has no SHA-256 (None)."""
         meta = f"__ducklake_metadata_{ALIAS}"
         rows = self.con.execute(
-            f"SELECT t.table_name, f.path, f.record_count FROM {meta}.ducklake_data_file f "
+            f"SELECT t.table_name, s.path, s.path_is_relative, t.path, t.path_is_relative, f.path, "
+            f"f.path_is_relative, f.record_count, f.file_size_bytes FROM {meta}.ducklake_data_file f "
             f"JOIN {meta}.ducklake_table t ON t.table_id = f.table_id AND t.end_snapshot IS NULL "
+            f"JOIN {meta}.ducklake_schema s ON s.schema_id = t.schema_id AND s.end_snapshot IS NULL "
             "WHERE f.begin_snapshot = ?",
             [snapshot],
         ).fetchall()
-        names = {Path(p).name: (t, n) for t, p, n in rows if t in TABLES}
+        base = self.data_path.rstrip("/") + "/"
         out: list[dict[str, Any]] = []
-        for table in sorted({t for t, _ in names.values()}):
-            listed = self.con.execute(
-                "SELECT data_file, data_file_size_bytes FROM ducklake_list_files(?, ?, snapshot_version => ?)",
-                [ALIAS, table, snapshot],
-            ).fetchall()
-            for path, size in listed:
-                if Path(path).name in names:
-                    entry = {
-                        "table": table,
-                        "path": path,
-                        "bytes": int(size),
-                        "rows": names[Path(path).name][1],
-                    }
-                    entry["sha256"] = _sha256(Path(path)) if "://" not in path else None
-                    out.append(entry)
+        for table, schema_path, schema_rel, table_path, table_rel, path, file_rel, count, size in rows:
+            if table not in TABLES:
+                continue  # the writer's own tables (positions, state, commits, fences)
+            full = base
+            for part, relative in ((schema_path, schema_rel), (table_path, table_rel), (path, file_rel)):
+                full = full + part if relative else part
+            local = Path(full)
+            entry = {"table": table, "path": full, "bytes": int(size), "rows": int(count)}
+            entry["sha256"] = _sha256(local) if "://" not in full and local.is_file() else None
+            out.append(entry)
         return sorted(out, key=lambda e: (e["table"], e["path"]))
 
     def positions(self, snapshot: int | None = None) -> dict[str, int]:
@@ -505,7 +659,8 @@ class LakeTables:
         try:
             con.execute(
                 f"ATTACH {_literal(self.catalog.uri())} AS snap "
-                f"(READ_ONLY, SNAPSHOT_VERSION {int(snapshot)}, DATA_PATH {_literal(self.data_path)})"
+                f"(READ_ONLY, SNAPSHOT_VERSION {int(snapshot)}, DATA_PATH {_literal(self.data_path)}, "
+                "OVERRIDE_DATA_PATH true)"
             )
             con.execute("USE snap")
         except BaseException:

@@ -22,7 +22,7 @@ import duckdb
 import pyarrow as pa
 
 from ledger.duck import connect
-from ledger.lake import LakeTables, Queryable, lake_schema, read_positions, read_state
+from ledger.lake import LakeFolder, LakeTables, Queryable, lake_schema, read_positions, read_state
 from ledger.parquet_schemas import TABLES, tables_of
 from ledger.store import COMMITS, Ledger
 
@@ -95,8 +95,10 @@ def _state_moved(record: dict[str, Any], before: dict[str, Any] | None) -> dict[
     return state
 
 
-def migrate(old: Path, lake: LakeTables) -> Migration:
-    """Write every commit of the ledger at ``old`` into ``lake`` (an empty one), then check."""
+def migrate(old: Path, lake: LakeTables, folder: Path | None = None) -> Migration:
+    """Write every commit of the ledger at ``old`` into ``lake`` (an empty one), then check. With
+    ``folder``: when nothing differs, it becomes the new ledger's folder (``LAKE.json``), which
+    ``Reader`` and the read commands open as they open a ledger of part files."""
     ledger = Ledger.open(old)  # LedgerError when it is none
     if lake.positions():
         raise MigrateError("the new lake already holds commits: migrate into an empty one")
@@ -134,6 +136,8 @@ def migrate(old: Path, lake: LakeTables) -> Migration:
         before = record
     result.mismatches = check(con, ledger, lake, present)
     con.close()
+    if folder is not None and not result.mismatches:
+        LakeFolder(folder, lake.catalog.spec, lake.data_path, ledger.ledger_id, tuple(names)).write()
     return result
 
 

@@ -364,11 +364,8 @@ def _columns(path: Path) -> list[str]:
 
 
 def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _manifest(root: Path, state: PublishState, live: list[str], origin: str, log_size: int) -> bytes:

@@ -30,11 +30,18 @@ from ledger.history import (
     op_text,
     value_at,
 )
+from ledger.lake import (
+    LakeError,
+    LakeFolder,
+    checkpoint_snapshot,
+    open_snapshot,
+    retry_locked,
+)
 from ledger.parquet_schemas import tables_of
 from ledger.redaction import REDACTED_PREFIX, is_redacted, read_marker
 from ledger.sql_guard import RefusedStatement, lock_connection, read_only_statement
 from ledger.store import Ledger, LedgerError, settled_merges
-from ledger.views import connect
+from ledger.views import connect, lake_views_sql
 from schemas import Envelope, decode_event
 from schemas import catalogue as c
 from schemas.config_patch import ConfigPatchError, apply_config_patch
@@ -58,20 +65,71 @@ class Result:
 
 
 class Reader:
-    """Read-only access to one ledger."""
+    """Read-only access to one ledger: a folder of part files, or a folder whose tables are in a
+    DuckLake (``LAKE.json``, written by ``ledger migrate``), read at one snapshot (``snapshot``: that
+    one, default the newest when the reader opens)."""
 
-    def __init__(self, root: str | Path) -> None:
-        self.ledger = Ledger.open(root)
+    def __init__(
+        self, root: str | Path, *, snapshot: int | None = None, at_checkpoint: str | None = None
+    ) -> None:
         self.root = Path(root)
+        self.snapshot: int | None = None  # the lake snapshot every statement sees (a lake only)
+        self._ledger: Ledger | None = None
+        try:
+            lake = LakeFolder.read(self.root)
+        except LakeError as exc:
+            raise QueryError(str(exc)) from None
+        if lake is not None:
+            self._open_lake(lake, snapshot, at_checkpoint)
+            return
+        if snapshot is not None or at_checkpoint is not None:
+            option = "--snapshot" if snapshot is not None else "--at-checkpoint"
+            raise QueryError(
+                f"{option}: {self.root} is a ledger of part files, which keeps no snapshots "
+                "(`ledger migrate` puts it on DuckLake)"
+            )
+        self._ledger = Ledger.open(root)
         self.con = connect(self.root)
         # DuckDB itself refuses to reach outside the ledger's tables, and nothing can undo that
         # (``ledger.sql_guard``); the statement check in ``_run`` is the second wall.
         lock_connection(self.con, [self.root / name for name in tables_of(self.root)])
         # Commits from this number on may be compactions a query overlaps (only the newest can be
         # unfinished when the reader opens).
-        self._watch = self.ledger.last_commit
+        self._watch = self._ledger.last_commit
         # The fold's events are read from their own small table where the ledger keeps one.
         self._state_table = "state_events" in tables_of(self.root)
+
+    def _open_lake(self, lake: LakeFolder, snapshot: int | None, at_checkpoint: str | None) -> None:
+        """Every view over the lake attached at one snapshot: no statement, and no two statements of
+        this reader, see two moments; a commit that did not finish is not there. ``at_checkpoint``:
+        a signed stream checkpoint's text, answered as of the snapshot it pins."""
+        try:
+            if at_checkpoint is not None:
+                if snapshot is not None:
+                    raise LakeError("give --snapshot or --at-checkpoint, not both")
+                newest, _ = open_snapshot(lake.catalog, lake.data_path)
+                try:
+                    snapshot = checkpoint_snapshot(newest, lake.ledger_id, at_checkpoint)
+                finally:
+                    newest.close()
+            self.con, self.snapshot = open_snapshot(lake.catalog, lake.data_path, snapshot)
+        except LakeError as exc:
+            raise QueryError(str(exc)) from None
+        self.con.execute("SET TimeZone = 'UTC'")
+        self.con.execute(lake_views_sql(lake.tables))
+        # Only the data files: the catalog is open already (its metadata is not the statements' to read).
+        lock_connection(self.con, [Path(lake.data_path)] if "://" not in lake.data_path else [])
+        self._watch = -1
+        self._state_table = "state_events" in lake.tables
+
+    @property
+    def ledger(self) -> Ledger:
+        """The ledger of part files read (a lake has no ``Ledger`` object yet: what needs one says so)."""
+        if self._ledger is None:
+            raise QueryError(
+                f"{self.root} is a ledger on DuckLake: this command reads ledgers of part files only, so far"
+            )
+        return self._ledger
 
     def sql(self, statement: str, params: Sequence[Any] | None = None) -> Result:
         """Run one read-only statement and return its rows. Writes are refused, and so are several
@@ -104,6 +162,11 @@ class Reader:
             query = read_only_statement(self.con, statement)
         except RefusedStatement as exc:
             raise QueryError(str(exc)) from None
+        if self._ledger is None:  # a lake snapshot: nothing moves under it
+            try:
+                return retry_locked(lambda: fetch(query, params))
+            except duckdb.Error as exc:
+                raise QueryError(_duckdb_error(exc)) from None
         watch, _ = settled_merges(self.root, self._watch)
         for _ in range(_MERGE_RETRIES):
             try:
@@ -117,12 +180,8 @@ class Reader:
             if not merged:
                 break
             watch = self._watch
-        if isinstance(error, duckdb.PermissionException) or "configuration has been locked" in str(error):
-            # The first wall, DuckDB's own refusal: its first line says what was refused.
-            reason = str(error).strip().splitlines()[0].split(" Error: ", 1)[-1]
-            raise QueryError(f"refused: SQL here reads only the ledger's tables ({reason})") from None
         if error is not None:
-            raise QueryError(str(error).strip()) from None
+            raise QueryError(_duckdb_error(error)) from None
         return answer
 
     def runs(self) -> Result:
@@ -439,6 +498,15 @@ class Reader:
             [run_id],
         ).records()
         return {row["attempt"]: row for row in rows}
+
+
+def _duckdb_error(error: duckdb.Error) -> str:
+    """A DuckDB error as the user reads it."""
+    if isinstance(error, duckdb.PermissionException) or "configuration has been locked" in str(error):
+        # The first wall, DuckDB's own refusal: its first line says what was refused.
+        reason = str(error).strip().splitlines()[0].split(" Error: ", 1)[-1]
+        return f"refused: SQL here reads only the ledger's tables ({reason})"
+    return str(error).strip()
 
 
 def _last_change(

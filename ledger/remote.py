@@ -369,11 +369,8 @@ def _download(source: Source, rel: str, target: Path, sha256: str) -> None:
 def _sha256(path: Path) -> str | None:
     if not path.is_file():
         return None
-    digest = hashlib.sha256()
     with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(_BLOCK_BYTES), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 @dataclass

@@ -42,6 +42,10 @@ _ACTING_FUNCTIONS = (
     "json_execute_serialized_sql",
 )
 _ACTING_CALL = re.compile(r'(?<![\w$])"?(' + "|".join(_ACTING_FUNCTIONS) + r')"?\s*\(', re.IGNORECASE)
+# The catalog extensions a ledger on DuckLake loads (sqlite_scanner, postgres_scanner, ducklake) open
+# databases with their own I/O, past allowed_directories: sqlite_scan('/any/file.db') would read any
+# SQLite file on the machine. Their functions are refused by prefix (the lake is read through its views).
+_FOREIGN_CALL = re.compile(r'(?<![\w$])"?((?:sqlite|postgres|ducklake)_\w*)"?\s*\(', re.IGNORECASE)
 
 
 class RefusedStatement(ValueError):
@@ -75,7 +79,7 @@ def read_only_statement(con: duckdb.DuckDBPyConnection, text: str) -> str:
 
     Several statements are refused (one result each would have to be dropped but the last's).
     """
-    acting = _ACTING_CALL.search(text)
+    acting = _ACTING_CALL.search(text) or _FOREIGN_CALL.search(text)
     if acting is not None:
         raise RefusedStatement(f"refused: the ledger is read-only here ({acting.group(1)}() is not allowed)")
     statements = _parse(con, text)

@@ -250,6 +250,11 @@ class Ledger:
         root = Path(root)
         marker = root / "LEDGER.json"
         if not marker.exists():
+            if (root / "LAKE.json").exists():  # ledger.lake.LAKE_MARKER: read by ledger.query.Reader
+                raise LedgerError(
+                    f"{root} is a ledger on DuckLake: so far only the read commands (query, runs, state, "
+                    "history, diff, blame) open it"
+                )
             raise LedgerError(f"no ledger at {root} (create one with `ledger ingest` or `ledger demo`)")
         ledger = cls(root)
         ledger.ledger_id = json.loads(marker.read_bytes()).get("id", "ledger")

@@ -15,6 +15,7 @@ run id): each launch is stored (admission records the second launch of an attemp
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import duckdb
@@ -133,6 +134,19 @@ def views_sql(root: Path, *, relative: bool = False) -> str:
     root = root.resolve()
     base = "\n".join(_base_view(root, name, relative=relative) for name in tables_of(root))
     from ledger.code_views import CODE_VIEWS  # GitHub ↔ run joins, over the views above
+
+    return base + "\n" + DERIVED_VIEWS + "\n" + CODE_VIEWS
+
+
+def lake_views_sql(tables: Iterable[str], alias: str = "lake") -> str:
+    """The same views over a lake attached as ``alias`` (``ledger.lake.open_snapshot``: pinned at one
+    snapshot, so every view and every statement over them sees one moment)."""
+    base = "\n".join(
+        f"CREATE OR REPLACE VIEW {'_' + name if name in _DERIVED else name} AS "
+        f'SELECT * FROM {alias}.main."{name}";'
+        for name in tables
+    )
+    from ledger.code_views import CODE_VIEWS
 
     return base + "\n" + DERIVED_VIEWS + "\n" + CODE_VIEWS
 

@@ -142,6 +142,14 @@ def _main(argv: list[str]) -> int:
         for b in range(10**9):
             lake.commit(batch(source, b * rows, rows, b), {source: (b * rows, (b + 1) * rows)}, {"b": b})
             print(b, flush=True)
+    elif command == "hold":  # a commit's transaction, its rows inserted (data files written), never
+        # committed: the test kills the process here with SIGKILL
+        source, rows = argv[3], int(argv[4])
+        lake.con.execute("BEGIN")
+        for name, table in batch(source, 10**6, rows, 99).items():
+            lake._insert(name, table)
+        print("holding", flush=True)
+        time.sleep(600)
     elif command == "race":  # the same source's batches, exactly once between racing copies
         source, batches, rows = argv[3], int(argv[4]), int(argv[5])
         started = time.monotonic()

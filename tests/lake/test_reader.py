@@ -1,0 +1,373 @@
+"""The read side on DuckLake: a ledger migrated into a lake answers every read command as the ledger
+of part files does, at one snapshot per reader (``--snapshot N``, ``--at-checkpoint FILE``), and a
+commit killed before it finished is not there."""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from ledger.lake import LakeFolder, LakeTables
+from ledger.lake_migrate import migrate
+from ledger.log_checkpoint import sign_checkpoint
+from ledger.merkle import CompactRange
+from ledger.query import QueryError, Reader
+from ledger.store import Ledger
+from schemas.note import generate_keypair
+from tests.lake.support import batch, spawn
+
+runner = CliRunner()
+SMALL = ["--steps", "200", "--rank-stats-every", "100000", "--expert-counts-every", "100000"]
+ENV = {"RUNLEDGER_PROGRESS_S": "off", "COLUMNS": "200"}
+# Every name an analyst reads: the stored tables and the derived views.
+VIEWS = [
+    "events",
+    "attempts",
+    "launches",
+    "metrics",
+    "metrics_all",
+    "metrics_recorded",
+    "moe_layer_stats",
+    "configs",
+    "config_changes",
+    "checkpoints",
+    "incidents",
+    "crashes",
+    "run_ends",
+    "annotations",
+    "github",
+    "github_all",
+    "quarantine",
+    "runs",
+    "github_pull_requests",
+    "attempt_commits",
+]
+
+
+def _cli(*args: str | Path, code: int = 0) -> tuple[str, str]:
+    result = runner.invoke(app, [str(a) for a in args], env=ENV)
+    assert result.exit_code == code, result.output
+    return result.stdout, result.stderr
+
+
+@pytest.fixture(scope="module")
+def ledgers(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[int]]:
+    """A ledger of part files (ingested in 250-event commits) and the same ledger migrated into a
+    lake with a SQLite catalog (many readers beside a writer); the lake snapshot of each commit."""
+    root = tmp_path_factory.mktemp("lake-reader")
+    _cli("simulate", "reference-535b", "--spool", root / "spool", *SMALL)
+    _cli("ingest", "spool", "--spool", root / "spool", "--ledger", root / "old", "--batch-size", "250")
+    with LakeTables(f"sqlite:{root / 'lake' / 'catalog.sqlite'}", root / "lake" / "data") as lake:
+        done = migrate(root / "old", lake, root / "lake")
+    assert not done.mismatches and done.commits >= 3
+    return root / "old", root / "lake", done.snapshots
+
+
+def _rows(reader: Reader, view: str) -> list[str]:
+    """Every row of a view, order-free: each row as JSON text, sorted."""
+    result = reader.sql(f"SELECT * FROM {view}")
+    return sorted(json.dumps(r, default=str, sort_keys=True) for r in result.records())
+
+
+def test_every_view_answers_as_the_ledger_of_part_files(ledgers: tuple[Path, Path, list[int]]) -> None:
+    old, lake, _ = ledgers
+    files, pinned = Reader(old), Reader(lake)
+    assert pinned.snapshot is not None and files.snapshot is None
+    for view in VIEWS:
+        assert _rows(pinned, view) == _rows(files, view), view
+    # config_at, the fold (events) and a run's state, through the library
+    run = files.sql("SELECT run_id FROM runs").rows[0][0]
+    assert (
+        pinned.sql("SELECT * FROM config_at(?, 150)", [run]).rows
+        == files.sql("SELECT * FROM config_at(?, 150)", [run]).rows
+    )
+    assert pinned.state(run, step=150) == files.state(run, step=150)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["runs", "-f", "csv"],
+        ["state", "latest", "--step", "120"],
+        ["history", "latest", "--all", "-f", "jsonl"],
+        ["diff", "latest", "--from-step", "20", "--to-step", "180", "-f", "json"],
+        ["blame", "latest", "moe.capacity_factor", "--step", "150"],
+        [
+            "query",
+            "SELECT name, count(*) AS n, min(value) AS lo, max(value) AS hi FROM metrics GROUP BY 1 ORDER BY 1",
+            "-f",
+            "csv",
+        ],
+    ],
+)
+def test_each_read_command_prints_the_same_on_the_lake(
+    ledgers: tuple[Path, Path, list[int]], command: list[str]
+) -> None:
+    old, lake, _ = ledgers
+    assert _cli(*command, "--ledger", lake) == _cli(*command, "--ledger", old)
+
+
+def test_snapshot_answers_as_of_each_commit(ledgers: tuple[Path, Path, list[int]]) -> None:
+    old, lake, snapshots = ledgers
+    records = [r for r in (json.loads(p.read_bytes()) for p in Ledger.open(old).commit_paths())]
+    assert len(records) == len(snapshots)
+    for record, snapshot in zip(records, snapshots, strict=True):
+        want = Reader(old).sql('SELECT count(*) FROM events WHERE "commit" <= ?', [record["commit"]]).rows
+        out, err = _cli(
+            "query", "SELECT count(*) AS n FROM events", "-f", "csv", "--ledger", lake, "--snapshot", snapshot
+        )
+        assert out == f"n\n{want[0][0]}\n"
+        assert err == f"as of lake snapshot {snapshot}\n"
+    # before the first commit: the tables exist and are empty
+    assert (
+        _cli("query", "SELECT count(*) AS n FROM metrics", "-f", "csv", "--ledger", lake, "--snapshot", 1)[0]
+        == "n\n0\n"
+    )
+
+
+def test_snapshot_out_of_range_or_on_part_files_is_one_line(ledgers: tuple[Path, Path, list[int]]) -> None:
+    old, lake, snapshots = ledgers
+    out, _ = _cli("query", "SELECT 1", "--ledger", lake, "--snapshot", snapshots[-1] + 1, code=1)
+    assert out == ""
+    result = runner.invoke(app, ["query", "SELECT 1", "--ledger", str(lake), "--snapshot", "999"], env=ENV)
+    assert result.stderr == f"error: snapshot 999: the lake's snapshots are 0-{snapshots[-1]}\n"
+    result = runner.invoke(app, ["query", "SELECT 1", "--ledger", str(old), "--snapshot", "1"], env=ENV)
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"error: --snapshot: {old} is a ledger of part files, which keeps no snapshots "
+        "(`ledger migrate` puts it on DuckLake)\n"
+    )
+    result = runner.invoke(app, ["verify", "--ledger", str(lake)], env=ENV)
+    assert result.exit_code != 0 and "is a ledger on DuckLake" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def _checkpoint(old: Path, commit: int, stream: str, key: str) -> str:
+    """A checkpoint signed of ``stream`` as ledger commit ``commit`` left it (read from the ledger of
+    part files' own commit record, apart from the lake)."""
+    ledger = Ledger.open(old)
+    head = ledger.read_commit(commit)["streams"][stream]
+    root = CompactRange.from_json(head["tree"]).root()
+    return sign_checkpoint(f"runledger/{ledger.ledger_id}/{stream}", head["size"], root, key)
+
+
+def test_at_checkpoint_answers_as_of_the_snapshot_it_pins(
+    ledgers: tuple[Path, Path, list[int]], tmp_path: Path
+) -> None:
+    old, lake, snapshots = ledgers
+    key, _ = generate_keypair("runledger")
+    stream = "moe-535b"
+    for commit, snapshot in enumerate(snapshots):
+        if stream not in Ledger.open(old).read_commit(commit)["streams"]:
+            continue
+        note = tmp_path / f"cp{commit}.txt"
+        note.write_text(_checkpoint(old, commit, stream, key))
+        size = Ledger.open(old).read_commit(commit)["streams"][stream]["size"]
+        out, err = _cli(
+            "query", "SELECT count(*) AS n FROM events WHERE stream = 'moe-535b'", "-f", "csv",
+            "--ledger", lake, "--at-checkpoint", note,
+        )  # fmt: skip
+        # the commit that brought the stream to the checkpoint's size, not a later one
+        assert err == f"as of lake snapshot {snapshot}\n"
+        assert out == f"n\n{size}\n"
+
+
+def test_a_checkpoint_of_another_history_pins_nothing(
+    ledgers: tuple[Path, Path, list[int]], tmp_path: Path
+) -> None:
+    old, lake, _ = ledgers
+    key, _ = generate_keypair("runledger")
+    good = _checkpoint(old, 1, "moe-535b", key)
+    origin, size, root, *rest = good.split("\n")
+    forged = tmp_path / "forged.txt"  # the same size, another root
+    flipped = bytearray(base64.b64decode(root))
+    flipped[0] ^= 1
+    forged.write_text("\n".join([origin, size, base64.b64encode(bytes(flipped)).decode(), *rest]))
+    result = runner.invoke(
+        app, ["query", "SELECT 1", "--ledger", str(lake), "--at-checkpoint", str(forged)], env=ENV
+    )
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"error: checkpoint moe-535b at size {size}: its root is not the lake's at that size (another history)\n"
+    )
+    other = tmp_path / "other.txt"
+    other.write_text(good.replace(origin, "runledger/someone-else/moe-535b", 1))
+    result = runner.invoke(
+        app, ["query", "SELECT 1", "--ledger", str(lake), "--at-checkpoint", str(other)], env=ENV
+    )
+    assert result.stderr.startswith(
+        "error: checkpoint of 'runledger/someone-else/moe-535b': not a stream of ledger"
+    )
+    beyond = tmp_path / "beyond.txt"
+    beyond.write_text("\n".join([origin, "999999", *good.split("\n")[2:]]))
+    result = runner.invoke(
+        app, ["query", "SELECT 1", "--ledger", str(lake), "--at-checkpoint", str(beyond)], env=ENV
+    )
+    assert result.stderr == "error: no snapshot of the lake has stream moe-535b at size 999999\n"
+    for junk in ["", "not a checkpoint\n", "\x00" * 100, "a\n-1\nAAAA\n"]:
+        bad = tmp_path / "junk.txt"
+        bad.write_text(junk)
+        result = runner.invoke(
+            app, ["query", "SELECT 1", "--ledger", str(lake), "--at-checkpoint", str(bad)], env=ENV
+        )
+        assert result.exit_code == 1 and result.stderr.startswith("error: not a checkpoint:"), junk
+
+
+def test_a_damaged_or_misplaced_lake_folder_is_one_line(tmp_path: Path) -> None:
+    folder = tmp_path / "lake"
+    folder.mkdir()
+    cases = {
+        "{": "unreadable",
+        "[]": "no catalog named",
+        json.dumps({"catalog": "sqlite:nowhere.sqlite"}): "no lake catalog at",
+        json.dumps({"catalog": "postgres:"}): "nothing after postgres:",
+    }
+    for text, words in cases.items():
+        (folder / "LAKE.json").write_text(text)
+        result = runner.invoke(app, ["runs", "--ledger", str(folder)], env=ENV)
+        assert result.exit_code == 1, text
+        assert result.stderr.startswith("error: ") and words in result.stderr, (text, result.stderr)
+        assert len(result.stderr.splitlines()) == 1
+
+
+def test_a_copied_lake_folder_reads_its_own_files(
+    ledgers: tuple[Path, Path, list[int]], tmp_path: Path
+) -> None:
+    import shutil
+
+    _, lake, _ = ledgers
+    marker = LakeFolder.read(lake)
+    assert marker is not None
+    # an embedded lake's marker names its catalog and files relative to the folder
+    assert json.loads((lake / "LAKE.json").read_text())["catalog"] == "sqlite:catalog.sqlite"
+    copy = tmp_path / "copy"
+    shutil.copytree(lake, copy)
+    assert _rows(Reader(copy), "metrics") == _rows(Reader(lake), "metrics")
+
+
+def test_sql_on_the_lake_cannot_write_or_reach_outside(ledgers: tuple[Path, Path, list[int]]) -> None:
+    _, lake, snapshots = ledgers
+    reader = Reader(lake, snapshot=snapshots[0])
+    catalog = lake / "catalog.sqlite"
+    refused = [
+        f"COPY (SELECT 1) TO '{lake / 'x.csv'}'",
+        "SELECT * FROM read_csv('/etc/passwd')",
+        f"ATTACH 'ducklake:sqlite:{catalog}' AS w",
+        "INSERT INTO lake.events SELECT * FROM lake.events",
+        "DETACH lake",
+        "SET lock_configuration = false",
+        f"SELECT * FROM sqlite_scan('{catalog}', 'ducklake_snapshot')",
+        "SELECT * FROM sqlite_scan('/etc/hostname', 'x')",
+        f"SELECT * FROM \"sqlite_query\"('{catalog}', 'SELECT 1')",
+        "SELECT * FROM ducklake_snapshots('lake')",
+        "CALL ducklake_expire_snapshots('lake', versions => [2])",
+    ]
+    for statement in refused:
+        with pytest.raises(QueryError, match="refused"):
+            reader.sql(statement)
+    assert not (lake / "x.csv").exists()
+    # naming the lake's own tables reaches the same snapshot as the views
+    assert (
+        reader.sql("SELECT count(*) FROM lake.events").rows == reader.sql("SELECT count(*) FROM events").rows
+    )
+
+
+def test_every_statement_sees_one_snapshot_while_a_writer_commits_and_maintains(
+    ledgers: tuple[Path, Path, list[int]], tmp_path: Path
+) -> None:
+    import shutil
+
+    _, lake, _ = ledgers
+    folder = tmp_path / "busy"
+    shutil.copytree(lake, folder)
+    marker = LakeFolder.read(folder)
+    assert marker is not None
+    stop = threading.Event()
+    committed: list[int] = []
+    errors: list[BaseException] = []
+
+    def write() -> None:  # another process would do; a thread shares nothing with the reader either
+        try:
+            with LakeTables(marker.catalog, marker.data_path) as writer:
+                b = 0
+                while not stop.is_set() and b < 40:
+                    writer.commit(batch("w", b * 50, 50, b), {"w": (b * 50, (b + 1) * 50)}, {})
+                    committed.append(b)
+                    if b % 10 == 9:
+                        writer.maintain(keep_s=3600)  # merges files under the readers
+                    b += 1
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    seen: set[int] = set()
+    diffs: list[int] = []
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and (thread.is_alive() or len(seen) < 2):
+            reader = Reader(folder)
+            first = reader.sql("SELECT count(*) FROM events").rows[0][0]
+            diffs.append(
+                reader.sql("SELECT (SELECT count(*) FROM events) - (SELECT count(*) FROM events)").rows[0][0]
+            )
+            joined = reader.sql(
+                "SELECT count(*) FROM metrics_recorded m JOIN events e USING (stream, stream_seq)"
+            )
+            assert joined.rows == reader.sql("SELECT count(*) FROM metrics_recorded").rows
+            time.sleep(0.02)
+            diffs.append(reader.sql("SELECT count(*) FROM events").rows[0][0] - first)
+            seen.add(first)
+    finally:
+        stop.set()
+        thread.join(timeout=120)
+    assert not errors, errors
+    assert committed and set(diffs) == {0}
+    assert len(seen) >= 2  # the readers overlapped the writer
+    final = Reader(folder).sql("SELECT count(*) FROM events WHERE stream = 'w'").rows[0][0]
+    assert final == 50 * len(committed)
+
+
+def test_a_commit_killed_before_it_finished_is_not_there(
+    ledgers: tuple[Path, Path, list[int]], tmp_path: Path
+) -> None:
+    import shutil
+
+    _, lake, _ = ledgers
+    folder = tmp_path / "killed"
+    shutil.copytree(lake, folder)
+    marker = LakeFolder.read(folder)
+    assert marker is not None
+    before = {v: _rows(Reader(folder), v) for v in ["events", "metrics"]}
+    state_before = _cli("state", "latest", "-f", "json", "--ledger", folder)[0]
+    data_files = {p for p in Path(marker.data_path).rglob("*.parquet")}
+    child = spawn("hold", marker.catalog, marker.data_path, "killed", "2000")
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        assert line == "holding\n", child.stderr.read() if child.stderr else line
+        assert {p for p in Path(marker.data_path).rglob("*.parquet")} > data_files  # written, uncommitted
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+    # nothing waits, nothing is missing, and nothing of the killed commit shows
+    started = time.monotonic()
+    reader = Reader(folder)
+    assert {v: _rows(reader, v) for v in ["events", "metrics"]} == before
+    assert reader.sql("SELECT count(*) FROM events WHERE stream = 'killed'").rows == [(0,)]
+    assert time.monotonic() - started < 5
+    assert _cli("state", "latest", "-f", "json", "--ledger", folder)[0] == state_before
+    # and the next writer commits as if nothing happened
+    with LakeTables(marker.catalog, marker.data_path) as writer:
+        assert writer.commit(batch("next", 0, 10, 0), {"next": (0, 10)}, {}).ok
+    assert Reader(folder).sql("SELECT count(*) FROM events").rows[0][0] == len(before["events"]) + 10
