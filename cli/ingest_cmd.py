@@ -68,9 +68,10 @@ def ingest_spool(
     with user_errors(ledger), progress("ingest spool", "records") as report:
         if not spool.is_dir():
             raise fail(f"no spool at {spool}")
-        stats = spool_ingester.ingest_spool(
-            Ledger.create(ledger), spool, batch_size=batch_size, on_commit=commits_counted(report)
-        )
+        with Ledger.create(ledger) as target:
+            stats = spool_ingester.ingest_spool(
+                target, spool, batch_size=batch_size, on_commit=commits_counted(report)
+            )
     console.print(
         f"ingested {plural(stats.accepted, 'event')} ({plural(stats.metric_values, 'metric value')}) in "
         f"{plural(stats.commits, 'commit')}; {plural(stats.duplicates, 'duplicate')} dropped, "

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from cli.merkle_cmd import DEFAULT_KEYS, KeyDir
-from cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, user_errors
+from cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, plural, user_errors
 
 if TYPE_CHECKING:
     from ledger.store import Ledger
@@ -35,6 +35,20 @@ def init(
     ] = None,
     actor: Annotated[
         str | None, typer.Option("--actor", help="Who set the ledger up (kept in the event).")
+    ] = None,
+    catalog: Annotated[
+        str | None,
+        typer.Option(
+            "--catalog",
+            help="Put the ledger on DuckLake with this catalog: duckdb:PATH (one process), sqlite:PATH "
+            "(one host) or postgres:DSN (many hosts). A folder on another host joins the same lake.",
+        ),
+    ] = None,
+    data: Annotated[
+        str | None,
+        typer.Option(
+            "--data", help="With --catalog: where the lake's Parquet files go (default: LEDGER/data)."
+        ),
     ] = None,
 ) -> None:
     """Create a ledger, its log key and its producer registry (before the first event).
@@ -60,7 +74,21 @@ def init(
         created_key = not key_path.exists()
         if created_key:
             write_keypair(keys, name)
-        store = existing or Ledger.create(ledger)
+        if data is not None and catalog is None:
+            raise fail("--data needs --catalog", 2)
+        if existing is not None:
+            store = existing
+        elif catalog is not None:
+            store = Ledger.create_on_lake(ledger, catalog, data)
+            if store.last_commit >= 0:  # a lake another folder set up: this one joins it as it is
+                console.print(
+                    f"joined ledger {store.ledger_id} on {catalog} from {ledger} "
+                    f"({plural(store.last_commit + 1, 'commit')} so far): nothing changed",
+                    highlight=False,
+                )
+                return
+        else:
+            store = Ledger.create(ledger)
         append_registry_event(store, PolicyChanged(unsigned_sources=allow_unsigned or [], actor=actor))
     made = "created" if existing is None else "set up"
     key_said = f"log key {key_path} (new)" if created_key else f"log key {key_path} (kept)"
@@ -77,7 +105,7 @@ def _existing(path: Path) -> Ledger | None:
     something else (a file, or a folder holding other things)."""
     from ledger.store import Ledger
 
-    if (path / "LEDGER.json").is_file():
+    if (path / "LEDGER.json").is_file() or (path / "LAKE.json").is_file():
         return Ledger.open(path)
     if path.exists() and not path.is_dir():
         raise fail(f"{path} is a file, not a ledger folder")

@@ -473,7 +473,9 @@ def views(ledger: LedgerOption = DEFAULT_LEDGER) -> None:
     from ledger.views import write_views_file
 
     with user_errors(ledger):
-        path = write_views_file(Ledger.open(ledger).root)
+        opened = Ledger.open(ledger)
+        opened.require_part_files("`ledger views`")
+        path = write_views_file(opened.root)
     console.print(f"wrote {path}")
 
 

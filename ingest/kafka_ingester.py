@@ -198,6 +198,10 @@ class _GroupIngester(Ingester):
         # A fresh read-only handle: on the instance that commits, positions() also folds other
         # writers' event ids in, which fails while one of them is between its commit point and its
         # renames (see the note in docs/kafka_bus.md); reading the newest commit record is enough here.
+        # On DuckLake: the lake's positions, committed by whichever host (a partition that moved here
+        # from a failed ingester resumes where that one's last commit left it).
+        if self.ledger.lake is not None:
+            return self.ledger.lake.positions()
         return Ledger.open(self.ledger.root).positions()
 
     def seek_from_ledger(self, partitions: Sequence[TopicPartition]) -> None:
@@ -497,3 +501,4 @@ def run_ingester(
         return ingester.run()
     finally:
         ingester.close()
+        ledger.close()

@@ -299,6 +299,7 @@ def verify_ledger(
     event for the log's leaves and ids, plus DuckDB's limit) whatever the ledger's size.
     ``progress(rows checked, events recorded)`` is called after each batch of event rows."""
     ledger = Ledger.open(root)
+    ledger.require_part_files("`ledger verify`")
     report = Report()
     log_keys = LogKeys.of(ledger, public_key)
     recorded = recorded_streams(ledger, report)

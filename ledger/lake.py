@@ -23,6 +23,7 @@ stay in ``ledger.store``):
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -32,7 +33,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -40,7 +41,7 @@ import duckdb
 import pyarrow as pa
 
 from ledger.duck import connect
-from ledger.parquet_schemas import TABLES
+from ledger.parquet_schemas import SIDE_TABLES, TABLES, Table
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +68,17 @@ POSITIONS = "ledger_positions"
 STATE = "ledger_state"
 COMMITS = "ledger_commits"
 FENCE_PREFIX = "ledger_fence_"
+# The fence of the ledger's commit numbers (a pseudo-source): every ledger commit moves it from its
+# number to the next, so writers on any host commit one after another, each on the one before.
+COMMIT_FENCE = "ledger/commit"
+ID_FENCE = "ledger/id"  # moved once, by the commit that names the ledger the lake holds
+ID_KEY = "ledger_id"  # the state key of that name
+_PSEUDO_SOURCES = "ledger/%"  # fences of the ledger's own, not sources: read_positions leaves them out
 # SQLite catalog: "database is locked" under concurrency (duckdb/ducklake#128). Bounded retries.
 LOCKED_RETRIES = 60
 LOCKED_BACKOFF_S = (0.01, 0.5)  # first and largest sleep; doubled each try, with jitter
-CONFLICT_RETRIES = 20  # an engine conflict that is not a fence (a concurrent maintain()): redo
+CONFLICT_RETRIES = 20
+MAINTAIN_WAIT_S = 30.0  # a SQLite catalog's maintenance waits this long for a gap between statements  # an engine conflict that is not a fence (a concurrent maintain()): redo
 
 T = TypeVar("T")
 
@@ -145,10 +153,14 @@ class _Stale(Exception):
         self.stored = stored
 
 
+def _spec(name: str) -> Table:
+    return TABLES[name] if name in TABLES else SIDE_TABLES[name]
+
+
 def lake_schema(name: str) -> pa.Schema:
     """A ledger table's columns in the lake: its file columns, then its hive partition column (as a
     hive-partitioned glob reader sees them today)."""
-    spec = TABLES[name]
+    spec = _spec(name)
     if spec.partition in spec.schema.names:
         return spec.schema
     return spec.schema.append(pa.field(spec.partition, pa.string()))
@@ -173,6 +185,47 @@ def _is_locked(exc: BaseException) -> bool:
 
 def _is_conflict(exc: BaseException) -> bool:
     return "conflict" in str(exc).lower()
+
+
+class MaintenanceLock:
+    """On a SQLite catalog, statements and ``maintain()`` take turns (a no-op on other catalogs).
+
+    DuckLake 1.5.5 on SQLite: a statement read while ``ducklake_merge_adjacent_files`` runs beside it
+    sometimes answers as if the table were empty (count 0 in about 1 of 30 pinned readers here, no
+    error raised); on PostgreSQL the same test never did. A SQLite catalog is on one host, so a file
+    lock beside it lets every statement hold it shared and maintenance exclusive."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.path = Path(catalog.target + ".maintain.lock") if catalog.kind == "sqlite" else None
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        if self.path is None:
+            yield
+            return
+        with open(self.path, "a+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_SH)
+            yield
+
+    @contextlib.contextmanager
+    def exclusive(self, wait_s: float = MAINTAIN_WAIT_S) -> Iterator[bool]:
+        """Yields whether it was taken within ``wait_s`` (statements are short: between them)."""
+        if self.path is None:
+            yield True
+            return
+        with open(self.path, "a+b") as handle:
+            deadline = time.monotonic() + wait_s
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        yield False
+                        return
+                    time.sleep(0.02)
+                    continue
+                yield True
+                return
 
 
 def retry_locked(attempt: Callable[[], T]) -> T:
@@ -337,6 +390,7 @@ class LakeTables:
         # A folder today; an s3:// URL later (kept a string so nothing assumes a local path).
         self.data_path = str(data_path)
         self.retries = 0  # every "database is locked" and engine conflict retried, over the instance
+        self.maintenance = MaintenanceLock(self.catalog)
         self._fences: set[str] = set()  # sources whose fence table is known to exist
         if self.catalog.kind != "postgres":
             Path(self.catalog.target).parent.mkdir(parents=True, exist_ok=True)
@@ -410,7 +464,7 @@ class LakeTables:
         """Every ledger table and the writer-state tables, once (racing creators: one wins, the
         other's conflict is retried and then finds them)."""
         existing = self._existing()
-        wanted = [n for n in [*TABLES, POSITIONS, STATE, COMMITS] if n not in existing]
+        wanted = [n for n in [*TABLES, *SIDE_TABLES, POSITIONS, STATE, COMMITS] if n not in existing]
         if not wanted:
             return
         self.con.execute("BEGIN")
@@ -430,7 +484,7 @@ class LakeTables:
             POSITIONS: "source VARCHAR, next_position BIGINT, commit_id VARCHAR",
             STATE: "key VARCHAR, value VARCHAR, commit_id VARCHAR",
             COMMITS: "commit_id VARCHAR, writer VARCHAR, time TIMESTAMPTZ, positions VARCHAR, "
-            "rows BIGINT, info VARCHAR",
+            "rows BIGINT, info VARCHAR, ledger_commit BIGINT",
         }.get(name)
         if columns is not None:
             self.con.execute(f"CREATE TABLE {ALIAS}.{_quote(name)} ({columns})")
@@ -441,7 +495,7 @@ class LakeTables:
             self.con.execute(f"CREATE TABLE {ALIAS}.{_quote(name)} AS SELECT * FROM _lake_empty LIMIT 0")
         finally:
             self.con.unregister("_lake_empty")
-        partition = TABLES[name].partition
+        partition = _spec(name).partition
         self.con.execute(f"ALTER TABLE {ALIAS}.{_quote(name)} SET PARTITIONED BY ({_quote(partition)})")
 
     # ----------------------------------------------------------------- commit
@@ -453,18 +507,20 @@ class LakeTables:
         *,
         writer: str = "",
         info: Mapping[str, Any] | None = None,
+        number: int | None = None,
     ) -> LakeCommit:
         """Commit every table's rows, the positions (source -> (expected next, new next)) and the
         state (key -> JSON value) as one snapshot. If a source's stored next position is not the
-        expected one (another writer got there first), nothing lands: ``stale`` names them."""
+        expected one (another writer got there first), nothing lands: ``stale`` names them.
+        ``number``: the ledger's commit number, kept with ``info`` (``records_after`` reads them)."""
         for name in tables:
-            if name not in TABLES:
+            if name not in TABLES and name not in SIDE_TABLES:
                 raise LakeError(f"unknown table {name!r}")
         commit_id = uuid.uuid4().hex
         before = self.retries
         try:
             snapshot = self._retry(
-                lambda: self._commit_once(commit_id, tables, positions, state, writer, info or {}),
+                lambda: self._commit_once(commit_id, tables, positions, state, writer, info or {}, number),
                 on_conflict=True,
             )
         except _Stale as stale:
@@ -493,10 +549,11 @@ class LakeTables:
         state: Mapping[str, Any],
         writer: str,
         info: Mapping[str, Any],
+        number: int | None,
     ) -> int | None:
         self.con.execute("BEGIN")
         try:
-            return self._in_transaction(commit_id, tables, positions, state, writer, info)
+            return self._in_transaction(commit_id, tables, positions, state, writer, info, number)
         except BaseException:
             self._rollback()  # a failed statement leaves the transaction open: never the next commit's
             raise
@@ -509,6 +566,7 @@ class LakeTables:
         state: Mapping[str, Any],
         writer: str,
         info: Mapping[str, Any],
+        number: int | None,
     ) -> int | None:
         con = self.con
         self._fence(positions)
@@ -532,7 +590,7 @@ class LakeTables:
             )
         moved = {s: new for s, (_, new) in positions.items()}
         con.execute(
-            f"INSERT INTO {ALIAS}.{COMMITS} VALUES (?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO {ALIAS}.{COMMITS} VALUES (?, ?, ?, ?, ?, ?, ?)",
             [
                 commit_id,
                 writer,
@@ -540,6 +598,7 @@ class LakeTables:
                 json.dumps(moved, sort_keys=True),
                 rows,
                 json.dumps(dict(info)),
+                number,
             ],
         )
         con.execute(f"CALL {ALIAS}.set_commit_message(?, ?)", [writer, commit_id])
@@ -620,7 +679,7 @@ class LakeTables:
         base = self.data_path.rstrip("/") + "/"
         out: list[dict[str, Any]] = []
         for table, schema_path, schema_rel, table_path, table_rel, path, file_rel, count, size in rows:
-            if table not in TABLES:
+            if table not in TABLES and table not in SIDE_TABLES:
                 continue  # the writer's own tables (positions, state, commits, fences)
             full = base
             for part, relative in ((schema_path, schema_rel), (table_path, table_rel), (path, file_rel)):
@@ -630,6 +689,22 @@ class LakeTables:
             entry["sha256"] = _sha256(local) if "://" not in full and local.is_file() else None
             out.append(entry)
         return sorted(out, key=lambda e: (e["table"], e["path"]))
+
+    def records_after(self, number: int) -> list[tuple[dict[str, Any], str, int]]:
+        """The ledger commits numbered above ``number`` as (info, commit id, snapshot), in order:
+        what a writer on another host (or one killed after its commit) has not seen yet."""
+
+        def ask() -> list[tuple[dict[str, Any], str, int]]:
+            with contextlib.closing(self.con.cursor()) as cur:
+                rows = cur.execute(
+                    f"SELECT c.info, c.commit_id, n.snapshot_id FROM {ALIAS}.{COMMITS} c "
+                    f"JOIN {ALIAS}.snapshots() n ON n.commit_message = c.commit_id "
+                    "WHERE c.ledger_commit > ? ORDER BY c.ledger_commit",
+                    [number],
+                ).fetchall()
+            return [(json.loads(info), cid, int(snap)) for info, cid, snap in rows]
+
+        return self._retry(ask)
 
     def positions(self, snapshot: int | None = None) -> dict[str, int]:
         with self.reader(snapshot) as con:
@@ -687,7 +762,14 @@ class LakeTables:
         than ``keep_s`` and delete the files no remaining snapshot needs. A reader pinned at a
         snapshot younger than ``keep_s`` answers the same during and after it. Runs on its own
         cursor, so a commit may run beside it in another thread."""
-        older = f"now() - to_seconds({float(keep_s)})"
+        older = _cleanup_cutoff(self.catalog.kind, keep_s)
+        with self.maintenance.exclusive() as mine:
+            if not mine:
+                log.warning("lake maintenance skipped: statements never paused for %.0f s", MAINTAIN_WAIT_S)
+                return {"files_before": 0, "files_after": 0, "snapshots_expired": 0, "files_deleted": 0}
+            return self._maintain(older, keep_s)
+
+    def _maintain(self, older: str, keep_s: float) -> dict[str, int]:
         with contextlib.closing(self.con.cursor()) as cur:
             before = _file_count(cur)
 
@@ -720,7 +802,8 @@ class LakeReader:
         self._lake = lake
 
     def execute(self, sql: str, params: object = None) -> duckdb.DuckDBPyConnection:
-        return self._lake._retry(lambda: self.con.execute(sql, params), con=self.con)
+        with self._lake.maintenance.shared():
+            return self._lake._retry(lambda: self.con.execute(sql, params), con=self.con)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.con, name)
@@ -744,6 +827,21 @@ def _expire(con: duckdb.DuckDBPyConnection, keep_s: float) -> int:
     return len(con.execute(f"CALL ducklake_expire_snapshots('{ALIAS}', versions => [{versions}])").fetchall())
 
 
+def _cleanup_cutoff(kind: CatalogKind, keep_s: float) -> str:
+    """``older_than`` for ``ducklake_cleanup_old_files``: files scheduled for deletion before it go.
+
+    On a SQLite catalog DuckLake 1.5.5 compares the stored schedule times as text
+    ('2026-12-02 14:37:18+00') with the parameter's ISO text ('2026-12-02T13:37:24'), so every file
+    scheduled on the parameter's date or before goes, however recent: measured here, a cleanup with
+    ``now() - 1 hour`` deleted files scheduled a second before, and pinned readers then counted 0 rows
+    in them. There the cutoff is the day before the true one: nothing younger than ``keep_s`` goes,
+    and a file goes at most a day late."""
+    cutoff = datetime.now(UTC) - timedelta(seconds=keep_s)
+    if kind == "sqlite":
+        cutoff = cutoff.replace(hour=12, minute=0, second=0, microsecond=0) - timedelta(days=1)
+    return f"TIMESTAMPTZ '{cutoff.strftime('%Y-%m-%d %H:%M:%S.%f')}+00'"
+
+
 def _file_count(con: duckdb.DuckDBPyConnection) -> int:
     """Data files in the newest snapshot (every table, the writer's own included)."""
     row = con.execute(
@@ -755,7 +853,9 @@ def _file_count(con: duckdb.DuckDBPyConnection) -> int:
 def read_positions(con: Queryable) -> dict[str, int]:
     """Each source's next position in a pinned reader (positions only move forward)."""
     rows = con.execute(
-        f"SELECT source, max(next_position) FROM {POSITIONS} GROUP BY source ORDER BY source"
+        f"SELECT source, max(next_position) FROM {POSITIONS} WHERE source NOT LIKE ? "
+        "GROUP BY source ORDER BY source",
+        [_PSEUDO_SOURCES],
     ).fetchall()
     return {s: int(n) for s, n in rows}
 

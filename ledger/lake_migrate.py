@@ -22,8 +22,18 @@ import duckdb
 import pyarrow as pa
 
 from ledger.duck import connect
-from ledger.lake import LakeFolder, LakeTables, Queryable, lake_schema, read_positions, read_state
-from ledger.parquet_schemas import TABLES, tables_of
+from ledger.lake import (
+    COMMIT_FENCE,
+    ID_FENCE,
+    ID_KEY,
+    LakeFolder,
+    LakeTables,
+    Queryable,
+    lake_schema,
+    read_positions,
+    read_state,
+)
+from ledger.parquet_schemas import SALTS, tables_of
 from ledger.store import COMMITS, Ledger
 
 __all__ = ["MigrateError", "Migration", "migrate", "table_digests"]
@@ -67,7 +77,7 @@ def _old_view(con: duckdb.DuckDBPyConnection, root: Path, name: str) -> bool:
 
 def _tagged(con: duckdb.DuckDBPyConnection, name: str) -> None:
     """``tag_<name>``: its rows with the ledger commit each came from."""
-    if "commit" in TABLES[name].schema.names:
+    if "commit" in lake_schema(name).names:
         select = f'SELECT *, "commit" AS {TAG} FROM "old_{name}"'
     else:
         select = (
@@ -104,36 +114,44 @@ def migrate(old: Path, lake: LakeTables, folder: Path | None = None) -> Migratio
         raise MigrateError("the new lake already holds commits: migrate into an empty one")
     names = tables_of(old)
     con = connect()
-    present = [n for n in names if _old_view(con, old, n)]
+    present = [n for n in [*names, SALTS.name] if _old_view(con, old, n)]
     if "events" not in present:
         raise MigrateError(f"{old}: no events files")
     for name in present:
         _tagged(con, name)
     result = Migration()
+    named = lake.commit({}, {ID_FENCE: (0, 1)}, {ID_KEY: ledger.ledger_id}, writer="migrate")
+    if not named.ok:
+        raise MigrateError("the new lake already names a ledger: migrate into an empty one")
     before: dict[str, Any] | None = None
     for record in _records(old):
-        if record.get("writer") == "compact" or record.get("removed"):
-            result.skipped += 1
-            before = record
-            continue
-        tables = {n: _rows_of(con, n, record["commit"]) for n in present}
+        number = record["commit"]
+        # A compaction moved no row: its lake commit holds only the record (the numbers stay dense,
+        # so a writer opening the lake follows every record).
+        compaction = record.get("writer") == "compact" or bool(record.get("removed"))
+        tables = {} if compaction else {n: _rows_of(con, n, number) for n in present}
         tables = {n: t for n, t in tables.items() if t.num_rows}
         prior = (before or {}).get("positions", {})
         moved = {s: (prior.get(s, 0), p) for s, p in record["positions"].items() if prior.get(s, 0) != p}
+        moved[COMMIT_FENCE] = (number, number + 1)
         done = lake.commit(
             tables,
             moved,
             _state_moved(record, before),
             writer=record.get("writer", ""),
-            info={"ledger_commit": record["commit"], "time": record.get("time")},
+            info={"ledger_commit": number, "time": record.get("time"), "record": record},
+            number=number,
         )
         if not done.ok:
-            raise MigrateError(f"commit {record['commit']}: the lake refused it (stale {done.stale})")
+            raise MigrateError(f"commit {number}: the lake refused it (stale {done.stale})")
+        before = record
+        if compaction:
+            result.skipped += 1
+            continue
         result.commits += 1
         result.rows += done.rows
         assert done.snapshot is not None
         result.snapshots.append(done.snapshot)
-        before = record
     result.mismatches = check(con, ledger, lake, present)
     con.close()
     if folder is not None and not result.mismatches:

@@ -273,6 +273,20 @@ TABLES: dict[str, Table] = {
 # it: in an older ledger the table would hold only what was committed since the upgrade.
 ADDED_TABLES = frozenset({"state_events"})
 
+# Each accepted event's random salt, beside the event: its public log entry commits to
+# SHA-256(salt ‖ canonical bytes), so a low-entropy payload cannot be found from the published digest;
+# ``ledger redact`` erases the salt with the payload. Events stored before salts are "unsalted".
+SALTS = Table(
+    "salts",
+    "stream_type",
+    pa.schema(
+        [("stream", pa.string()), ("stream_seq", pa.int64()), ("commit", pa.int64()), ("salt", pa.binary())]
+    ),
+    "Each event's random salt: its public log entry carries SHA-256(salt ‖ canonical bytes).",
+)
+# Tables the ledger's commits write besides TABLES' (compacted with them; not among the SQL views).
+SIDE_TABLES: dict[str, Table] = {SALTS.name: SALTS}
+
 
 def tables_of(root: Path) -> list[str]:
     """The tables the ledger at ``root`` keeps complete: all of TABLES but those it was created without."""

@@ -645,6 +645,7 @@ def publish(root: str | Path, dest: str | Path | Dest, private_key: str) -> Publ
     only what is new, safe to kill."""
     root = Path(root)
     ledger = Ledger.open(root)
+    ledger.require_part_files("`ledger publish`")
     signer = parse_private_key(private_key)
     origin = log_origin(ledger.ledger_id)
     dest = open_dest(dest)  # DestError (one line) for a file, a bad URL, a missing bucket, bad credentials

@@ -31,8 +31,10 @@ from ledger.history import (
     value_at,
 )
 from ledger.lake import (
+    Catalog,
     LakeError,
     LakeFolder,
+    MaintenanceLock,
     checkpoint_snapshot,
     open_snapshot,
     retry_locked,
@@ -121,6 +123,7 @@ class Reader:
         lock_connection(self.con, [Path(lake.data_path)] if "://" not in lake.data_path else [])
         self._watch = -1
         self._state_table = "state_events" in lake.tables
+        self._maintenance = MaintenanceLock(Catalog.parse(lake.catalog))
 
     @property
     def ledger(self) -> Ledger:
@@ -164,7 +167,8 @@ class Reader:
             raise QueryError(str(exc)) from None
         if self._ledger is None:  # a lake snapshot: nothing moves under it
             try:
-                return retry_locked(lambda: fetch(query, params))
+                with self._maintenance.shared():
+                    return retry_locked(lambda: fetch(query, params))
             except duckdb.Error as exc:
                 raise QueryError(_duckdb_error(exc)) from None
         watch, _ = settled_merges(self.root, self._watch)

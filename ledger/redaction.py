@@ -155,6 +155,7 @@ def redact(
         raise LedgerError(f"--reason is {len(reason)} characters; at most {MAX_REASON_CHARS}")
     sealer = Sealer(private_key, chain=False) if private_key else None
     ledger = Ledger.open(root)
+    ledger.require_part_files("`ledger redact`")
     made: dict[str, Any] = {}
 
     def prepare(locked: Ledger) -> tuple[Sequence[SourceRecord], Rewrite]:

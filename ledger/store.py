@@ -47,14 +47,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from ledger.admission import ADMISSION_REASONS, AdmissionRound, AdmissionState, admission_round
 from ledger.compaction import merge_parts, tail_to_merge
+from ledger.lake import COMMIT_FENCE, ID_FENCE, ID_KEY, LAKE_MARKER, LakeError, LakeFolder, LakeTables
 from ledger.merkle import CompactRange, leaf_hash
-from ledger.parquet_schemas import TABLES, Table
+from ledger.parquet_schemas import SALTS, SIDE_TABLES, TABLES, Table
 from ledger.projectors import FoldState, RowBuffer, rows_for_event
 from ledger.seen_index import SeenIndex, record_digest, record_key, seen_key
 from schemas.codec import (
@@ -102,25 +104,14 @@ QUARANTINE_REASONS = (
     STREAM_RUN_MISMATCH,
     *ADMISSION_REASONS,
 )
-# Each accepted event's random salt, beside the event: its public log entry commits to
-# SHA-256(salt ‖ canonical bytes), so a low-entropy payload cannot be found from the published digest;
-# ``ledger redact`` erases the salt with the payload. Events stored before salts are "unsalted".
 SALT_BYTES = 16
-SALTS = Table(
-    "salts",
-    "stream_type",
-    pa.schema(
-        [("stream", pa.string()), ("stream_seq", pa.int64()), ("commit", pa.int64()), ("salt", pa.binary())]
-    ),
-    "Each event's random salt: its public log entry carries SHA-256(salt ‖ canonical bytes).",
-)
-# Part files the ledger's commits write besides TABLES' (compacted with them; a store of their own).
-SIDE_TABLES: dict[str, Table] = {SALTS.name: SALTS}
 # Writers whose commit records replace files (old ones removed before the new appear): a glob
 # reader that overlapped one runs its query again (``settled_merges``).
 REPLACING_WRITERS = ("compact", "redact")
 LEDGER_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # it is part of every checkpoint's origin line
 COMMITS = "_commits"
+MAINTAIN_EVERY_COMMITS = 50  # a ledger on DuckLake: the lake's merge/expire/clean-up this often
+LAKE_KEEP_S = 3600.0  # ... keeping an hour of snapshots for --snapshot and pinned readers
 
 
 class LedgerError(Exception):
@@ -221,6 +212,11 @@ class Ledger:
         # Merge each partition's newest small files after a commit (ledger.compaction): on for every
         # writer; a test that needs one file per commit turns it off.
         self.auto_compact = True
+        # A ledger on DuckLake (LAKE.json): its tables, positions and commit records are the lake's;
+        # the folder keeps a copy of the records (``_sync_records``) and the dedupe index.
+        self.lake: LakeTables | None = None
+        self.lake_folder: LakeFolder | None = None
+        self.maintain_every = MAINTAIN_EVERY_COMMITS
 
     # ----------------------------------------------------------------- opening
     @classmethod
@@ -231,6 +227,11 @@ class Ledger:
         root = Path(root)
         if ledger_id is not None and not LEDGER_ID.fullmatch(ledger_id):
             raise LedgerError(f"ledger id {ledger_id!r} must be 1-64 of A-Z a-z 0-9 . _ -")
+        if (root / LAKE_MARKER).exists():  # a ledger on DuckLake, made by create_on_lake or migrate
+            ledger = cls.open(root)
+            if ledger_id is not None and ledger.ledger_id != ledger_id:
+                raise LedgerError(f"{root} is ledger {ledger.ledger_id}, not {ledger_id}")
+            return ledger
         root.mkdir(parents=True, exist_ok=True)
         marker = root / "LEDGER.json"
         if not marker.exists():
@@ -246,20 +247,106 @@ class Ledger:
         return ledger
 
     @classmethod
+    def create_on_lake(
+        cls, root: str | Path, catalog: str, data_path: str | Path | None = None, ledger_id: str | None = None
+    ) -> Ledger:
+        """A new ledger whose tables are in a DuckLake (``catalog``: duckdb:PATH, sqlite:PATH or
+        postgres:DSN; data files under ``data_path``, default ROOT/data), or the one already there.
+        Writers on other hosts open the same lake from folders of their own (the same catalog, data
+        path and ledger id)."""
+        root = Path(root)
+        if ledger_id is not None and not LEDGER_ID.fullmatch(ledger_id):
+            raise LedgerError(f"ledger id {ledger_id!r} must be 1-64 of A-Z a-z 0-9 . _ -")
+        if (root / "LEDGER.json").exists():
+            raise LedgerError(f"{root} is a ledger of part files (`ledger migrate` puts it on DuckLake)")
+        if not (root / LAKE_MARKER).exists():
+            root.mkdir(parents=True, exist_ok=True)
+            data = str(data_path if data_path is not None else root / "data")
+            try:
+                with LakeTables(catalog, data) as lake:
+                    known = lake.state().get(ID_KEY)
+                    if known is None:  # a new lake: name its ledger (one creator wins a race)
+                        chosen = ledger_id or uuid.uuid4().hex[:16]
+                        named = lake.commit({}, {ID_FENCE: (0, 1)}, {ID_KEY: chosen}, writer="create")
+                        known = chosen if named.ok else lake.state().get(ID_KEY)
+            except (LakeError, duckdb.Error) as exc:
+                raise LedgerError(f"lake {catalog}: {str(exc).strip().splitlines()[0]}") from None
+            if ledger_id is not None and known != ledger_id:
+                raise LedgerError(f"the lake at {catalog} is ledger {known}, not {ledger_id}")
+            LakeFolder(root, catalog, data, str(known), tuple(TABLES)).write()
+        ledger = cls.open(root)
+        if ledger_id is not None and ledger.ledger_id != ledger_id:
+            raise LedgerError(f"{root} is ledger {ledger.ledger_id}, not {ledger_id}")
+        return ledger
+
+    @classmethod
     def open(cls, root: str | Path) -> Ledger:
         root = Path(root)
         marker = root / "LEDGER.json"
+        if not marker.exists() and (root / LAKE_MARKER).exists():
+            return cls._open_lake(root)
         if not marker.exists():
-            if (root / "LAKE.json").exists():  # ledger.lake.LAKE_MARKER: read by ledger.query.Reader
-                raise LedgerError(
-                    f"{root} is a ledger on DuckLake: so far only the read commands (query, runs, state, "
-                    "history, diff, blame) open it"
-                )
             raise LedgerError(f"no ledger at {root} (create one with `ledger ingest` or `ledger demo`)")
         ledger = cls(root)
         ledger.ledger_id = json.loads(marker.read_bytes()).get("id", "ledger")
         ledger._load_head()
         return ledger
+
+    @classmethod
+    def _open_lake(cls, root: Path) -> Ledger:
+        try:
+            folder = LakeFolder.read(root)
+            assert folder is not None
+            lake = LakeTables(folder.catalog, folder.data_path)
+        except (LakeError, duckdb.Error) as exc:
+            raise LedgerError(f"{root}: {str(exc).strip().splitlines()[0]}") from None
+        (root / COMMITS).mkdir(exist_ok=True)
+        ledger = cls(root)
+        ledger.lake, ledger.lake_folder, ledger.ledger_id = lake, folder, folder.ledger_id
+        ledger.auto_compact = False  # the lake compacts itself (``maintain``, every maintain_every commits)
+        with open(root / ".writer.lock", "a+b") as handle:  # beside a writer in this folder: its records
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            ledger._sync_records()
+        ledger._load_head()
+        return ledger
+
+    def close(self) -> None:
+        """Let go of the lake's catalog (a DuckDB-file catalog belongs to one process at a time)."""
+        if self.lake is not None:
+            self.lake.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def require_part_files(self, what: str) -> None:
+        """LedgerError when this ledger is on DuckLake and ``what`` reads part files only, so far."""
+        if self.lake is not None:
+            raise LedgerError(
+                f"{self.root} is a ledger on DuckLake: {what} reads ledgers of part files only, so far"
+            )
+
+    def _sync_records(self) -> int:
+        """Copy into the folder the commit records of lake commits it lacks (another host's, or this
+        one's when it was killed after its commit point), each with its snapshot and data files.
+        Records are written in order and never change, so the folder is always a prefix of the lake."""
+        assert self.lake is not None
+        paths = self.commit_paths()
+        newest = int(paths[-1].stem) if paths else -1
+        copied = 0
+        for info, commit_id, snapshot in self.lake.records_after(newest):
+            record = info.get("record")
+            if not isinstance(record, dict) or record.get("commit") != newest + 1:
+                raise LedgerError(
+                    f"lake commit {commit_id} is not ledger commit {newest + 1}: the lake's records have a gap"
+                )
+            record = record | _lake_named(commit_id, snapshot, self.lake.added_files(snapshot))
+            write_durably(self.root / COMMITS / f"{newest + 1:010d}.json", json.dumps(record))
+            newest += 1
+            copied += 1
+        return copied
 
     # ----------------------------------------------------------------- state
     def commit_paths(self) -> list[Path]:
@@ -315,6 +402,14 @@ class Ledger:
 
     def _load_config(self, run_id: str, attempt: int) -> dict[str, Any] | None:
         """The latest config of an attempt already in the ledger (for a change that follows it)."""
+        if self.lake is not None:
+            with self.lake.reader() as con:
+                attempt_is = "(attempt = ? OR attempt IS NULL)" if attempt == 1 else "attempt = ?"
+                row = con.execute(
+                    f"SELECT config FROM configs WHERE run_id = ? AND {attempt_is} ORDER BY stream_seq DESC LIMIT 1",
+                    [run_id, attempt],
+                ).fetchone()
+            return json.loads(row[0]) if row else None
         directory = self.root / "configs" / f"run_id={run_id}"
         # Only committed files: never the *.parquet.tmp a dead writer left behind.
         files = sorted(str(p) for p in directory.glob("*.parquet")) if directory.exists() else []
@@ -337,8 +432,12 @@ class Ledger:
         with open(self.root / ".writer.lock", "a+b") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
-                paths = self.commit_paths()  # recovery renames part files, never commit records
-                self._recover(paths)
+                if self.lake is not None:
+                    self._sync_records()  # what other hosts committed meanwhile
+                    paths = self.commit_paths()
+                else:
+                    paths = self.commit_paths()  # recovery renames part files, never commit records
+                    self._recover(paths)
                 self._catch_up(paths)
                 yield
             finally:
@@ -394,7 +493,14 @@ class Ledger:
                     result = self._commit_locked(records, writer, max_event_bytes, check)
                     if result.commit is not None and self.auto_compact:
                         self._compact_tails(result.files)
+                    if result.commit is not None and self.lake is not None:
+                        self._maintain_lake(result.commit)
                     return result
+                except _LakeMoved:
+                    # Another writer committed first: take its commits and redo this one on them
+                    # (what it covered is skipped as a replay is).
+                    self._sync_records()
+                    self._catch_up(self.commit_paths())
                 except _UnencodableBatch as exc:
                     # Again, converting on their own the rows of the groups that failed; and if
                     # that is not enough, every event's rows. The last round raises what it meets.
@@ -418,7 +524,7 @@ class Ledger:
         admission = admission_round(self, positions)  # producer identity and order: ledger.admission
         asked, known = _stored_leaves(self._index, records, max_event_bytes)
         work = _CommitWork(number, streams, admission, _Staging(self._fold), check, asked, known)
-        result, buf, appended, added = work.result, work.buf, work.appended, work.added
+        result, buf, appended = work.result, work.buf, work.appended
         try:
             for record in _with_incidents(records, admission):  # the records, and the incidents they cause
                 if record.position < positions.get(record.source, 0):
@@ -445,23 +551,16 @@ class Ledger:
                     raise
                 raise _UnencodableBatch(f"{type(exc).__name__}: {exc}", _failing_groups(buf)) from exc
             tables += _salt_tables(work.salts, number)
+            if self.lake is not None:
+                if rewrite is not None:
+                    raise LedgerError(f"{self.root} is a ledger on DuckLake: {writer} is not there yet")
+                return self._commit_to_lake(records, writer, tables, positions, streams, admission, work)
             files = self._write_files(tables, number)
             removed: list[str] = []
             if rewrite is not None:  # files replaced in the same commit (``ledger redact``)
                 replacing, removed = rewrite(number)
                 files += replacing
-            record_json = {
-                "commit": number,
-                "time": now.isoformat(),
-                "writer": writer,
-                "covers": _covered(records, self._positions),
-                "positions": positions,
-                "files": files,
-                **_appended_record(streams, added, result),
-                # Registry, policy and each source's chain head after this commit: stored at the same
-                # commit point as the events that moved them (ledger.admission.load_state reads it).
-                "admission": admission.state.to_json(),
-            }
+            record_json = self._record(number, now, writer, records, positions, files, work)
             if removed:
                 record_json["removed"] = removed
             record_text = json.dumps(record_json)
@@ -485,6 +584,88 @@ class Ledger:
         result.files = files
         result.metric_values = buf.rows("metrics")
         return result
+
+    def _commit_to_lake(
+        self,
+        records: Sequence[SourceRecord],
+        writer: str,
+        tables: list[tuple[str, str, pa.Table]],
+        positions: dict[str, int],
+        streams: dict[str, StreamHead],
+        admission: AdmissionRound,
+        work: _CommitWork,
+    ) -> CommitResult:
+        """The commit as one lake transaction: every table's rows, the positions moved, the stream
+        heads moved, the commit record, and the commit-number fence (a writer on another host that
+        committed this number first makes it stale: ``_LakeMoved``, and ``commit`` redoes it)."""
+        assert self.lake is not None
+        number, result, buf, added = work.number, work.result, work.buf, work.added
+        # its files are the lake's: named below, once the snapshot is known
+        record_json = self._record(number, datetime.now(UTC), writer, records, positions, [], work)
+        moved = {
+            s: (self._positions.get(s, 0), p) for s, p in positions.items() if self._positions.get(s, 0) != p
+        }
+        moved[COMMIT_FENCE] = (number, number + 1)
+        state: dict[str, Any] = {f"stream:{s}": streams[s].to_json() for s in added}
+        done = self.lake.commit(
+            _lake_tables(tables),
+            moved,
+            state,
+            writer=writer,
+            info={"ledger_commit": number, "record": record_json},
+            number=number,
+        )
+        if not done.ok:
+            raise _LakeMoved(done.stale)
+        assert done.snapshot is not None
+        record_json |= _lake_named(done.commit_id, done.snapshot, done.files)
+        record_text = json.dumps(record_json)
+        write_durably(self.root / COMMITS / f"{number:010d}.json", record_text)
+        self._newest_record = record_json
+        self._last_commit = self._folded_commit = self._recovered_commit = number
+        self._positions = positions
+        admission.keep(number)
+        self._streams = streams
+        self._index_commit(number, record_text, work.appended.items())
+        result.commit = number
+        result.files = record_json["files"]
+        result.metric_values = buf.rows("metrics")
+        return result
+
+    def _record(
+        self,
+        number: int,
+        now: datetime,
+        writer: str,
+        records: Sequence[SourceRecord],
+        positions: dict[str, int],
+        files: list[str],
+        work: _CommitWork,
+    ) -> dict[str, Any]:
+        """The commit record (before its commit point)."""
+        return {
+            "commit": number,
+            "time": now.isoformat(),
+            "writer": writer,
+            "covers": _covered(records, self._positions),
+            "positions": positions,
+            "files": files,
+            **_appended_record(work.streams, work.added, work.result),
+            # Registry, policy and each source's chain head after this commit: stored at the same
+            # commit point as the events that moved them (ledger.admission.load_state reads it).
+            "admission": work.admission.state.to_json(),
+        }
+
+    def _maintain_lake(self, number: int) -> None:
+        """The lake's own compaction and clean-up every ``maintain_every`` commits (as the part-file
+        writer merges tails after each): a failure is logged, and the next turn tries again."""
+        assert self.lake is not None
+        if self.maintain_every <= 0 or (number + 1) % self.maintain_every:
+            return
+        try:
+            self.lake.maintain(keep_s=LAKE_KEEP_S)
+        except (duckdb.Error, OSError) as exc:
+            log.warning("lake maintenance after commit %d failed (%s); left for the next turn", number, exc)
 
     def _take_event(self, event: Event, record: SourceRecord, work: _CommitWork) -> Quarantined | None:
         """One valid event into the commit under way: stored (its rows added, its leaf appended) or
@@ -612,7 +793,10 @@ class Ledger:
             return result
 
     def compact(self, *, min_files: int = 2) -> dict[str, int]:
-        """Merge each partition's files into one. No query's answer changes."""
+        """Merge each partition's files into one. No query's answer changes. On DuckLake: the lake's
+        merge, expiry and clean-up (``LakeTables.maintain``)."""
+        if self.lake is not None:
+            return self.lake.maintain(keep_s=LAKE_KEEP_S)
         with self._writer_lock():
             return self._compact_locked(lambda sizes: len(sizes) if len(sizes) >= min_files else 0)
 
@@ -692,6 +876,34 @@ class Ledger:
 
 
 Rewrite = Callable[[int], tuple[list[str], list[str]]]
+
+
+class _LakeMoved(Exception):
+    """Another writer committed to the lake first (its commit number, or a source's position)."""
+
+    def __init__(self, stale: dict[str, int]) -> None:
+        super().__init__(f"the lake moved on: {stale}")
+        self.stale = stale
+
+
+def _lake_tables(tables: list[tuple[str, str, pa.Table]]) -> dict[str, pa.Table]:
+    """``RowBuffer.tables()``' (table, partition, rows) as one Arrow table per lake table, the
+    partition a column again (the lake partitions by it)."""
+    grouped: dict[str, list[pa.Table]] = {}
+    for name, partition, data in tables:
+        column = pa.array([partition or "_"] * data.num_rows, pa.string())
+        grouped.setdefault(name, []).append(data.append_column(table_spec(name).partition, column))
+    return {name: pa.concat_tables(parts, promote_options="default") for name, parts in grouped.items()}
+
+
+def _lake_named(commit_id: str, snapshot: int, files: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a commit record on DuckLake adds once committed: the lake snapshot it made and the data
+    files that snapshot added with their SHA-256 (the bytes DuckDB reads)."""
+    return {
+        "lake": {"commit_id": commit_id, "snapshot": snapshot},
+        "files": [f["path"] for f in files],
+        "lake_files": files,
+    }
 
 
 def table_spec(name: str) -> Table:

@@ -15,6 +15,7 @@ from cli import migrate_cmd
 from cli.main import app
 from ledger.lake import LakeTables
 from ledger.parquet_schemas import TABLES, tables_of
+from ledger.query import Reader
 from ledger.store import Ledger
 from tests.lake.support import Postgres
 
@@ -68,7 +69,7 @@ def test_migrate_into_an_embedded_lake_keeps_every_row(old: Path, tmp_path: Path
     assert commits >= 3 and compactions >= 1
     rows = sum(
         ds.dataset(sorted(str(p) for p in (old / name).glob("*=*/*.parquet")), format="parquet").count_rows()
-        for name in tables_of(old)
+        for name in [*tables_of(old), "salts"]  # the salts too (the published log's digests need them)
     )
     kept = commits - compactions  # every commit but the compactions
     lake_dir = tmp_path / "lake"
@@ -79,6 +80,21 @@ def test_migrate_into_an_embedded_lake_keeps_every_row(old: Path, tmp_path: Path
     with LakeTables(f"duckdb:{tmp_path / 'lake' / 'catalog.ducklake'}", tmp_path / "lake" / "data") as lake:
         _same_rows(old, lake)
         assert lake.positions() == Ledger.open(old).positions()
+    # the migrated ledger takes new commits where the old one stopped: numbers, heads and positions
+    before = Ledger.open(old)
+    moved = Ledger.open(lake_dir)
+    assert moved.last_commit == before.last_commit and moved.stream_heads() == before.stream_heads()
+    moved.close()
+    _cli(app, "simulate", "reference-535b", "--spool", tmp_path / "more", "--run-id", "moe-next", *SMALL)
+    _cli(app, "ingest", "spool", "--spool", tmp_path / "more", "--ledger", lake_dir, "--batch-size", "500")
+    after = Ledger.open(lake_dir)
+    assert after.last_commit > before.last_commit
+    assert {s: h.size for s, h in after.stream_heads().items() if s in before.stream_heads()} == {
+        s: h.size for s, h in before.stream_heads().items()
+    }
+    after.close()
+    runs = Reader(lake_dir).sql("SELECT run_id FROM runs ORDER BY 1").rows
+    assert runs == [("moe-535b",), ("moe-next",)]
 
 
 def test_migrate_into_a_postgres_catalog(old: Path, tmp_path: Path, postgres: Postgres | str) -> None:

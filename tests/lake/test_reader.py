@@ -330,7 +330,7 @@ def test_every_statement_sees_one_snapshot_while_a_writer_commits_and_maintains(
         stop.set()
         thread.join(timeout=120)
     assert not errors, errors
-    assert committed and set(diffs) == {0}
+    assert committed and set(diffs) == {0}, diffs
     assert len(seen) >= 2  # the readers overlapped the writer
     final = Reader(folder).sql("SELECT count(*) FROM events WHERE stream = 'w'").rows[0][0]
     assert final == 50 * len(committed)

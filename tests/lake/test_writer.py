@@ -1,0 +1,263 @@
+"""The ledger's writer on DuckLake: `ledger init --catalog` + `ledger ingest spool` commit each batch as
+one lake transaction; the rows, the Merkle heads and every answer are those of a ledger of part
+files; SIGKILLed at random it lands every event once; writers in separate folders (separate spools,
+or racing copies of one) share nothing but the catalog and the data files, and land each event once."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from ingest.spool import SpoolWriter
+from ledger.lake import LakeFolder, LakeTables
+from ledger.query import Reader
+from ledger.store import Ledger, LedgerError
+from tests.lake.conftest import Backend
+from tests.support.factory import RunBuilder
+
+runner = CliRunner()
+ENV = {"RUNLEDGER_PROGRESS_S": "off", "COLUMNS": "200"}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cli(*args: str | Path, code: int = 0) -> str:
+    result = runner.invoke(app, [str(a) for a in args], env=ENV)
+    assert result.exit_code == code, result.output
+    return result.stdout
+
+
+def _spool(folder: Path, run_id: str, steps: int) -> int:
+    """A spool of one run's events (a launch, ``steps`` steps, a config change); their count."""
+    run = RunBuilder(run_id=run_id)
+    run.start()
+    for s in range(1, steps + 1):
+        run.step(s)
+        if s == steps // 2:
+            run.change(s, "lr", 0.0005)
+    with SpoolWriter(folder) as w:
+        for raw in run.events:
+            w.append(raw)
+    return len(run.events)
+
+
+def _ingest_cmd(spool: Path, ledger: Path, batch: int = 50) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "cli.main",
+        "ingest",
+        "spool",
+        "--spool",
+        str(spool),
+        "--ledger",
+        str(ledger),
+        "--batch-size",
+        str(batch),
+    ]
+
+
+def _run(cmd: list[str]) -> None:
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env={**os.environ, **ENV}
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def _rows(reader: Reader, view: str) -> list[str]:
+    # events: their commit numbers differ by the part files' compactions
+    select = '* EXCLUDE ("commit")' if view == "events" else "*"
+    where = " WHERE stream <> 'ledger:registry'" if view == "events" else ""
+    rows = reader.sql(f"SELECT {select} FROM {view}{where}")
+    return sorted(json.dumps(r, default=str, sort_keys=True) for r in rows.records())
+
+
+def _dense(reader: Reader, n: int, stream: str) -> None:
+    """Every event of the stream once, seqs 0..n-1."""
+    assert reader.sql(
+        "SELECT count(*), count(DISTINCT id), min(stream_seq), max(stream_seq) FROM events WHERE stream = ?",
+        [stream],
+    ).rows == [(n, n, 0, n - 1)]
+
+
+def test_a_ledger_on_the_lake_holds_what_a_ledger_of_part_files_holds(tmp_path: Path) -> None:
+    n = _spool(tmp_path / "spool", "run-a", 300)
+    lake, files = tmp_path / "lake", tmp_path / "files"
+    keys, unsigned = tmp_path / "keys", "--allow-unsigned=*"
+    out = _cli(
+        "init", "--ledger", lake, "--keys", keys, unsigned, "--catalog", f"sqlite:{tmp_path / 'cat.sqlite'}"
+    )
+    assert out.startswith(f"created ledger {lake} (id ")
+    _cli("init", "--ledger", files, "--keys", keys, unsigned)
+    for ledger in (lake, files):
+        _cli("ingest", "spool", "--spool", tmp_path / "spool", "--ledger", ledger, "--batch-size", "40")
+    on_lake, on_files = Ledger.open(lake), Ledger.open(files)
+    assert on_lake.lake is not None and on_files.lake is None
+    # the run's Merkle head (so its checkpoints and proofs) and the positions agree (each ledger's own registry event differs: its time)
+    head_a, head_b = on_lake.stream_heads()["run-a"], on_files.stream_heads()["run-a"]
+    assert (head_a.size, head_a.tree.root()) == (head_b.size, head_b.tree.root()) and head_a.size == n
+    assert on_lake.positions() == on_files.positions()
+    # the same commits, less the part files' compactions (the lake compacts without commits of its own)
+    assert on_lake.last_commit + 1 == sum(
+        on_files.read_commit(i)["writer"] != "compact" for i in range(on_files.last_commit + 1)
+    )
+    on_lake.close()
+    a, b = Reader(lake), Reader(files)
+    for view in [
+        "events",
+        "metrics",
+        "metrics_all",
+        "attempts",
+        "configs",
+        "config_changes",
+        "runs",
+        "quarantine",
+    ]:
+        assert _rows(a, view) == _rows(b, view), view
+    _dense(a, n, "run-a")
+    assert _cli("state", "run-a", "--ledger", lake) == _cli("state", "run-a", "--ledger", files)
+    # each commit record names the lake snapshot it made and its data files with their SHA-256
+    record = json.loads(sorted((lake / "_commits").glob("*.json"))[-1].read_bytes())
+    assert record["lake"]["snapshot"] == a.snapshot
+    assert record["lake_files"] and all(len(f["sha256"]) == 64 for f in record["lake_files"])
+    # a replay lands nothing, and the commands that read part files say so in one line
+    assert "ingested 0 events" in _cli("ingest", "spool", "--spool", tmp_path / "spool", "--ledger", lake)
+    for args in (["verify"], ["publish", tmp_path / "pub", "--keys", keys], ["views"]):
+        result = runner.invoke(app, [*map(str, args), "--ledger", str(lake)], env=ENV)
+        assert result.exit_code == 1, (args, result.output)
+        assert "is a ledger on DuckLake" in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_sigkill_at_random_points_lands_every_event_once(tmp_path: Path) -> None:
+    n = _spool(tmp_path / "spool", "run-k", 4000)
+    ledger = tmp_path / "ledger"
+    Ledger.create_on_lake(ledger, f"sqlite:{tmp_path / 'cat.sqlite'}").close()
+    cmd = _ingest_cmd(tmp_path / "spool", ledger)
+    rng = random.Random(26)
+    kills = 0
+    for _ in range(12):  # killed at random instants until it finishes on its own
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(rng.uniform(1.5, 3.5))  # past the interpreter's start: inside commits
+        if proc.poll() is not None:
+            break
+        os.kill(proc.pid, signal.SIGKILL)
+        kills += 1
+        proc.wait()
+    assert kills >= 3
+    _run(cmd)
+    reader = Reader(ledger)
+    _dense(reader, n, "run-k")
+    assert reader.sql("SELECT count(*) FROM metrics WHERE name = 'loss'").rows == [(4000,)]
+    # the folder's records are exactly the lake's commits, numbered without a gap
+    opened = Ledger.open(ledger)
+    numbers = [int(p.stem) for p in opened.commit_paths()]
+    assert numbers == list(range(len(numbers)))
+    opened.close()
+
+
+def _backend_catalog(backend: Backend) -> str:
+    if not backend.many_processes:
+        pytest.skip("a DuckDB-file catalog is held by one process")
+    return backend.catalog
+
+
+def test_writers_in_separate_folders_share_one_lake(backend: Backend, tmp_path: Path) -> None:
+    """Two ingesters, each with its own folder and spool, committing at the same time."""
+    catalog = _backend_catalog(backend)
+    counts = {run: _spool(tmp_path / f"spool-{run}", run, 400) for run in ("run-x", "run-y")}
+    first = Ledger.create_on_lake(tmp_path / "host-x", catalog, backend.data)
+    first.close()
+    marker = LakeFolder.read(tmp_path / "host-x")
+    assert marker is not None
+    out = _cli(
+        "init",
+        "--ledger",
+        tmp_path / "host-y",
+        "--keys",
+        tmp_path / "keys",
+        "--allow-unsigned=*",
+        "--catalog",
+        catalog,
+        "--data",
+        backend.data,
+    )
+    assert out.startswith("created ledger") or out.startswith("joined ledger")
+    procs = [
+        subprocess.Popen(
+            _ingest_cmd(tmp_path / f"spool-{run}", tmp_path / f"host-{run[-1]}", batch=40),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for run in counts
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+    for host in ("host-x", "host-y"):
+        reader = Reader(tmp_path / host)
+        for run, n in counts.items():
+            _dense(reader, n, run)
+    # both folders follow the same commits, whoever made them
+    x, y = Ledger.open(tmp_path / "host-x"), Ledger.open(tmp_path / "host-y")
+    assert x.ledger_id == y.ledger_id and x.last_commit == y.last_commit
+    assert x.read_commit(x.last_commit) == y.read_commit(y.last_commit)
+    writers = {x.read_commit(i)["writer"] for i in range(x.last_commit + 1)}
+    assert len({w for w in writers if w.startswith("spool")}) == 2
+    x.close()
+    y.close()
+
+
+def test_racing_copies_of_one_ingester_land_each_record_once(backend: Backend, tmp_path: Path) -> None:
+    """The same spool ingested from two folders at once (a failover that overlapped)."""
+    catalog = _backend_catalog(backend)
+    n = _spool(tmp_path / "spool", "run-r", 600)
+    Ledger.create_on_lake(tmp_path / "a", catalog, backend.data).close()
+    Ledger.create_on_lake(tmp_path / "b", catalog, backend.data).close()
+    procs = [
+        subprocess.Popen(
+            _ingest_cmd(tmp_path / "spool", tmp_path / h, batch=30),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for h in ("a", "b")
+    ]
+    outs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+        outs.append(out)
+    reader = Reader(tmp_path / "a")
+    _dense(reader, n, "run-r")
+    assert reader.sql("SELECT count(*) FROM quarantine").rows == [(0,)]
+    landed = [int(o.split("ingested ", 1)[1].split(" ", 1)[0]) for o in outs]
+    assert sum(landed) == n  # each copy counts only what it landed
+
+
+def test_a_lake_of_another_ledger_or_a_folder_of_part_files_is_refused(tmp_path: Path) -> None:
+    catalog = f"sqlite:{tmp_path / 'cat.sqlite'}"
+    made = Ledger.create_on_lake(tmp_path / "one", catalog, ledger_id="lab-a")
+    made.close()
+    with pytest.raises(LedgerError, match=r"the lake at .* is ledger lab-a, not lab-b"):
+        Ledger.create_on_lake(tmp_path / "two", catalog, tmp_path / "one" / "data", ledger_id="lab-b")
+    Ledger.create(tmp_path / "files")
+    with pytest.raises(LedgerError, match="is a ledger of part files"):
+        Ledger.create_on_lake(tmp_path / "files", catalog)
+    result = runner.invoke(app, ["init", "--ledger", str(tmp_path / "x"), "--catalog", "postgres:"], env=ENV)
+    assert (
+        result.exit_code == 1 and result.stderr.startswith("error: ") and len(result.stderr.splitlines()) == 1
+    )
+    with LakeTables(catalog, tmp_path / "one" / "data") as lake:
+        assert lake.state()["ledger_id"] == "lab-a"
