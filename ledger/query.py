@@ -125,6 +125,10 @@ class Reader:
         self._state_table = "state_events" in lake.tables
         self._maintenance = MaintenanceLock(Catalog.parse(lake.catalog))
 
+    def close(self) -> None:
+        """Let go of the connection (and with it a DuckDB-file lake catalog, held by one process)."""
+        self.con.close()
+
     @property
     def ledger(self) -> Ledger:
         """The ledger of part files read (a lake has no ``Ledger`` object yet: what needs one says so)."""
