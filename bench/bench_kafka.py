@@ -304,6 +304,11 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=300.0, help="events/s for the freshness phase")
     ap.add_argument("--fresh-seconds", type=float, default=20.0)
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument(
+        "--lake",
+        action="store_true",
+        help="also the ingester alone into a ledger on DuckLake (SQLite catalog)",
+    )
     args = ap.parse_args()
 
     started = time.monotonic()
@@ -367,6 +372,22 @@ def main() -> None:
             "commits": stats.commits,
         }
 
+        # ---- the same, into a ledger on DuckLake (issue 26)
+        if args.lake:
+            Ledger.create_on_lake(work / "alone-lake", f"sqlite:{work / 'alone-lake.sqlite'}").close()
+            st = time.monotonic()
+            stats = run_ingester(
+                work / "alone-lake",
+                bootstrap,
+                "bench-alone-lake",
+                [topic],
+                idle_timeout_s=2.0,
+                deadletter=None,
+            )
+            lake_s = time.monotonic() - st - 2.0
+            assert stats.accepted == len(events)
+            figures["ingester_alone_lake"] = {"seconds": lake_s, "events_per_s": stats.accepted / lake_s}
+
         # ---- ceiling: a bare consumer doing nothing
         kept: list[SourceRecord] = []
         bare_consume(bootstrap, topic, keep=kept)  # untimed: the records, for "storing alone"
@@ -409,6 +430,13 @@ def main() -> None:
         f"ingester alone (topic already full): {a['events_per_s']:,.0f} events/s, "
         f"{a['metric_values_per_s']:,.0f} metric values/s, {a['commits']} commits"
     )
+    if "ingester_alone_lake" in figures:
+        lk = figures["ingester_alone_lake"]
+        print(
+            f"ingester alone into a ledger on DuckLake (SQLite catalog): {lk['events_per_s']:,.0f} events/s "
+            f"({lk['events_per_s'] / a['events_per_s']:.0%} of the part-file ingester, "
+            f"{lk['events_per_s'] / b['events_per_s']:.0%} of the bare consumer)"
+        )
     v = figures["validating_consumer"]
     print(
         f"bare kafka-python consumer (ceiling): {b['events_per_s']:,.0f} events/s "
