@@ -554,7 +554,7 @@ class Ledger:
             if self.lake is not None:
                 if rewrite is not None:
                     raise LedgerError(f"{self.root} is a ledger on DuckLake: {writer} is not there yet")
-                return self._commit_to_lake(records, writer, tables, positions, streams, admission, work)
+                return self._commit_to_lake(records, writer, tables, positions, work)
             files = self._write_files(tables, number)
             removed: list[str] = []
             if rewrite is not None:  # files replaced in the same commit (``ledger redact``)
@@ -591,22 +591,20 @@ class Ledger:
         writer: str,
         tables: list[tuple[str, str, pa.Table]],
         positions: dict[str, int],
-        streams: dict[str, StreamHead],
-        admission: AdmissionRound,
         work: _CommitWork,
     ) -> CommitResult:
         """The commit as one lake transaction: every table's rows, the positions moved, the stream
         heads moved, the commit record, and the commit-number fence (a writer on another host that
         committed this number first makes it stale: ``_LakeMoved``, and ``commit`` redoes it)."""
         assert self.lake is not None
-        number, result, buf, added = work.number, work.result, work.buf, work.added
+        number, result, buf, streams = work.number, work.result, work.buf, work.streams
         # its files are the lake's: named below, once the snapshot is known
         record_json = self._record(number, datetime.now(UTC), writer, records, positions, [], work)
         moved = {
             s: (self._positions.get(s, 0), p) for s, p in positions.items() if self._positions.get(s, 0) != p
         }
         moved[COMMIT_FENCE] = (number, number + 1)
-        state: dict[str, Any] = {f"stream:{s}": streams[s].to_json() for s in added}
+        state: dict[str, Any] = {f"stream:{s}": streams[s].to_json() for s in work.added}
         done = self.lake.commit(
             _lake_tables(tables),
             moved,
@@ -624,7 +622,7 @@ class Ledger:
         self._newest_record = record_json
         self._last_commit = self._folded_commit = self._recovered_commit = number
         self._positions = positions
-        admission.keep(number)
+        work.admission.keep(number)
         self._streams = streams
         self._index_commit(number, record_text, work.appended.items())
         result.commit = number
