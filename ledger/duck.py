@@ -4,14 +4,24 @@ DuckDB extensions cannot be downloaded here, and a ledger reader must never reac
 its own. So every connection turns DuckDB's auto-install and auto-load off, points its extension
 directory inside the project's own tree (nothing is read from or written to ``~/.duckdb``), and loads
 an extension (``httpfs``, ``ducklake``, ``postgres_scanner``, ``sqlite_scanner``) straight from the
-file its PyPI wheel (``duckdb-extension-<name>``) carries. DuckDB's signature check stays on: only
-binaries signed by DuckDB itself load, whoever repackaged them. The wheels match exactly one DuckDB
-version (pyproject pins both).
+file its PyPI wheel (``duckdb-extension-<name>``) carries. Only binaries signed by DuckDB itself
+load, whoever repackaged them; the wheels match exactly one DuckDB version (pyproject pins both).
+
+DuckDB checks a signature by hashing the whole ~35 MB binary on every ``LOAD``: about 95 ms each,
+most of a one-statement read of a lake (two extensions). So the check runs once per binary: after a
+signed load succeeds, the file's identity (inode, size, change time: any rewrite, rename over or
+``chmod`` changes the change time, which user space cannot set back) is noted in ``EXTENSION_DIR``,
+and a connection whose every extension still has that identity loads them without the second check
+(``allow_unsigned_extensions``). Such a connection runs user SQL only after ``ledger.sql_guard``'s lock
+(external access off), which refuses every further ``LOAD``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,6 +32,7 @@ __all__ = ["EXTENSION_DIR", "ExtensionMissing", "connect", "extension_file", "lo
 # Inside the checkout (git-ignored): DuckDB writes nothing there as long as nothing is INSTALLed, but
 # a user's INSTALL in `ledger shell` would land here, never in the home folder.
 EXTENSION_DIR = Path(__file__).resolve().parent.parent / ".duckdb" / "extensions"
+CHECKED_FILE = EXTENSION_DIR / "signatures-checked.json"  # {name: [path, inode, size, ctime_ns]}
 
 _OFFLINE = {
     "autoinstall_known_extensions": False,
@@ -38,14 +49,53 @@ def connect(
     database: str = ":memory:", *, read_only: bool = False, extensions: Sequence[str] = ()
 ) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection that never downloads anything, with ``extensions`` loaded from their wheels."""
+    files = {name: extension_file(name) for name in extensions}
+    checked = _checked_before(files)
     config: dict[str, str | bool | int | float | list[str]] = {
         **_OFFLINE,
         "extension_directory": EXTENSION_DIR.as_posix(),
+        "allow_unsigned_extensions": checked,
     }
     con = duckdb.connect(database, read_only=read_only, config=config)
-    for name in extensions:
-        load_extension(con, name)
+    try:
+        for name in extensions:
+            load_extension(con, name)
+    except BaseException:
+        con.close()
+        raise
+    if files and not checked:
+        _note_checked(files)
     return con
+
+
+def _identity(path: Path) -> list[str | int]:
+    st = path.stat()
+    return [path.as_posix(), st.st_ino, st.st_size, st.st_ctime_ns]
+
+
+def _checked_before(files: dict[str, Path]) -> bool:
+    """Whether each file's signature was checked by a signed ``LOAD`` and the file is unchanged since."""
+    if not files:
+        return False
+    try:
+        noted = json.loads(CHECKED_FILE.read_bytes())
+        return all(noted.get(name) == _identity(path) for name, path in files.items())
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _note_checked(files: dict[str, Path]) -> None:
+    """Note the files a signed ``LOAD`` accepted (best effort: unnoted, the next load checks again)."""
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        try:
+            noted = json.loads(CHECKED_FILE.read_bytes())
+        except (OSError, ValueError):
+            noted = {}
+        noted |= {name: _identity(path) for name, path in files.items()}
+        EXTENSION_DIR.mkdir(parents=True, exist_ok=True)
+        tmp = CHECKED_FILE.with_name(f"{CHECKED_FILE.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(noted, indent=1))
+        os.replace(tmp, CHECKED_FILE)  # a reader sees the old notes or the new, never half
 
 
 def extension_file(name: str) -> Path:
@@ -66,6 +116,7 @@ def extension_file(name: str) -> Path:
 
 
 def load_extension(con: duckdb.DuckDBPyConnection, name: str) -> None:
-    """Load extension ``name`` into ``con`` from its wheel (signature checked by DuckDB)."""
+    """Load extension ``name`` into ``con`` from its wheel (signature checked by DuckDB unless the
+    connection was opened trusting files already checked: ``connect``)."""
     path = extension_file(name).as_posix().replace("'", "''")
     con.execute(f"LOAD '{path}'")

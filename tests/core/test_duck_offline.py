@@ -63,3 +63,41 @@ def test_a_tampered_extension_binary_does_not_load(tmp_path: Path) -> None:
 def test_an_extension_with_no_wheel_says_which_to_install() -> None:
     with pytest.raises(duck.ExtensionMissing, match="duckdb-extension-spatial"):
         duck.extension_file("spatial")
+
+
+def _allows_unsigned(con: duckdb.DuckDBPyConnection) -> bool:
+    row = con.execute(
+        "SELECT value FROM duckdb_settings() WHERE name = 'allow_unsigned_extensions'"
+    ).fetchone()
+    return row is not None and row[0] == "true"
+
+
+def test_a_binary_is_signature_checked_once_and_again_after_any_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original, other = duck.extension_file("sqlite_scanner"), duck.extension_file("ducklake")
+    copy = tmp_path / original.name
+    shutil.copyfile(original, copy)
+    monkeypatch.setattr(duck, "extension_file", lambda name: copy)
+    monkeypatch.setattr(duck, "CHECKED_FILE", tmp_path / "checked.json")
+    first = duck.connect(extensions=["sqlite_scanner"])
+    assert not _allows_unsigned(first)  # DuckDB checked the signature
+    again = duck.connect(extensions=["sqlite_scanner"])
+    assert _allows_unsigned(again)  # the same file, unchanged: not checked twice
+    again.execute("SET enable_external_access = false")
+    with pytest.raises(duckdb.Error, match="disabled"):  # and nothing else loads once SQL is locked
+        again.execute(f"LOAD '{other.as_posix()}'")
+    # Replaced by a forged copy (written beside it and renamed over: editing a loaded binary in
+    # place would crash this process, which has it mapped).
+    forged = tmp_path / "forged"
+    data = bytearray(original.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    forged.write_bytes(bytes(data))
+    forged.replace(copy)
+    with pytest.raises(duckdb.Error, match=r"(?i)signature"):
+        duck.connect(extensions=["sqlite_scanner"])
+    (tmp_path / "intact").write_bytes(original.read_bytes())
+    (tmp_path / "intact").replace(copy)
+    (tmp_path / "checked.json").write_text("[damaged")  # damaged notes: checked again, not trusted
+    assert not _allows_unsigned(duck.connect(extensions=["sqlite_scanner"]))
+    assert _allows_unsigned(duck.connect(extensions=["sqlite_scanner"]))
