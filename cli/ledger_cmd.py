@@ -472,9 +472,7 @@ def views(ledger: LedgerOption = DEFAULT_LEDGER) -> None:
     from ledger.store import Ledger
     from ledger.views import write_views_file
 
-    with user_errors(ledger):
-        opened = Ledger.open(ledger)
-        opened.require_part_files("`ledger views`")
+    with user_errors(ledger), Ledger.open(ledger) as opened:
         path = write_views_file(opened.root)
     console.print(f"wrote {path}")
 

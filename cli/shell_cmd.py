@@ -59,10 +59,15 @@ def init_sql(root: Path) -> str:
     """DuckDB's shell's init file: the views, then the lock of ``ledger query``'s connection (SQL
     reaches only the ledger's tables). DuckDB's shell has no statement check, and its dot-commands
     (``.output``, ``.shell``) write where they are told: ``--builtin`` is the read-only one."""
+    from ledger.lake import LakeFolder
     from ledger.parquet_schemas import tables_of
     from ledger.sql_guard import lock_sql
-    from ledger.views import views_sql
+    from ledger.views import lake_init_sql, views_sql
 
+    lake = LakeFolder.read(root)
+    if lake is not None:  # the lake's data folder only (a remote data path: the lock allows no file)
+        local = [Path(lake.data_path)] if "://" not in lake.data_path else []
+        return lake_init_sql(lake) + lock_sql(local)
     lock = lock_sql([root / name for name in tables_of(root)])
     return "SET TimeZone = 'UTC';\n" + views_sql(root) + "\n" + lock
 

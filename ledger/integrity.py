@@ -53,10 +53,11 @@ from ledger.admission import (
 )
 from ledger.log_checkpoint import note_signers, parse_and_verify_checkpoint, sign_checkpoint
 from ledger.merkle import CompactRange, MerkleTree, leaf_hash, root_from_leaf_hashes
-from ledger.parquet_schemas import TABLES, tables_of
+from ledger.parquet_schemas import TABLES
 from ledger.projectors import FoldState, RowBuffer, rows_for_event
 from ledger.redaction import is_redacted, read_marker
 from ledger.store import SALTS, Ledger, LedgerError
+from ledger.stored_files import StoredFile, StoredFiles
 from schemas import Event, decode_event
 from schemas.catalogue import LEDGER_REDACTION
 from schemas.codec import CONFLICT
@@ -213,12 +214,12 @@ class EventRow(NamedTuple):
 _BATCH_ROWS = 2_000
 
 
-def _event_batches(root: Path, report: Report) -> Iterator[list[tuple[str, EventRow]]]:
+def _event_batches(stored: StoredFiles, report: Report) -> Iterator[list[tuple[str, EventRow]]]:
     """(stream, row) of every event row, file by file in physical order, a batch at a time."""
-    for path in sorted((root / "events").rglob("*.parquet")):
-        rel = str(path.relative_to(root))
+    for file in stored.of("events"):
+        rel = file.shown
         try:
-            parquet = pq.ParquetFile(path)
+            parquet = pq.ParquetFile(file.path)
             names = parquet.schema_arrow.names
             # Every column is read, used or not: damage anywhere in the file is "unreadable".
             for batch in _row_group_batches(parquet):
@@ -298,19 +299,26 @@ def verify_ledger(
     a time and the per-step tables are compared on disk, so memory stays bounded (about 250 bytes per
     event for the log's leaves and ids, plus DuckDB's limit) whatever the ledger's size.
     ``progress(rows checked, events recorded)`` is called after each batch of event rows."""
-    ledger = Ledger.open(root)
-    ledger.require_part_files("`ledger verify`")
+    with Ledger.open(root) as ledger:
+        return _verify(ledger, public_key, progress)
+
+
+def _verify(
+    ledger: Ledger, public_key: str | Sequence[str] | None, progress: Callable[[int, int | None], None] | None
+) -> Report:
     report = Report()
+    stored = StoredFiles(ledger)
+    _report_lake_files(stored, report)
     log_keys = LogKeys.of(ledger, public_key)
     recorded = recorded_streams(ledger, report)
     total = sum(len(rec.leaves) for rec in recorded.values())
     checked = 0
-    timeline = _registry_timeline(ledger.root, recorded.get(REGISTRY_STREAM))
-    erased = _redaction_records(ledger.root, recorded)
+    timeline = _registry_timeline(stored, recorded.get(REGISTRY_STREAM))
+    erased = _redaction_records(stored, recorded)
     checks: dict[str, _StreamCheck] = {}
     with _spill_folder() as spill:
-        tables = _TableCheck(ledger.root, Path(spill))
-        for batch in _event_batches(ledger.root, report):
+        tables = _TableCheck(stored, Path(spill))
+        for batch in _event_batches(stored, report):
             good: list[tuple[int, Event]] = []
             for stream, row in batch:
                 check = checks.get(stream)
@@ -337,10 +345,29 @@ def verify_ledger(
             _report_redactions(stream, check, log_keys, report)
             _check_checkpoint(ledger, stream, rec, log_keys, report)
         tables.check(recorded, report)
-    _check_erased_salts(ledger.root, erased, report)
-    _check_quarantine_count(ledger, report)
-    _report_conflicts(ledger, report)
+    _check_erased_salts(stored, erased, report)
+    _check_quarantine_count(ledger, stored, report)
+    _report_conflicts(stored, report)
     return report
+
+
+def _report_lake_files(stored: StoredFiles, report: Report) -> None:
+    """On a lake: the listed files' bytes against their commit records, and deletions (a raw reader
+    would still count rows DuckDB no longer shows). Part files are checked by their rows alone."""
+    check = stored.lake
+    if check is None:
+        return
+    for shown in check.altered:
+        detail = f"{shown}: its bytes are not the SHA-256 its commit record names"
+        report.problems.append(Problem("?", "modified", detail))
+    for shown in check.deletions:
+        report.problems.append(Problem("?", "removed", f"{shown}: rows deleted from the lake's table"))
+    if check.unrecorded:
+        report.warnings.append(
+            f"lake snapshot {check.snapshot}: {len(check.unrecorded)} of {check.files} data files were "
+            "written by the lake's own maintenance (merged), so no commit record names their SHA-256; "
+            "their rows were checked like every other file's"
+        )
 
 
 SPILL_PREFIX = "runledger-verify-"
@@ -441,13 +468,15 @@ def _erased_here(check: _StreamCheck, row: EventRow) -> bool:
     )
 
 
-def _redaction_records(root: Path, recorded: dict[str, RecordedStream]) -> dict[str, dict[int, Event]]:
+def _redaction_records(
+    stored: StoredFiles, recorded: dict[str, RecordedStream]
+) -> dict[str, dict[int, Event]]:
     """Per stream, seq -> the ``ledger.redaction`` event that erased it: only records whose own
     bytes are the leaf the log recorded (a changed record is "modified" in the main pass)."""
     out: dict[str, dict[int, Event]] = defaultdict(dict)
-    for path in sorted((root / "events").rglob("*.parquet")):
+    for file in stored.of("events"):
         try:
-            parquet = pq.ParquetFile(path)
+            parquet = pq.ParquetFile(file.path)
             for group in range(parquet.num_row_groups):
                 types = parquet.read_row_group(group, columns=["type"])["type"]
                 if not pc.any(pc.equal(types, LEDGER_REDACTION)).as_py():
@@ -524,32 +553,32 @@ def _redaction_signer(record: Event, log_keys: LogKeys) -> tuple[str | None, str
     return key_id, None
 
 
-def _check_erased_salts(root: Path, erased: dict[str, dict[int, Event]], report: Report) -> None:
+def _check_erased_salts(stored: StoredFiles, erased: dict[str, dict[int, Event]], report: Report) -> None:
     """A redacted event's salt must be gone with its payload (with both, a guess could be checked)."""
     keys = {(stream, seq) for stream, seqs in erased.items() for seq in seqs}
     if not keys:
         return
-    for path in sorted((root / SALTS.name).rglob("*.parquet")):
+    for file in stored.of(SALTS.name):
         try:
-            table = pq.read_table(path, columns=["stream", "stream_seq"])
+            table = pq.read_table(file.path, columns=["stream", "stream_seq"])
         except Exception as exc:
-            report.problems.append(Problem("?", "unreadable", f"{path.relative_to(root)}: {exc}"[:240]))
+            report.problems.append(Problem("?", "unreadable", f"{file.shown}: {exc}"[:240]))
             continue
         for stream, seq in zip(table["stream"].to_pylist(), table["stream_seq"].to_pylist(), strict=True):
             if (stream, seq) in keys:
-                detail = f"the salt of a redacted event is still stored ({path.relative_to(root)})"
+                detail = f"the salt of a redacted event is still stored ({file.shown})"
                 report.problems.append(Problem(stream, "redaction", detail, seq))
 
 
-def _registry_timeline(root: Path, rec: RecordedStream | None) -> RegistryTimeline:
+def _registry_timeline(stored: StoredFiles, rec: RecordedStream | None) -> RegistryTimeline:
     """The registry's past from its own stream's rows, each one only if its bytes are the leaf the
     log recorded (a changed registry row is reported "modified" by the main pass, never trusted)."""
     if rec is None or not rec.leaves:
         return RegistryTimeline([])
     found: dict[int, Event] = {}
-    for path in sorted((root / "events").rglob("*.parquet")):
+    for file in stored.of("events"):
         try:
-            table = _registry_rows(pq.ParquetFile(path))
+            table = _registry_rows(pq.ParquetFile(file.path))
         except Exception:
             continue  # named "unreadable" by the main pass
         for seq, text in zip(table["stream_seq"].to_pylist(), table["canonical"].to_pylist(), strict=True):
@@ -610,14 +639,14 @@ def _check_producer(
 _CONFLICTS_LISTED = 20
 
 
-def _report_conflicts(ledger: Ledger, report: Report) -> None:
+def _report_conflicts(stored: StoredFiles, report: Report) -> None:
     """Records quarantined as conflicts (a stored event's (source, id) with other bytes: a forgery or
     a producer reusing ids) as one warning with their count and ids. The stored events stay, so the
     log is intact; a warning, not a problem."""
     ids: list[str] = []
-    for path in sorted((ledger.root / "quarantine").rglob("*.parquet")):
+    for file in stored.of("quarantine"):
         try:
-            table = pq.read_table(path, columns=["reason", "event_source", "event_id"])
+            table = pq.read_table(file.path, columns=["reason", "event_source", "event_id"])
         except Exception:
             continue  # _check_quarantine_count names unreadable files
         table = table.filter(pc.starts_with(table["reason"], f"{CONFLICT}:"))
@@ -635,24 +664,24 @@ def _report_conflicts(ledger: Ledger, report: Report) -> None:
         )
 
 
-def _check_quarantine_count(ledger: Ledger, report: Report) -> None:
+def _check_quarantine_count(ledger: Ledger, stored: StoredFiles, report: Report) -> None:
     """Quarantined records are outside the Merkle trees; the commit log still counts them, so a deleted
     (or planted) quarantine row shows as a count that differs from the log's."""
     logged = sum(
         json.loads(path.read_bytes()).get("counts", {}).get("quarantined", 0)
         for path in ledger.commit_paths()
     )
-    stored = 0
-    for path in sorted((ledger.root / "quarantine").rglob("*.parquet")):
+    rows = 0
+    for file in stored.of("quarantine"):
         try:
-            stored += pq.read_metadata(path).num_rows
+            rows += pq.read_metadata(file.path).num_rows
         except Exception as exc:
-            rel = path.relative_to(ledger.root)
-            report.problems.append(Problem("?", "unreadable", f"{rel}: {' '.join(str(exc).split())[:200]}"))
-    if stored != logged:
+            detail = f"{file.shown}: {' '.join(str(exc).split())[:200]}"
+            report.problems.append(Problem("?", "unreadable", detail))
+    if rows != logged:
         report.problems.append(
             Problem(
-                "quarantine", "table-mismatch", f"{stored} quarantined rows, the commit log counts {logged}"
+                "quarantine", "table-mismatch", f"{rows} quarantined rows, the commit log counts {logged}"
             )
         )
 
@@ -743,9 +772,9 @@ _ROWS_PER_PASS = 2_000_000
 class _TableCheck:
     """Every typed table must be exactly what its events produce: fed the good events batch by batch."""
 
-    def __init__(self, root: Path, spill: Path) -> None:
-        self.root, self.spill = root, spill
-        self.names = [n for n in tables_of(root) if n not in ("events", "quarantine")]
+    def __init__(self, stored: StoredFiles, spill: Path) -> None:
+        self.stored, self.spill = stored, spill
+        self.names = [n for n in stored.tables if n not in ("events", "quarantine")]
         self.fold = FoldState()
         self.expected: dict[str, list[pa.Table]] = defaultdict(list)
         self.writers = {
@@ -781,21 +810,15 @@ class _TableCheck:
                 detail = f"{name} rows differ from what the event records"
                 report.problems.append(Problem(str(stream), "table-mismatch", detail, seq, ident))
 
-    def _files(self, name: str) -> list[Path]:
-        spec = TABLES[name]
-        return sorted((self.root / name).glob(f"{spec.partition}=*/*.parquet"))
-
     def _spilled(self, name: str, report: Report) -> set[tuple[Any, Any]]:
         spec = TABLES[name]
         files = []
-        for path in self._files(name):
+        for file in self.stored.of(name):
             try:
-                pq.read_schema(path)
-                files.append(path.as_posix())
+                pq.read_schema(file.path)
+                files.append(file.path.as_posix())
             except Exception as exc:
-                report.problems.append(
-                    Problem("?", "unreadable", f"{path.relative_to(self.root)}: {exc}"[:240])
-                )
+                report.problems.append(Problem("?", "unreadable", f"{file.shown}: {exc}"[:240]))
         con = duck.connect()
         con.execute(f"SET memory_limit = '{_DUCKDB_MEMORY}'")
         con.execute(f"SET temp_directory = '{_sql_text((self.spill / 'duckdb').as_posix())}'")
@@ -804,12 +827,19 @@ class _TableCheck:
         types = con.execute(f"DESCRIBE SELECT * FROM {want}").fetchall()
         # Both sides as the expected rows' columns and types (a stored file may lack a column: NULLs).
         columns = ", ".join(f'CAST("{col}" AS {kind}) AS "{col}"' for col, kind, *_ in types)
-        if files:
+        if files and self.stored.lake is None:  # part files: the partition from the directory's name
             have = (
                 f"SELECT {columns}, -1 AS _side FROM read_parquet(?, hive_partitioning = true, "
                 f"hive_types = {{'{spec.partition}': VARCHAR}}, union_by_name = true)"
             )
             params: list[Any] | None = [files]
+        elif files:  # a lake's: from the file's own column, as the store names an empty one
+            part = f'"{spec.partition}"'
+            have = (
+                f"SELECT {columns}, -1 AS _side FROM (SELECT * REPLACE (coalesce(nullif({part}, ''), '_') "
+                f"AS {part}) FROM read_parquet(?, hive_partitioning = false, union_by_name = true))"
+            )
+            params = [files]
         else:
             have, params = f"SELECT {columns}, -1 AS _side FROM {want} WHERE false", None
         want = f"SELECT {columns}, 1 AS _side FROM {want}"
@@ -839,23 +869,19 @@ class _TableCheck:
         spec = TABLES[name]
         actual_parts = []
         older: dict[str, set[tuple[str, int]]] = defaultdict(set)  # added column → rows written before it
-        for path in self._files(name):
+        for file in self.stored.of(name):
             try:
-                data = pq.read_table(path, schema=spec.schema)
-                absent = ADDED_COLUMNS.get(name, frozenset()) - set(pq.read_schema(path).names)
+                data = pq.read_table(file.path, schema=spec.schema)
+                absent = ADDED_COLUMNS.get(name, frozenset()) - set(pq.read_schema(file.path).names)
+                partition = _partition_column(file, spec.partition, data.num_rows)
             except Exception as exc:
-                report.problems.append(
-                    Problem("?", "unreadable", f"{path.relative_to(self.root)}: {exc}"[:240])
-                )
+                report.problems.append(Problem("?", "unreadable", f"{file.shown}: {exc}"[:240]))
                 continue
             if absent:
                 keys = set(zip(data["stream"].to_pylist(), data["stream_seq"].to_pylist(), strict=True))
                 for column in absent:
                     older[column] |= keys
-            value = path.parent.name.split("=", 1)[1]
-            actual_parts.append(
-                data.append_column(spec.partition, pa.array([value] * data.num_rows, pa.string()))
-            )
+            actual_parts.append(data.append_column(spec.partition, partition))
         schema = _with_partition(name)
         want = pa.concat_tables(self.expected[name]) if self.expected[name] else schema.empty_table()
         have = pa.concat_tables(actual_parts) if actual_parts else schema.empty_table()
@@ -868,6 +894,15 @@ class _TableCheck:
         w = Counter(_row_tuples(want))
         h = Counter(_row_tuples(have))
         return {(r[0], r[1]) for r in (w - h) + (h - w)}
+
+
+def _partition_column(file: StoredFile, column: str, rows: int) -> pa.Array:
+    """A file's partition values: its directory's (part files) or its own column's (a lake's, an
+    empty one named as the store names it)."""
+    if file.partition is not None:
+        return pa.array([file.partition] * rows, pa.string())
+    values = pq.read_table(file.path, columns=[column])[column].to_pylist()
+    return pa.array([stored_partition(v) for v in values], pa.string())
 
 
 def _sql_text(text: str) -> str:
@@ -916,10 +951,11 @@ def _hashable(value: Any) -> Any:
 
 def sign_checkpoints(root: str | Path, private_key: str) -> list[Path]:
     """Sign each stream's current (size, root); write the latest and keep every one signed."""
-    ledger = Ledger.open(root)
+    with Ledger.open(root) as ledger:
+        heads = sorted(ledger.stream_heads().items())
     signer = parse_private_key(private_key)
     written = []
-    for stream, head in sorted(ledger.stream_heads().items()):
+    for stream, head in heads:
         text = sign_checkpoint(origin_of(ledger, stream), head.size, head.tree.root(), signer)
         latest = checkpoint_path(ledger.root, stream)
         history = latest.with_suffix("") / f"{head.size:012d}.txt"

@@ -292,18 +292,25 @@ class LakeFolder:
         tables = tuple(t for t in obj.get("tables") or TABLES if t in TABLES)
         return cls(folder, catalog, data, str(obj.get("ledger_id") or "ledger"), tables)
 
+    def _inside(self, path: str) -> str:
+        with contextlib.suppress(ValueError):
+            return Path(path).resolve().relative_to(self.folder.resolve()).as_posix()
+        return path
+
+    def relative_catalog(self) -> Catalog:
+        """The catalog, its file named from the folder when it is inside it."""
+        parsed = Catalog.parse(self.catalog)
+        return parsed if parsed.kind == "postgres" else Catalog(parsed.kind, self._inside(parsed.target))
+
+    def relative_data_path(self) -> str:
+        """The data path, named from the folder when it is inside it."""
+        return self.data_path if "://" in self.data_path else self._inside(self.data_path)
+
     def write(self) -> None:
         """The marker, with the catalog and data path relative to the folder when they are inside it."""
         from schemas.durable import write_durably
 
-        def inside(path: str) -> str:
-            with contextlib.suppress(ValueError):
-                return Path(path).resolve().relative_to(self.folder.resolve()).as_posix()
-            return path
-
-        parsed = Catalog.parse(self.catalog)
-        catalog = self.catalog if parsed.kind == "postgres" else f"{parsed.kind}:{inside(parsed.target)}"
-        data = self.data_path if "://" in self.data_path else inside(self.data_path)
+        catalog, data = self.relative_catalog().spec, self.relative_data_path()
         self.folder.mkdir(parents=True, exist_ok=True)
         body: dict[str, Any] = {"format": "runledger-lake/1", "catalog": catalog, "data_path": data}
         body |= {"ledger_id": self.ledger_id, "tables": list(self.tables)}

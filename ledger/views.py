@@ -17,12 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 
 from ledger import duck
 from ledger.parquet_schemas import TABLES, tables_of
 from schemas.durable import write_durably
+
+if TYPE_CHECKING:
+    from ledger.lake import LakeFolder
 
 # Physical tables whose public name is a derived view (the physical one gets a leading underscore).
 _DERIVED = {"metrics", "moe_layer_stats", "github"}
@@ -166,5 +170,37 @@ def connect(root: Path) -> duckdb.DuckDBPyConnection:
 def write_views_file(root: Path) -> Path:
     """``<ledger>/views.sql``: paths relative to the ledger folder, so a copied ledger reads itself
     (``cd LEDGER && duckdb -init views.sql``)."""
+    from ledger.lake import LakeFolder
+
+    lake = LakeFolder.read(root)
+    if lake is not None:
+        return write_durably(root / "views.sql", lake_init_sql(lake, relative=True))
     header = "-- runledger views: run duckdb from this folder: duckdb -init views.sql\n"
     return write_durably(root / "views.sql", header + views_sql(root, relative=True))
+
+
+def lake_init_sql(lake: LakeFolder, *, relative: bool = False) -> str:
+    """A DuckDB shell's init file for a ledger on a lake: its extensions, the catalog attached
+    read-only as ``lake``, and the views. Each statement in that shell reads one snapshot (the newest
+    when it starts: DuckLake's own transactions); ``ledger query --snapshot N`` pins one for all.
+    ``relative``: the catalog and data named from the ledger folder, when they are inside it."""
+    from ledger.lake import ALIAS, Catalog
+
+    catalog, data = Catalog.parse(lake.catalog), lake.data_path
+    if relative:
+        catalog, data = lake.relative_catalog(), lake.relative_data_path()
+    loads = " ".join(f"LOAD {name};" for name in catalog.extensions)
+    attach = (
+        f"ATTACH '{_sql_text(catalog.uri())}' AS {ALIAS} "
+        f"(READ_ONLY, DATA_PATH '{_sql_text(data)}', OVERRIDE_DATA_PATH true);"
+    )
+    return (
+        "-- runledger views over a lake: run duckdb from this folder: duckdb -init views.sql\n"
+        f"-- DuckDB {duckdb.__version__} with the extensions {', '.join(catalog.extensions)} "
+        "(INSTALL each once, or LOAD the files of the duckdb-extension-* wheels)\n"
+        f"{loads}\n{attach}\nSET TimeZone = 'UTC';\n{lake_views_sql(lake.tables)}\n"
+    )
+
+
+def _sql_text(text: str) -> str:
+    return text.replace("'", "''")

@@ -371,3 +371,28 @@ def test_a_commit_killed_before_it_finished_is_not_there(
     with LakeTables(marker.catalog, marker.data_path) as writer:
         assert writer.commit(batch("next", 0, 10, 0), {"next": (0, 10)}, {}).ok
     assert Reader(folder).sql("SELECT count(*) FROM events").rows[0][0] == len(before["events"]) + 10
+
+
+def test_views_sql_and_the_shell_init_read_the_lake(
+    ledgers: tuple[Path, Path, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ledger views`` writes a views.sql a plain DuckDB reads the lake with (from the folder: its
+    catalog and files named relatively); ``ledger shell``'s init file adds the lock."""
+    import duckdb
+
+    from cli.shell_cmd import init_sql
+    from ledger import duck
+
+    _, lake, _ = ledgers
+    assert _cli("views", "--ledger", lake)[0].startswith("wrote ")
+    want = _rows(Reader(lake), "metrics")
+    monkeypatch.chdir(lake)
+    con = duck.connect(extensions=["ducklake", "sqlite_scanner"])  # as `INSTALL`ed in a user's DuckDB
+    con.execute((lake / "views.sql").read_text())
+    got = sorted(json.dumps(r, default=str) for r in con.execute("SELECT * FROM metrics").fetchall())
+    assert len(got) == len(want) > 0
+    shell = duck.connect(extensions=["ducklake", "sqlite_scanner"])
+    shell.execute(init_sql(lake))
+    assert shell.execute("SELECT count(*) FROM metrics").fetchone() == (len(want),)
+    with pytest.raises(duckdb.Error, match=r"(?i)permission|disabled|not allowed"):
+        shell.execute("SELECT * FROM read_text('/etc/passwd')").fetchall()
