@@ -101,8 +101,11 @@ class PeerTimes:
         return self.log_s + self.ingest_s
 
 
-def run_peer(work: Path, steps: PeerSteps, run_id: str = "peer-run", batch_size: int = 5000) -> PeerTimes:
-    """The client-library path, timed: init → log/log_router → finish → ingest_spool."""
+def run_peer(
+    work: Path, steps: PeerSteps, run_id: str = "peer-run", batch_size: int = 5000, *, lake: bool = False
+) -> PeerTimes:
+    """The client-library path, timed: init → log/log_router → finish → ingest_spool (``lake``: into
+    a ledger on DuckLake, the embedded DuckDB-file catalog, as ``ledger init --catalog duckdb:…``)."""
     import runledger
     from ingest.spool_ingester import ingest_spool
     from ledger.store import Ledger
@@ -132,7 +135,11 @@ def run_peer(work: Path, steps: PeerSteps, run_id: str = "peer-run", batch_size:
     t1 = time.perf_counter()
     if run.dropped:
         raise RuntimeError(f"{run.dropped} events dropped: the bench needs a bigger queue")
-    stats = ingest_spool(Ledger.create(ledger_dir), spool, batch_size=batch_size)
+    if lake:
+        with Ledger.create_on_lake(ledger_dir, f"duckdb:{ledger_dir / 'catalog.ducklake'}") as ledger:
+            stats = ingest_spool(ledger, spool, batch_size=batch_size)
+    else:
+        stats = ingest_spool(Ledger.create(ledger_dir), spool, batch_size=batch_size)
     t2 = time.perf_counter()
     return PeerTimes(t1 - t0, t2 - t1, time.process_time() - cpu0, stats.accepted, stats.metric_values)
 
@@ -142,7 +149,7 @@ def values_of(w: Workload) -> int:
     return w.steps * (20 + LAYERS * 5) + counted * LAYERS * EXPERTS
 
 
-def measure(work: Path, n_steps: int, repeat: int) -> dict[str, Any]:
+def measure(work: Path, n_steps: int, repeat: int, *, lake: bool = False) -> dict[str, Any]:
     w = make_workload(n_steps)
     steps = peer_steps(w)
     peers: list[PeerTimes] = []
@@ -152,7 +159,7 @@ def measure(work: Path, n_steps: int, repeat: int) -> dict[str, Any]:
     for k in range(repeat):
         here = work / f"{n_steps}-{k}"
         here.mkdir(parents=True)
-        peers.append(run_peer(here / "peer", steps))
+        peers.append(run_peer(here / "peer", steps, lake=lake))
         (here / "arrow").mkdir()
         cpu0 = time.process_time()
         ceiling_s, rows = pyarrow_ceiling(here / "arrow", w)
@@ -160,6 +167,7 @@ def measure(work: Path, n_steps: int, repeat: int) -> dict[str, Any]:
         ceilings.append(ceiling_s)
         shutil.rmtree(here, ignore_errors=True)
     return {
+        "store": "lake" if lake else "part files",
         "steps": n_steps,
         "values": values_of(w),
         "events": peers[0].events,
@@ -177,13 +185,13 @@ def measure(work: Path, n_steps: int, repeat: int) -> dict[str, Any]:
 
 def print_table(results: list[dict[str, Any]]) -> None:
     print(
-        f"{'steps':>6} {'values':>10} {'events':>7} {'log→durable s':>14} {'ingest s':>9} "
+        f"{'store':>10} {'steps':>6} {'values':>10} {'events':>7} {'log→durable s':>14} {'ingest s':>9} "
         f"{'end to end s':>13} {'pyarrow s':>10} {'client/pyarrow':>15}   "
         f"{'CPU s':>6} {'pyarrow CPU s':>14} {'CPU ratio':>10}"
     )
     for r in results:
         print(
-            f"{r['steps']:6,d} {r['values']:10,d} {r['events']:7,d} {r['log_s']:14.2f} {r['ingest_s']:9.2f} "
+            f"{r['store']:>10} {r['steps']:6,d} {r['values']:10,d} {r['events']:7,d} {r['log_s']:14.2f} {r['ingest_s']:9.2f} "
             f"{r['total_s']:13.2f} {r['ceiling_s']:10.2f} {r['ratio']:15.0%}   "
             f"{r['cpu_s']:6.2f} {r['ceiling_cpu_s']:14.2f} {r['cpu_ratio']:10.0%}"
         )
@@ -195,6 +203,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, nargs="+", default=[500, 1000, 2000])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--lake", action="store_true", help="also into a ledger on DuckLake (DuckDB-file catalog)"
+    )
     parser.add_argument("--profile", type=Path, help="cProfile one client-library run of the largest size")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="runledger-peer-"))
@@ -210,7 +221,8 @@ def main() -> None:
             profiler.dump_stats(args.profile)
             print(f"profiled: log {times.log_s:.2f} s, ingest {times.ingest_s:.2f} s → {args.profile}")
             return
-        print_table([measure(work, n, args.repeat) for n in args.steps])
+        stores = [False, True] if args.lake else [False]
+        print_table([measure(work, n, args.repeat, lake=lake) for n in args.steps for lake in stores])
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -47,7 +47,9 @@ def init(
     data: Annotated[
         str | None,
         typer.Option(
-            "--data", help="With --catalog: where the lake's Parquet files go (default: LEDGER/data)."
+            "--data",
+            help="With --catalog: where the lake's Parquet files go, a folder or s3://bucket/prefix "
+            "(server and credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...; default: LEDGER/data).",
         ),
     ] = None,
 ) -> None:

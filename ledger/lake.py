@@ -256,6 +256,109 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
+# ----------------------------------------------------------------- an s3:// data path
+S3_SECRET = "runledger_lake"
+_GLOB_CHARS = frozenset("*?[{")  # read_blob takes a glob: a path with these is read by pyarrow instead
+_PROBE = "runledger-probe-"  # no DuckLake file starts so: listing it answers nothing, in one request
+
+
+def is_s3(data_path: str) -> bool:
+    """Whether the lake's data files are objects on an S3-compatible server (else a local folder)."""
+    return data_path.startswith("s3://")
+
+
+def _s3_config(data_path: str) -> Any:
+    """The server and credentials of an ``s3://bucket/prefix`` data path (the AWS_* variables)."""
+    from ledger.publish_dest import DestError, S3Config, parse_s3_url
+
+    try:
+        parse_s3_url(data_path)
+        return S3Config.from_env()
+    except DestError as exc:
+        raise LakeError(f"lake data {data_path}: {exc}") from None
+
+
+def connect_data(catalog: Catalog, data_path: str, *, probe: bool = False) -> duckdb.DuckDBPyConnection:
+    """A connection with the catalog's extensions and, for an ``s3://`` data path, ``httpfs`` and the
+    S3 secret from the AWS_* variables (``probe``: the server is asked once, so missing credentials,
+    a missing bucket or a dead server are one LakeError line now rather than a failed commit later)."""
+    from ledger.duck import ExtensionMissing
+
+    if "://" in data_path and not is_s3(data_path):
+        raise LakeError(f"lake data {data_path}: give a local folder or s3://bucket/prefix")
+    if not is_s3(data_path):
+        return connect(extensions=catalog.extensions)
+    config = _s3_config(data_path)
+    try:
+        con = connect(extensions=[*catalog.extensions, "httpfs"])
+    except ExtensionMissing as exc:
+        raise LakeError(f"lake data {data_path}: {exc}") from None
+    try:
+        from ledger.duck_s3 import create_s3_secret
+
+        create_s3_secret(con, config, S3_SECRET)
+        if probe:
+            _probe_s3(con, data_path, config)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def _probe_s3(con: duckdb.DuckDBPyConnection, data_path: str, config: Any) -> None:
+    """One listing under the data path (one request: no key matches), its failure in one line."""
+    try:
+        con.execute("SELECT count(*) FROM glob(?)", [data_path.rstrip("/") + "/" + _PROBE + "*"]).fetchall()
+    except duckdb.Error as exc:
+        raise LakeError(f"lake data {data_path}: {_s3_problem(str(exc), config)}") from None
+
+
+def _s3_problem(text: str, config: Any) -> str:
+    """What an httpfs error says about the server, in words (its own first line last)."""
+    first = " ".join(text.strip().splitlines()[0].split())[:300] if text.strip() else "failed"
+    server = config.endpoint or "AWS S3"
+    if "Could not connect" in text or "connect" in text.lower():
+        return f"{server} is unreachable (AWS_ENDPOINT_URL): {first}"
+    if not config.access_key:  # versitygw answers an unsigned listing 404, AWS 403
+        unsigned = "refused an unsigned request: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+        return f"{server} {unsigned} ({first})"
+    if "403" in text or "401" in text:
+        return f"{server} refused the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY): {first}"
+    if "404" in text:
+        return f"no such bucket at {server} ({first})"
+    return first
+
+
+def _s3_sha256(con: duckdb.DuckDBPyConnection, url: str) -> str | None:
+    """The SHA-256 of an object's bytes as read back from the server (None: it is gone, merged and
+    deleted by maintenance meanwhile)."""
+    if _GLOB_CHARS.intersection(url):
+        return _s3_sha256_arrow(url)
+    try:
+        rows = con.execute("SELECT filename, sha256(content) FROM read_blob(?)", [url]).fetchall()
+    except duckdb.Error as exc:
+        if "404" in str(exc) or "No files found" in str(exc):
+            return None
+        raise
+    found = [digest for name, digest in rows if name == url]
+    return str(found[0]) if len(found) == 1 else None
+
+
+def _s3_sha256_arrow(url: str) -> str | None:
+    from ledger.publish_dest import parse_s3_url
+
+    bucket, key = parse_s3_url(url)
+    s3 = _s3_config(url).filesystem()
+    digest = hashlib.sha256()
+    try:
+        with s3.open_input_stream(f"{bucket}/{key}") as stream:
+            while chunk := stream.read(1 << 20):
+                digest.update(chunk)
+    except FileNotFoundError:
+        return None
+    return digest.hexdigest()
+
+
 # ----------------------------------------------------------------- a ledger folder on a lake
 LAKE_MARKER = "LAKE.json"  # in a ledger folder whose tables are in a lake (``ledger migrate`` writes it)
 
@@ -362,7 +465,7 @@ def open_snapshot(
     spec = Catalog.parse(catalog) if isinstance(catalog, str) else catalog
     if spec.kind != "postgres" and not Path(spec.target).exists():
         raise LakeError(f"no lake catalog at {spec.target}")
-    con = connect(extensions=spec.extensions)
+    con = connect_data(spec, data_path, probe=True)
     try:
         where = f"DATA_PATH {_literal(data_path)}, OVERRIDE_DATA_PATH true"
         con.execute(f"ATTACH {_literal(spec.uri())} AS {ALIAS} (READ_ONLY, {where})")
@@ -394,7 +497,7 @@ class LakeTables:
 
     def __init__(self, catalog: Catalog | str, data_path: str | Path, *, create: bool = True) -> None:
         self.catalog = Catalog.parse(catalog) if isinstance(catalog, str) else catalog
-        # A folder today; an s3:// URL later (kept a string so nothing assumes a local path).
+        # A folder, or s3://bucket/prefix (kept a string so nothing assumes a local path).
         self.data_path = str(data_path)
         self.retries = 0  # every "database is locked" and engine conflict retried, over the instance
         self.maintenance = MaintenanceLock(self.catalog)
@@ -411,7 +514,7 @@ class LakeTables:
 
     # ----------------------------------------------------------------- connections
     def _attach_writer(self) -> duckdb.DuckDBPyConnection:
-        con = connect(extensions=self.catalog.extensions)
+        con = connect_data(self.catalog, self.data_path, probe=True)
         # OVERRIDE_DATA_PATH: a lake folder copied or moved (its catalog names the old data path;
         # DuckLake keeps each file's path relative to it) is read and written where it is now.
         options = f"DATA_PATH {_literal(self.data_path)}, OVERRIDE_DATA_PATH true, DATA_INLINING_ROW_LIMIT 0"
@@ -693,7 +796,10 @@ class LakeTables:
                 full = full + part if relative else part
             local = Path(full)
             entry = {"table": table, "path": full, "bytes": int(size), "rows": int(count)}
-            entry["sha256"] = _sha256(local) if "://" not in full and local.is_file() else None
+            if is_s3(full):
+                entry["sha256"] = _s3_sha256(self.con, full)
+            else:
+                entry["sha256"] = _sha256(local) if "://" not in full and local.is_file() else None
             out.append(entry)
         return sorted(out, key=lambda e: (e["table"], e["path"]))
 
@@ -737,7 +843,7 @@ class LakeTables:
             con.close()
 
     def _attach_reader(self, snapshot: int) -> duckdb.DuckDBPyConnection:
-        con = connect(extensions=self.catalog.extensions)
+        con = connect_data(self.catalog, self.data_path)
         try:
             con.execute(
                 f"ATTACH {_literal(self.catalog.uri())} AS snap "

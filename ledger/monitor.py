@@ -70,12 +70,21 @@ class MonitorReport:
     files: int = 0  # data files fetched and checked against the signed manifest
 
 
+def _no_scheme(url: str) -> MonitorError:
+    """A path given where a URL is wanted (urllib raises ValueError: not a traceback for the user)."""
+    return MonitorError(
+        "unreachable", f"{url}: not a URL: give http://, https://, file:///path or s3://bucket/prefix"
+    )
+
+
 def _fetch(url: str) -> bytes:
     try:
         with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as response:
             data: bytes = response.read(_MAX_FETCH_BYTES + 1)
     except (urllib.error.URLError, OSError) as exc:
         raise MonitorError("unreachable", f"{url}: {exc}") from exc
+    except ValueError:
+        raise _no_scheme(url) from None
     if len(data) > _MAX_FETCH_BYTES:
         raise MonitorError("malformed", f"{url} is larger than {_MAX_FETCH_BYTES} bytes")
     return data
@@ -257,4 +266,6 @@ def _sha256_url(url: str) -> str:
                 digest.update(block)
     except (urllib.error.URLError, OSError) as exc:
         raise MonitorError("unreachable", f"{url}: {exc}") from exc
+    except ValueError:
+        raise _no_scheme(url) from None
     return digest.hexdigest()

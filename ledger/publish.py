@@ -44,18 +44,21 @@ import os
 import shutil
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import msgspec
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from ledger.log_checkpoint import parse_checkpoint, sign_checkpoint
 from ledger.merkle import EMPTY_ROOT, CompactRange, leaf_hash, verify_consistency
+from ledger.parquet_schemas import SIDE_TABLES
 from ledger.publish_dest import Dest, FolderDest, open_dest
 from ledger.redaction import entry_digest, is_redacted, read_marker
 from ledger.store import COMMITS, SALTS, Ledger
+from ledger.stored_files import lake_file_list
 from ledger.tiles import (
     MAX_ENTRY_BYTES,
     TILE_WIDTH,
@@ -80,6 +83,8 @@ CHECKPOINT = "checkpoint"
 MANIFEST = "manifest.json"
 MANIFEST_SIG = "manifest.sig"
 DATA = "data"
+LAKE_COPIES = "lake-files"  # under _publish/: merged lake files without DuckLake's own columns
+LAKE_INTERNAL = "_ducklake_internal_"
 EVENTS_PER_PASS = 50_000  # events read, built into entries and staged at a time (~100 MB at 2 KB each)
 
 
@@ -135,6 +140,95 @@ class PublishResult:
     repaired: bool  # an interrupted upload was finished first
     checkpoint: str
     witnesses: dict[str, str] = field(default_factory=dict)  # witness -> what it answered
+
+
+# -------------------------------------------------------------------------------------------- files
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """The ledger's live Parquet files, each named as DEST names it under ``data/``:
+    ``<table>/<column>=<value>/<file>.parquet``. Part files are that path under the ledger folder; a
+    ledger on DuckLake is read at one snapshot (``lake``: name -> the file DuckLake lists), its files
+    holding their partition column themselves (so they are read without hive partitioning)."""
+
+    root: Path
+    lake: dict[str, Path] | None = None
+    snapshot: int | None = None  # the lake snapshot ``lake`` lists: records up to it are published
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel if self.lake is None else self.lake[rel]
+
+    @property
+    def partitioning(self) -> str | None:
+        return "hive" if self.lake is None else None
+
+    def live_after(self, live: Sequence[str], records: Iterable[dict[str, Any]]) -> list[str]:
+        return _live_files(self.root, live, records) if self.lake is None else sorted(self.lake)
+
+
+def _lake_name(table: str, path: str) -> str:
+    """``<table>/<column>=<value>/<file>`` of a lake's data file (``…/main/<table>/<col>=<v>/<file>``)."""
+    parts = PurePosixPath(path).parts
+    at = [i for i, part in enumerate(parts) if part == table]
+    rel = parts[at[-1] :] if at else ()
+    if len(rel) != 3 or "=" not in rel[1]:
+        raise PublishError(f"lake file {path} is not under <table>/<column>=<value>/ (table {table})")
+    return "/".join(rel)
+
+
+def _lake_stored(ledger: Ledger) -> _Stored:
+    """The lake's files at its newest snapshot (pinned first: the records are synced after it, so
+    every file listed has its commit's record here)."""
+    assert ledger.lake is not None and ledger.lake_folder is not None
+    if "://" in ledger.lake.data_path:
+        raise PublishError(
+            f"the lake's files are at {ledger.lake.data_path}: publish reads a lake on a local folder, so far"
+        )
+    files: dict[str, Path] = {}
+    with ledger.lake.reader() as con:
+        for table in [*ledger.lake_folder.tables, *SIDE_TABLES]:
+            for data_file, delete_file in lake_file_list(ledger.lake, con, table):
+                if delete_file:  # a raw reader would count the deleted rows: the ledger never deletes
+                    raise PublishError(
+                        f"lake file {data_file} has deleted rows ({delete_file}): not publishable"
+                    )
+                rel = _lake_name(table, data_file)
+                files[rel] = _without_lake_columns(
+                    Path(data_file), ledger.root / STATE_DIR / LAKE_COPIES / rel
+                )
+        snapshot = con.snapshot
+    ledger.sync_lake_records()
+    return _Stored(ledger.root, files, snapshot)
+
+
+def _drop_old_copies(folder: Path, live: set[Path]) -> None:
+    """Delete the copies of files the lake merged away since (a publish staged them as links)."""
+    for path in folder.rglob("*.parquet") if folder.exists() else ():
+        if path not in live:
+            path.unlink(missing_ok=True)
+
+
+def _without_lake_columns(path: Path, copy: Path) -> Path:
+    """The file as outside engines should read it. DuckLake's merge keeps each row's lineage in
+    columns of its own (``_ducklake_internal_row_id``, ...) that a raw reader would take for the
+    table's: such a file is published as a copy without them (written once to ``copy``, a row group
+    at a time); every other file is published as it is, byte for byte."""
+    source = pq.ParquetFile(path)
+    names = source.schema_arrow.names
+    keep = [n for n in names if not n.startswith(LAKE_INTERNAL)]
+    if len(keep) == len(names):
+        return path
+    if copy.exists():  # lake file names are fresh UUIDs and never rewritten: a copy made once holds
+        return copy
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    tmp = copy.with_name(copy.name + ".tmp")
+    schema = pa.schema([source.schema_arrow.field(n) for n in keep])
+    with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+        for group in range(source.num_row_groups):
+            writer.write_table(source.read_row_group(group, columns=keep))
+    os.replace(tmp, copy)
+    return copy
 
 
 # -------------------------------------------------------------------------------------------- entries
@@ -205,18 +299,18 @@ def _commit_entry(record: dict[str, Any]) -> bytes:
 
 
 def _new_event_entries(
-    root: Path, live: Sequence[str], after_commit: int, last_commit: int
+    stored: _Stored, live: Sequence[str], after_commit: int, last_commit: int
 ) -> list[tuple[int, str, int, bytes]]:
     """(commit, stream, stream_seq, entry) of the events of commits (``after_commit``, ``last_commit``],
     in ledger order (commit, stream, stream_seq); a commit made meanwhile waits for the next publish.
 
     Each row becomes its ~250-byte entry as it is read, a batch at a time, and only the entries are
     sorted: the canonical JSON (an expert-count event is ~100 KB) is never held for a whole group."""
-    files = [str(root / rel) for rel in live if rel.startswith("events/")]
+    files = [str(stored.path(rel)) for rel in live if rel.startswith("events/")]
     if not files:
         return []
-    salts = _new_salts(root, live, after_commit, last_commit)
-    dataset = ds.dataset(files, format="parquet", partitioning="hive")
+    salts = _new_salts(stored, live, after_commit, last_commit)
+    dataset = ds.dataset(files, format="parquet", partitioning=stored.partitioning)
     columns = ["commit", "stream", "stream_seq", "source", "id", "type", "canonical"]
     wanted = (ds.field("commit") > after_commit) & (ds.field("commit") <= last_commit)
     keyed = []
@@ -234,14 +328,14 @@ def _new_event_entries(
 
 
 def _new_salts(
-    root: Path, live: Sequence[str], after_commit: int, last_commit: int
+    stored: _Stored, live: Sequence[str], after_commit: int, last_commit: int
 ) -> dict[tuple[str, int], bytes]:
     """(stream, stream_seq) -> salt, of the events of commits (``after_commit``, ``last_commit``]."""
-    files = [str(root / rel) for rel in live if rel.startswith(f"{SALTS.name}/")]
+    files = [str(stored.path(rel)) for rel in live if rel.startswith(f"{SALTS.name}/")]
     if not files:
         return {}
     wanted = (ds.field("commit") > after_commit) & (ds.field("commit") <= last_commit)
-    table = ds.dataset(files, format="parquet", partitioning="hive").to_table(
+    table = ds.dataset(files, format="parquet", partitioning=stored.partitioning).to_table(
         columns=["stream", "stream_seq", "salt"], filter=wanted
     )
     columns = (table[c].to_pylist() for c in ("stream", "stream_seq", "salt"))
@@ -260,23 +354,30 @@ class _CommitRecord(msgspec.Struct):
     removed: list[str] = []
     streams: dict[str, Any] = {}
     appended: dict[str, _Appended] = {}
+    lake: dict[str, Any] | None = None  # a ledger on DuckLake: the snapshot the commit made
+    lake_files: list[dict[str, Any]] = []  # ... and the data files it added (table, path, sha256)
 
 
 _decode_record = msgspec.json.Decoder(_CommitRecord)
 
 
-def _read_commits(root: Path, after: int) -> list[dict[str, Any]]:
-    """The commit records after ``after``, each with what a publish reads: its files, removed files,
-    stream heads, and per appended stream the count of its events."""
+def _read_commits(stored: _Stored, after: int) -> list[dict[str, Any]]:
+    """The commit records after ``after`` (on a lake, up to its snapshot), each with what a publish
+    reads: its files, removed files, stream heads, and per appended stream the count of its events."""
     records = []
-    for path in sorted((root / COMMITS).glob("*.json")):
+    for path in sorted((stored.root / COMMITS).glob("*.json")):
         if int(path.stem) > after:
             r = _decode_record.decode(path.read_bytes())
+            files = r.files
+            if stored.snapshot is not None:
+                if r.lake is None or int(r.lake["snapshot"]) > stored.snapshot:
+                    break  # committed after the snapshot publish reads: the next publish's
+                files = [_lake_name(f["table"], f["path"]) for f in r.lake_files]
             appended = {s: {"events": len(base64.b64decode(a.leaves)) // 32} for s, a in r.appended.items()}
             records.append(
                 {
                     "commit": r.commit,
-                    "files": r.files,
+                    "files": files,
                     "removed": r.removed,
                     "streams": r.streams,
                     "appended": appended,
@@ -296,13 +397,13 @@ def _live_files(root: Path, live: Sequence[str], records: Iterable[dict[str, Any
 
 
 def _build_entries(
-    root: Path, state: PublishState, records: list[dict[str, Any]], live_after: list[str]
+    stored: _Stored, state: PublishState, records: list[dict[str, Any]], live_after: list[str]
 ) -> tuple[list[bytes], int]:
     """The entries of ``records`` (their events, then a commit entry each), updating the state's
     stream segments and commit leaf ranges. Returns (entries, events)."""
     entries: list[bytes] = []
     by_commit: dict[int, list[tuple[int, str, int, bytes]]] = {}
-    for keyed in _new_event_entries(root, live_after, state.commit, records[-1]["commit"]):
+    for keyed in _new_event_entries(stored, live_after, state.commit, records[-1]["commit"]):
         by_commit.setdefault(keyed[0], []).append(keyed)
     events = 0
     for record in records:
@@ -368,11 +469,11 @@ def _sha256_file(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def _manifest(root: Path, state: PublishState, live: list[str], origin: str, log_size: int) -> bytes:
+def _manifest(stored: _Stored, state: PublishState, live: list[str], origin: str, log_size: int) -> bytes:
     """The manifest of the live files (each described once: files never change once named)."""
     files: dict[str, dict[str, Any]] = {}
     for rel in live:
-        path = root / rel
+        path = stored.path(rel)
         known = state.files.get(rel)
         if known is None:
             if not path.exists():
@@ -519,7 +620,7 @@ def _check_extends(files: _Files, old: PublishState, new: PublishState) -> None:
         raise PublishError(f"the new tree is not consistent with the published one: {exc}") from exc
 
 
-def _stage_data(root: Path, files: _Files, new_files: Iterable[str]) -> int:
+def _stage_data(stored: _Stored, files: _Files, new_files: Iterable[str]) -> int:
     """Hard links (or copies) of the new Parquet files: immutable, and kept if a compaction
     removes them from the ledger before the upload."""
     count = 0
@@ -527,34 +628,36 @@ def _stage_data(root: Path, files: _Files, new_files: Iterable[str]) -> int:
         target = files.staged / DATA / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            os.link(root / rel, target)
+            os.link(stored.path(rel), target)
         except OSError:
-            shutil.copyfile(root / rel, target)
+            shutil.copyfile(stored.path(rel), target)
         count += 1
     return count
 
 
 def _stage(
-    root: Path, files: _Files, state: PublishState, signer: NoteSigner, origin: str
+    stored: _Stored, files: _Files, state: PublishState, signer: NoteSigner, origin: str
 ) -> tuple[PublishState, int, int, int] | None:
     """Everything a publish will upload, in the staging folder; the new state (not yet swapped in).
     Returns (new state, entries added, events added, data files staged), or None: nothing new."""
-    records = _read_commits(root, state.commit)
-    if not records:
+    records = _read_commits(stored, state.commit)
+    # No new commit: nothing to publish, but on a lake whose merge replaced files (no ledger commit
+    # there), a new manifest and its snapshot entry name the files it reads now.
+    if not records and (stored.lake is None or sorted(stored.lake) == state.live):
         return None
     shutil.rmtree(files.staged, ignore_errors=True)  # an earlier publish killed before its swap
     files.staged.mkdir(parents=True)
     new = PublishState.from_json(json.loads(json.dumps(state.to_json())))
-    new.live = _live_files(root, state.live, records)
+    new.live = stored.live_after(state.live, records)
     events = 0
     for group in _commit_groups(records, EVENTS_PER_PASS):  # bounded memory: a pass per group
-        entries, group_events = _build_entries(root, new, group, new.live)
+        entries, group_events = _build_entries(stored, new, group, new.live)
         _stage_growth(files, new.size, entries)
         new.size += len(entries)
         new.commit = group[-1]["commit"]  # the next group's events are those after it
         events += group_events
     log_size = new.size
-    manifest = _manifest(root, new, new.live, origin, log_size)
+    manifest = _manifest(stored, new, new.live, origin, log_size)
     digest = hashlib.sha256(manifest).hexdigest()
     snapshot = _entry(
         {"t": "snapshot", "commit": new.commit, "log_size": log_size, "manifest_sha256": digest}
@@ -564,7 +667,7 @@ def _stage(
     _drop_passing_partials(files.staged, new.size)
     new.root = root_from_tiles(files.read_tile, new.size)
     _check_extends(files, state, new)
-    copied = _stage_data(root, files, [rel for rel in new.live if rel not in state.files])
+    copied = _stage_data(stored, files, [rel for rel in new.live if rel not in state.files])
     files.put(MANIFEST, manifest)
     files.put("views.sql", _views_sql(new.live))
     files.put(MANIFEST_SIG, _manifest_note(origin, log_size, manifest, signer).encode())
@@ -644,8 +747,12 @@ def publish(root: str | Path, dest: str | Path | Dest, private_key: str) -> Publ
     """Publish the ledger at ``root`` to ``dest`` (a folder, ``s3://bucket/prefix`` or a ``Dest``):
     only what is new, safe to kill."""
     root = Path(root)
-    ledger = Ledger.open(root)
-    ledger.require_part_files("`ledger publish`")
+    with Ledger.open(root) as ledger:
+        return _publish(ledger, dest, private_key)
+
+
+def _publish(ledger: Ledger, dest: str | Path | Dest, private_key: str) -> PublishResult:
+    root = ledger.root
     signer = parse_private_key(private_key)
     origin = log_origin(ledger.ledger_id)
     dest = open_dest(dest)  # DestError (one line) for a file, a bad URL, a missing bucket, bad credentials
@@ -662,7 +769,8 @@ def publish(root: str | Path, dest: str | Path | Dest, private_key: str) -> Publ
         _check_dest(dest, state)
         if state.checkpoint:
             parse_checkpoint(open_note(state.checkpoint, _verifier_of(signer)))
-        staged = _stage(root, _Files(dest, directory / "staged"), state, signer, origin)
+        stored = _Stored(root) if ledger.lake is None else _lake_stored(ledger)
+        staged = _stage(stored, _Files(dest, directory / "staged"), state, signer, origin)
         if staged is None:
             return PublishResult(state.size, state.size, 0, 0, 0, repaired, state.checkpoint)
         new, added, events, copied = staged
@@ -672,6 +780,8 @@ def publish(root: str | Path, dest: str | Path | Dest, private_key: str) -> Publ
         new.pending = False
         _save_state(directory, new, dest)
         shutil.rmtree(directory / "staged", ignore_errors=True)
+        if stored.lake is not None:
+            _drop_old_copies(root / STATE_DIR / LAKE_COPIES, set(stored.lake.values()))
     return PublishResult(new.size, state.size, added, events, copied, repaired, new.checkpoint, outcome)
 
 

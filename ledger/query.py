@@ -36,12 +36,13 @@ from ledger.lake import (
     LakeFolder,
     MaintenanceLock,
     checkpoint_snapshot,
+    is_s3,
     open_snapshot,
     retry_locked,
 )
 from ledger.parquet_schemas import tables_of
 from ledger.redaction import REDACTED_PREFIX, is_redacted, read_marker
-from ledger.sql_guard import RefusedStatement, lock_connection, read_only_statement
+from ledger.sql_guard import RefusedStatement, lock_connection, lock_sql, read_only_statement
 from ledger.store import Ledger, LedgerError, settled_merges
 from ledger.views import connect, lake_views_sql
 from schemas import Envelope, decode_event
@@ -120,7 +121,10 @@ class Reader:
         self.con.execute("SET TimeZone = 'UTC'")
         self.con.execute(lake_views_sql(lake.tables))
         # Only the data files: the catalog is open already (its metadata is not the statements' to read).
-        lock_connection(self.con, [Path(lake.data_path)] if "://" not in lake.data_path else [])
+        if is_s3(lake.data_path):
+            self.con.execute(_s3_lock_sql(lake.data_path))
+        else:
+            lock_connection(self.con, [Path(lake.data_path)] if "://" not in lake.data_path else [])
         self._watch = -1
         self._state_table = "state_events" in lake.tables
         self._maintenance = MaintenanceLock(Catalog.parse(lake.catalog))
@@ -506,6 +510,19 @@ class Reader:
             [run_id],
         ).records()
         return {row["attempt"]: row for row in rows}
+
+
+def _s3_lock_sql(data_path: str) -> str:
+    """``ledger.sql_guard``'s lock with the lake's ``s3://bucket/prefix/`` the one place DuckDB may
+    read (objects under it; not another bucket or prefix, not a local file). A prefix, as the lake's
+    files are many and change with every commit; DuckDB compares the text, so ``…/prefix/../x`` passes
+    it and the server's key handling decides (versitygw refuses such a key)."""
+    lock = lock_sql([])
+    empty = "SET allowed_directories = [];"
+    if empty not in lock:
+        raise QueryError("internal: sql_guard.lock_sql changed its allowed_directories line")
+    prefix = data_path.rstrip("/") + "/"
+    return lock.replace(empty, "SET allowed_directories = ['" + prefix.replace("'", "''") + "'];", 1)
 
 
 def _duckdb_error(error: duckdb.Error) -> str:

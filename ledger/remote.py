@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 import duckdb
 
 from ledger import duck
+from ledger.duck_s3 import create_s3_secret
 from ledger.log_checkpoint import Checkpoint, parse_and_verify_checkpoint
 from ledger.merkle import HASH_SIZE, ProofError, leaf_hash, verify_inclusion
 from ledger.monitor import MonitorError, MonitorReport, check_log
@@ -501,24 +502,6 @@ def _direct_views(source: Source, files: Sequence[str]) -> str:
     return "\n".join(lines) + "\n" + DERIVED_VIEWS + "\n" + CODE_VIEWS
 
 
-def _s3_secret(con: duckdb.DuckDBPyConnection, source: S3Source) -> None:
-    """DuckDB's S3 secret for the copy's server (the AWS_* variables, as for the download)."""
-    config = source.dest.config
-    options = {"REGION": config.region, "URL_STYLE": "path"}
-    if config.endpoint:
-        parts = urlsplit(config.endpoint)
-        options |= {"ENDPOINT": parts.netloc, "USE_SSL": str(parts.scheme == "https").lower()}
-    if config.access_key:
-        options |= {"KEY_ID": config.access_key, "SECRET": config.secret_key}
-        if config.session_token:
-            options["SESSION_TOKEN"] = config.session_token
-    quoted = ", ".join(
-        f"{k} {v}" if k == "USE_SSL" else f"{k} '{v.replace(chr(39), chr(39) * 2)}'"
-        for k, v in options.items()
-    )
-    con.execute(f"CREATE SECRET runledger_copy (TYPE s3, {quoted})")
-
-
 def query_direct(url: str, log_key: str, statement: str) -> DirectAnswer:
     """One read-only statement run by DuckDB (httpfs) on the published Parquet files by URL, no
     download. The checkpoint and manifest are verified; the data bytes are not (DuckDB reads only
@@ -540,7 +523,7 @@ def query_direct(url: str, log_key: str, statement: str) -> DirectAnswer:
         raise RemoteError(f"--direct needs DuckDB's httpfs: {exc}") from None
     try:
         if isinstance(source, S3Source):
-            _s3_secret(con, source)
+            create_s3_secret(con, source.dest.config, "runledger_copy")
         con.execute("SET TimeZone = 'UTC'")
         con.execute(views)
         con.execute(_lock_to([source.url_of(rel) for rel in files]))

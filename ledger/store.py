@@ -304,9 +304,7 @@ class Ledger:
         ledger = cls(root)
         ledger.lake, ledger.lake_folder, ledger.ledger_id = lake, folder, folder.ledger_id
         ledger.auto_compact = False  # the lake compacts itself (``maintain``, every maintain_every commits)
-        with open(root / ".writer.lock", "a+b") as handle:  # beside a writer in this folder: its records
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            ledger._sync_records()
+        ledger.sync_lake_records()  # beside a writer in this folder: after its records
         ledger._load_head()
         return ledger
 
@@ -327,6 +325,13 @@ class Ledger:
             raise LedgerError(
                 f"{self.root} is a ledger on DuckLake: {what} reads ledgers of part files only, so far"
             )
+
+    def sync_lake_records(self) -> int:
+        """Copy into the folder the lake's commit records it lacks (beside a writer in this folder:
+        after its records). Returns how many."""
+        with open(self.root / ".writer.lock", "a+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            return self._sync_records()
 
     def _sync_records(self) -> int:
         """Copy into the folder the commit records of lake commits it lacks (another host's, or this

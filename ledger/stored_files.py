@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from ledger.parquet_schemas import SIDE_TABLES, TABLES, tables_of
 
 if TYPE_CHECKING:
+    from ledger.lake import LakeReader, LakeTables
     from ledger.store import Ledger
 
 
@@ -84,12 +85,8 @@ class StoredFiles:
         with lake.reader() as con:
             check.snapshot = con.snapshot
             for table in [*self.tables, *SIDE_TABLES]:
-                rows = con.execute(
-                    "SELECT data_file, delete_file FROM ducklake_list_files(?, ?) ORDER BY data_file",
-                    ["snap" if not lake.catalog.one_process else "lake", table],
-                ).fetchall()
                 files = self._lake_files[table] = []
-                for data_file, delete_file in rows:
+                for data_file, delete_file in lake_file_list(lake, con, table):
                     path = Path(data_file)
                     shown = _shown(path, base)
                     files.append(StoredFile(path, shown, None))
@@ -101,6 +98,16 @@ class StoredFiles:
                         check.unrecorded.append(shown)
                     elif _sha256(path) != want:
                         check.altered.append(shown)
+
+
+def lake_file_list(lake: LakeTables, con: LakeReader, table: str) -> list[tuple[str, str | None]]:
+    """(data file, its delete file or None) of ``table`` at the snapshot ``con`` is pinned at, by path:
+    DuckLake's own list (``ducklake_list_files``), never a glob."""
+    rows = con.execute(
+        "SELECT data_file, delete_file FROM ducklake_list_files(?, ?) ORDER BY data_file",
+        ["snap" if not lake.catalog.one_process else "lake", table],
+    ).fetchall()
+    return [(str(data_file), delete_file or None) for data_file, delete_file in rows]
 
 
 def _shown(path: Path, base: Path) -> str:

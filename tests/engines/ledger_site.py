@@ -118,11 +118,15 @@ def _quarantined() -> list[bytes]:
     return [b"{not json", b'{"specversion": "1.0"}', b"\xff\xfe binary \x00 bytes"]
 
 
-def build_site(tmp: Path) -> Site:
-    """The ledger under ``tmp/ledger``, published to ``tmp/site`` with a fresh log key."""
+def build_site(tmp: Path, *, lake: bool = False) -> Site:
+    """The ledger under ``tmp/ledger``, published to ``tmp/site`` with a fresh log key; ``lake``: a
+    ledger on DuckLake (its embedded DuckDB-file catalog, data files in the folder)."""
     root, dest = tmp / "ledger", tmp / "site"
-    ledger = Ledger.create(root, ledger_id=LEDGER_ID)
-    ledger.auto_compact = False  # keep several part files per partition
+    if lake:
+        ledger = Ledger.create_on_lake(root, f"duckdb:{root / 'catalog.ducklake'}", ledger_id=LEDGER_ID)
+    else:
+        ledger = Ledger.create(root, ledger_id=LEDGER_ID)
+        ledger.auto_compact = False  # keep several part files per partition
     batches = [
         _run("run-a", crash=True, moe=True, finish=True, repository="octo/hello"),
         _run("run-b", crash=False, moe=False, finish=True, repository=None),
@@ -134,6 +138,7 @@ def build_site(tmp: Path) -> Site:
     for batch in batches:
         ledger.commit([SourceRecord("spool:engines", position + i, raw) for i, raw in enumerate(batch)])
         position += len(batch)
+    ledger.close()  # a DuckDB-file catalog is one process's at a time: publish and readers open it again
     private, public = write_keypair(tmp / "keys", f"runledger/{LEDGER_ID}")
     site = Site(root, dest, private.read_text().strip(), public.read_text().strip())
     publish(root, dest, site.private_key)

@@ -27,6 +27,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from ledger import duck
+from ledger.lake import LAKE_MARKER
 from ledger.manifest import Published, open_published, table_files
 from ledger.parquet_schemas import TABLES
 from ledger.publish import publish
@@ -46,9 +47,10 @@ Rows = tuple[list[str], list[dict[str, Any]]]
 # -------------------------------------------------------------------------------- the site, once
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
-    return build_site(tmp_path_factory.mktemp("engines"))
+@pytest.fixture(scope="module", params=["part-files", "lake"])
+def site(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Site:
+    """The ledger of part files, and the same events in a ledger on DuckLake, each published."""
+    return build_site(tmp_path_factory.mktemp("engines"), lake=request.param == "lake")
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +60,13 @@ def published(site: Site) -> Published:
 
 def _reference(root: Path, table: str) -> Rows:
     """The table's rows as the ledger answers them."""
+    if table == SALTS.name and (root / LAKE_MARKER).exists():  # the lake's own table, at its newest snapshot
+        with Ledger.open(root) as ledger:
+            assert ledger.lake is not None
+            with ledger.lake.reader() as lake:
+                rel = lake.execute(f"SELECT * FROM {SALTS.name}")
+                columns = [d[0] for d in rel.description or []]
+                return columns, [dict(zip(columns, row, strict=True)) for row in rel.fetchall()]
     if table == SALTS.name:  # a side table: not a view of `ledger query`; read as the views read tables
         con = duck.connect()
         con.execute("SET TimeZone = 'UTC'")
@@ -297,6 +306,10 @@ def test_a_file_the_manifest_does_not_name_is_not_read(site: Site, tmp_path: Pat
     """An old file a compaction replaced, back in DEST (a mirror's, an interrupted clean-up's): a
     glob reads its rows twice; the manifest's readers do not read it."""
     pl = pytest.importorskip("polars", reason="polars is not installed (pip install polars)")
+    if (site.root / LAKE_MARKER).exists():
+        pytest.skip(
+            "part files' compaction; the lake's merge: test_the_lake_merged_files_replace_the_published_ones"
+        )
     root, dest = Path(shutil.copytree(site.root, tmp_path / "ledger")), tmp_path / "site"
     publish(root, dest, site.private_key)
     before = {p: p.read_bytes() for p in (dest / "data" / "events").rglob("*.parquet")}
@@ -331,3 +344,27 @@ def test_table_files_refuses_paths_an_engine_would_misread() -> None:
     ]:
         with pytest.raises(RemoteError, match=re.escape(why)):
             table_files(manifest(path))
+
+
+def test_the_lake_merged_files_replace_the_published_ones(site: Site, tmp_path: Path) -> None:
+    """A ledger on DuckLake: the lake's merge replaces its commits' files; the next publish names the
+    merged files, deletes the replaced ones from DEST, and every engine still reads each row once."""
+    if not (site.root / LAKE_MARKER).exists():
+        pytest.skip("the lake's merge (part files: test_a_file_the_manifest_does_not_name_is_not_read)")
+    root, dest = Path(shutil.copytree(site.root, tmp_path / "ledger")), tmp_path / "site"
+    publish(root, dest, site.private_key)
+    before = set(open_published(dest, site.log_key).paths("events"))
+    with Ledger.open(root) as ledger:
+        merged = ledger.compact()
+    assert merged["files_after"] < merged["files_before"], merged
+    result = publish(root, dest, site.private_key)
+    assert (result.events, result.entries) == (0, 1)  # no new event: the snapshot entry naming the manifest
+    published = open_published(dest, site.log_key)
+    after = set(published.paths("events"))
+    gone = before - after
+    assert gone and after - before, "the merged files replace the commits' files"
+    assert not any(Path(p).exists() for p in gone), "the replaced files are deleted from DEST"
+    for table in ("events", "metrics", SALTS.name):
+        assert_same_rows(table, polars_rows(published, table), _reference(root, table))
+    verified = CliRunner().invoke(app, ["verify", "--remote", f"file://{dest}", "--log-key", site.log_key])
+    assert verified.exit_code == 0, verified.output

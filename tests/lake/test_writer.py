@@ -14,12 +14,14 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
 from ingest.spool import SpoolWriter
 from ledger.lake import LakeFolder, LakeTables
+from ledger.manifest import open_published
 from ledger.query import Reader
 from ledger.store import Ledger, LedgerError
 from tests.lake.conftest import Backend
@@ -129,14 +131,22 @@ def test_a_ledger_on_the_lake_holds_what_a_ledger_of_part_files_holds(tmp_path: 
     record = json.loads(sorted((lake / "_commits").glob("*.json"))[-1].read_bytes())
     assert record["lake"]["snapshot"] == a.snapshot
     assert record["lake_files"] and all(len(f["sha256"]) == 64 for f in record["lake_files"])
-    # a replay lands nothing; the lake verifies as the part files do; publish reads part files only
+    # a replay lands nothing; the lake verifies as the part files do
     assert "ingested 0 events" in _cli("ingest", "spool", "--spool", tmp_path / "spool", "--ledger", lake)
     assert _cli("verify", "--ledger", lake) == _cli("verify", "--ledger", files)
-    result = runner.invoke(
-        app, ["publish", str(tmp_path / "pub"), "--keys", str(keys), "--ledger", str(lake)], env=ENV
-    )
-    assert result.exit_code == 1, result.output
-    assert "is a ledger on DuckLake" in result.stderr and len(result.stderr.splitlines()) == 1
+    # published as one tile log with the lake snapshot's files: the remote check walks every entry
+    # and file; the files hold each event once; one entry per event and per commit, and the snapshot's
+    vkey = (keys / "runledger.pub").read_text().strip()
+    for ledger, reader in ((lake, a), (files, b)):
+        pub = tmp_path / f"pub-{ledger.name}"
+        assert _cli("publish", pub, "--keys", keys, "--ledger", ledger).startswith("published ")
+        checked = _cli("verify", "--remote", f"file://{pub}", "--log-key", vkey)
+        published = open_published(pub, vkey)
+        stored = reader.sql("SELECT count(*) AS n FROM events").records()[0]["n"]
+        assert pq.read_table(published.paths("events"), columns=["stream"], partitioning=None).num_rows == stored
+        with Ledger.open(ledger) as opened:
+            size = stored + opened.last_commit + 2
+        assert checked.startswith("OK ") and f"size {size}; {size} new entries" in checked, checked
 
 
 def test_sigkill_at_random_points_lands_every_event_once(tmp_path: Path) -> None:
