@@ -10,6 +10,11 @@
    one lake (PostgreSQL, else SQLite): aggregate events/s beside one.
 
     .venv/bin/python -m bench.bench_lake_ledger [--steps 1000,4000] [--batch-size 5000] [--writer-steps 1000]
+
+The full reference run (docs/scale.md: 390,000 steps, 1.1M events with rank stats and expert counts),
+part files beside the embedded lake only:
+
+    .venv/bin/python -m bench.bench_lake_ledger --steps 390000 --reference --lakes duckdb --writer-steps 0
 """
 
 from __future__ import annotations
@@ -44,21 +49,28 @@ def _run(*args: str | Path) -> str:
     return done.stdout
 
 
+REFERENCE = False  # --reference: the simulator's whole stream (rank stats, expert counts), not SMALL
+LAKES = ("duckdb", "sqlite", "postgres")  # --lakes
+
+
 def _spool(work: Path, steps: int, run_id: str = "moe-535b") -> Path:
     spool = work / f"spool-{run_id}-{steps}"
     if not spool.exists():
-        _run("simulate", "reference-535b", "--spool", spool, "--steps", steps, "--run-id", run_id, *SMALL)
+        extra = [] if REFERENCE else SMALL
+        _run("simulate", "reference-535b", "--spool", spool, "--steps", steps, "--run-id", run_id, *extra)
     return spool
 
 
 def _targets(work: Path, postgres: Postgres | None, tag: str) -> dict[str, Path]:
     """A fresh ledger folder per kind (part files, lakes)."""
     out = {"part files": work / f"files-{tag}"}
-    Ledger.create_on_lake(work / f"duckdb-{tag}", f"duckdb:{work / f'duckdb-{tag}.ducklake'}").close()
-    out["lake, DuckDB file"] = work / f"duckdb-{tag}"
-    Ledger.create_on_lake(work / f"sqlite-{tag}", f"sqlite:{work / f'sqlite-{tag}.sqlite'}").close()
-    out["lake, SQLite"] = work / f"sqlite-{tag}"
-    if postgres is not None:
+    if "duckdb" in LAKES:
+        Ledger.create_on_lake(work / f"duckdb-{tag}", f"duckdb:{work / f'duckdb-{tag}.ducklake'}").close()
+        out["lake, DuckDB file"] = work / f"duckdb-{tag}"
+    if "sqlite" in LAKES:
+        Ledger.create_on_lake(work / f"sqlite-{tag}", f"sqlite:{work / f'sqlite-{tag}.sqlite'}").close()
+        out["lake, SQLite"] = work / f"sqlite-{tag}"
+    if postgres is not None and "postgres" in LAKES:
         Ledger.create_on_lake(work / f"pg-{tag}", f"postgres:{postgres.database()}").close()
         out["lake, PostgreSQL"] = work / f"pg-{tag}"
     return out
@@ -225,18 +237,26 @@ def writers(work: Path, steps: int, batch_size: int, postgres: Postgres | None) 
 
 
 def main() -> None:
+    global REFERENCE, LAKES
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", default="1000,4000", help="sizes, comma-separated")
     parser.add_argument("--batch-size", type=int, default=5000)
     parser.add_argument("--writer-steps", type=int, default=1000)
     parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument(
+        "--reference", action="store_true", help="the whole simulated stream (1.1M events at 390,000 steps)"
+    )
+    parser.add_argument(
+        "--lakes", default=",".join(LAKES), help="catalogs beside part files: duckdb,sqlite,postgres"
+    )
     args = parser.parse_args()
+    REFERENCE, LAKES = args.reference, tuple(args.lakes.split(","))
     sizes = [int(s) for s in args.steps.split(",")]
     work = Path(tempfile.mkdtemp(prefix="bench-lake-ledger-"))
     pg_dir = Path(tempfile.mkdtemp(prefix="runledger-pg-", dir="/tmp"))
     pg_dir.chmod(0o755)
     postgres = None
-    if not args.no_postgres:
+    if not args.no_postgres and "postgres" in LAKES:
         try:
             postgres = Postgres(pg_dir)
         except (RuntimeError, OSError) as exc:
@@ -244,7 +264,8 @@ def main() -> None:
     try:
         made = ingest(work, sizes, args.batch_size, postgres)
         questions(made[sizes[-1]], sizes[-1])
-        writers(work, args.writer_steps, args.batch_size, postgres)
+        if args.writer_steps > 0:
+            writers(work, args.writer_steps, args.batch_size, postgres)
     finally:
         if postgres is not None:
             postgres.stop()

@@ -27,9 +27,11 @@ import fcntl
 import hashlib
 import json
 import logging
+import os
 import random
 import sqlite3
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -39,6 +41,8 @@ from typing import Any, Literal, TypeVar
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from ledger.duck import connect
 from ledger.parquet_schemas import SIDE_TABLES, TABLES, Table
@@ -157,6 +161,70 @@ def _spec(name: str) -> Table:
     return TABLES[name] if name in TABLES else SIDE_TABLES[name]
 
 
+def _path_value(value: Any) -> str:
+    """A partition value as its folder's name: as the part-file store writes it where it is a
+    plain name, escaped where it is not (a slash, a dot folder, a NUL)."""
+    text = "_" if value is None or value == "" else str(value)
+    if "/" in text or "\0" in text or text in (".", ".."):
+        return urllib.parse.quote(text, safe="")
+    return text
+
+
+_last_uuid7 = [0, 0]  # (unix ms, counter) of the last name made in this process
+
+
+def _uuid7() -> uuid.UUID:
+    """A UUIDv7 (RFC 9562: unix ms, then a counter, then random bits), increasing in this process.
+    DuckLake names its files so: sorted by name, a table's files are in the order they were written,
+    which readers of raw files (``ledger verify``'s fold) rely on."""
+    now_ms = time.time_ns() // 1_000_000
+    last_ms, counter = _last_uuid7
+    counter = counter + 1 if now_ms <= last_ms else 0
+    now_ms = max(now_ms, last_ms)
+    if counter > 0xFFF:  # 4,096 names in one millisecond: borrow the next one
+        now_ms, counter = now_ms + 1, 0
+    _last_uuid7[:] = [now_ms, counter]
+    tail = int.from_bytes(os.urandom(8), "big") & ((1 << 62) - 1)
+    return uuid.UUID(int=(now_ms << 80) | (0x7 << 76) | (counter << 64) | (0b10 << 62) | tail)
+
+
+def _unlink(written: list[tuple[str, Path]]) -> None:
+    """Delete files a commit wrote and no snapshot names (it failed, or was stale)."""
+    for _name, path in written:
+        path.unlink(missing_ok=True)
+
+
+def _conformed(name: str, table: pa.Table) -> pa.Table:
+    """``table`` with exactly the lake table's columns and types, as ``INSERT … BY NAME`` takes it:
+    an absent column is nulls, an unknown one is refused (a file with it would not be added)."""
+    schema = lake_schema(name)
+    unknown = sorted(set(table.column_names) - set(schema.names))
+    if unknown:
+        raise LakeError(f"table {name} has no column {', '.join(unknown)}")
+    columns = [
+        table.column(f.name).cast(f.type)
+        if f.name in table.column_names
+        else pa.nulls(table.num_rows, f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _write_synced(rows: pa.Table, path: Path) -> None:
+    """A Parquet file written and fsynced, with the folder that names it (made if new)."""
+    made = not path.parent.exists()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(rows, path, compression="zstd")
+    with open(path, "rb+") as handle:
+        os.fsync(handle.fileno())
+    for folder in (path.parent, path.parent.parent) if made else (path.parent,):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def lake_schema(name: str) -> pa.Schema:
     """A ledger table's columns in the lake: its file columns, then its hive partition column (as a
     hive-partitioned glob reader sees them today)."""
@@ -192,8 +260,9 @@ class MaintenanceLock:
 
     DuckLake 1.5.5 on SQLite: a statement read while ``ducklake_merge_adjacent_files`` runs beside it
     sometimes answers as if the table were empty (count 0 in about 1 of 30 pinned readers here, no
-    error raised); on PostgreSQL the same test never did. A SQLite catalog is on one host, so a file
-    lock beside it lets every statement hold it shared and maintenance exclusive."""
+    error raised); on PostgreSQL the same test never did. And a merge cannot flush while commits
+    land more often than it lasts. A SQLite catalog is on one host, so a file lock beside it lets
+    every statement and every commit hold it shared and maintenance exclusive."""
 
     def __init__(self, catalog: Catalog) -> None:
         self.path = Path(catalog.target + ".maintain.lock") if catalog.kind == "sqlite" else None
@@ -502,6 +571,7 @@ class LakeTables:
         self.retries = 0  # every "database is locked" and engine conflict retried, over the instance
         self.maintenance = MaintenanceLock(self.catalog)
         self._fences: set[str] = set()  # sources whose fence table is known to exist
+        self._folders: dict[str, Path] = {}  # table -> its data folder (``_table_folder``)
         if self.catalog.kind != "postgres":
             Path(self.catalog.target).parent.mkdir(parents=True, exist_ok=True)
         if self.catalog.kind == "sqlite":
@@ -564,10 +634,16 @@ class LakeTables:
             (con or self.con).execute("ROLLBACK")
 
     # ----------------------------------------------------------------- tables
-    def _existing(self) -> set[str]:
-        rows = self.con.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE database_name = ?", [ALIAS]
-        ).fetchall()
+    def _existing(self, con: duckdb.DuckDBPyConnection | None = None) -> set[str]:
+        """The lake's tables now, from its catalog's own table (``duckdb_tables()`` lists every
+        attached database's: ~20x slower)."""
+        rows = (
+            (con or self.con)
+            .execute(
+                f"SELECT table_name FROM __ducklake_metadata_{ALIAS}.ducklake_table WHERE end_snapshot IS NULL"
+            )
+            .fetchall()
+        )
         return {r[0] for r in rows}
 
     def _create_tables(self) -> None:
@@ -628,11 +704,26 @@ class LakeTables:
                 raise LakeError(f"unknown table {name!r}")
         commit_id = uuid.uuid4().hex
         before = self.retries
+
+        def attempt() -> int | None:
+            # Local files are written (and fsynced) before the transaction begins, so the catalog's
+            # write lock (SQLite) is held for metadata only; each attempt writes its own (adding one
+            # file again after a rolled-back attempt crashed DuckDB 1.5.5: SIGSEGV, 10 of 25 races).
+            written = [] if is_s3(self.data_path) else self._write_files(tables)
+            try:
+                return self._commit_once(
+                    commit_id, tables, written, positions, state, writer, info or {}, number
+                )
+            except BaseException:
+                _unlink(written)  # no snapshot names them (a kill before here leaves orphans: harmless)
+                raise
+
         try:
-            snapshot = self._retry(
-                lambda: self._commit_once(commit_id, tables, positions, state, writer, info or {}, number),
-                on_conflict=True,
-            )
+            # Beside maintenance, not through it: on a SQLite catalog a merge (one long DuckLake
+            # transaction) cannot flush while commits land more often than it lasts (every retry
+            # found the catalog moved: "database is locked", 1 test run in 5): it takes its turn.
+            with self.maintenance.shared():
+                snapshot = self._retry(attempt, on_conflict=True)
         except _Stale as stale:
             self._rollback()
             return LakeCommit(commit_id, None, stale=stale.stored, retries=self.retries - before)
@@ -655,6 +746,7 @@ class LakeTables:
         self,
         commit_id: str,
         tables: Mapping[str, pa.Table],
+        written: list[tuple[str, Path]],
         positions: Mapping[str, tuple[int, int]],
         state: Mapping[str, Any],
         writer: str,
@@ -663,7 +755,7 @@ class LakeTables:
     ) -> int | None:
         self.con.execute("BEGIN")
         try:
-            return self._in_transaction(commit_id, tables, positions, state, writer, info, number)
+            return self._in_transaction(commit_id, tables, written, positions, state, writer, info, number)
         except BaseException:
             self._rollback()  # a failed statement leaves the transaction open: never the next commit's
             raise
@@ -672,6 +764,7 @@ class LakeTables:
         self,
         commit_id: str,
         tables: Mapping[str, pa.Table],
+        written: list[tuple[str, Path]],
         positions: Mapping[str, tuple[int, int]],
         state: Mapping[str, Any],
         writer: str,
@@ -679,12 +772,14 @@ class LakeTables:
         number: int | None,
     ) -> int | None:
         con = self.con
-        self._fence(positions)
         rows = 0
         for name, table in sorted(tables.items()):
-            if table.num_rows:
-                self._insert(name, table)
-                rows += table.num_rows
+            if table.num_rows and is_s3(self.data_path):
+                self._insert_by_engine(name, table)
+            rows += table.num_rows
+        for name, path in written:
+            con.execute(f"CALL ducklake_add_data_files('{ALIAS}', ?, ?)", [name, str(path)])
+        self._fence(positions)
         if rows == 0 and not positions and not state:
             con.execute("ROLLBACK")
             return None
@@ -716,7 +811,51 @@ class LakeTables:
         (snapshot,) = con.execute(f"FROM ducklake_last_committed_snapshot('{ALIAS}')").fetchone() or (None,)
         return int(snapshot) if snapshot is not None else None
 
-    def _insert(self, name: str, table: pa.Table) -> None:
+    def _write_files(self, tables: Mapping[str, pa.Table]) -> list[tuple[str, Path]]:
+        """Each table's rows as one Parquet file per partition value, written by the ledger (pyarrow,
+        zstd, fsynced with its folder) where DuckLake would put them; the commit then adds them
+        (``ducklake_add_data_files``). Why not ``INSERT``: DuckDB's writer never fsyncs a data file
+        before the catalog's COMMIT names it (strace here), so a host crash after a commit could leave
+        the catalog naming bytes that never reached the disk. (table, path) in write order."""
+        out: list[tuple[str, Path]] = []
+        try:
+            for name, table in sorted(tables.items()):
+                if not table.num_rows:
+                    continue
+                table = _conformed(name, table)
+                column = _spec(name).partition
+                folder = self._table_folder(name)
+                for value in sorted(set(table.column(column).to_pylist()), key=str):
+                    values = table.column(column)
+                    rows = table.filter(pc.is_null(values) if value is None else pc.equal(values, value))
+                    path = folder / f"{column}={_path_value(value)}" / f"ducklake-{_uuid7()}.parquet"
+                    out.append((name, path))
+                    _write_synced(rows, path)
+        except BaseException:
+            _unlink(out)
+            raise
+        return out
+
+    def _table_folder(self, name: str) -> Path:
+        """Where DuckLake keeps ``name``'s files: the data path, its schema's folder, its own."""
+        known = self._folders.get(name)
+        if known is None:
+            meta = f"__ducklake_metadata_{ALIAS}"
+            row = self.con.execute(
+                f"SELECT s.path, s.path_is_relative, t.path, t.path_is_relative FROM {meta}.ducklake_table t "
+                f"JOIN {meta}.ducklake_schema s ON s.schema_id = t.schema_id AND s.end_snapshot IS NULL "
+                "WHERE t.table_name = ? AND t.end_snapshot IS NULL",
+                [name],
+            ).fetchone()
+            if row is None:
+                raise LakeError(f"no table {name!r} in the lake")
+            full = self.data_path.rstrip("/") + "/"
+            for part, relative in ((row[0], row[1]), (row[2], row[3])):
+                full = full + part if relative else part
+            known = self._folders[name] = Path(full)
+        return known
+
+    def _insert_by_engine(self, name: str, table: pa.Table) -> None:
         view = f"_lake_rows_{name}"
         self.con.register(view, table)
         try:
@@ -731,12 +870,18 @@ class LakeTables:
         for source, (expected, new) in sorted(positions.items()):
             table = f"{ALIAS}.{fence_table(source)}"
             exists = self._fence_exists(source)
-            stored = self._fenced(source) if exists else 0
-            if stored != expected:
-                stale[source] = stored
-                continue
             if exists:
-                self.con.execute(f"DELETE FROM {table}")
+                # The row is deleted only where it holds the expected position: one statement, where
+                # reading it first cost a second scan (~10 ms a source on a DuckDB-file catalog).
+                deleted = self.con.execute(
+                    f"DELETE FROM {table} WHERE next_position = ?", [expected]
+                ).fetchone()
+                if not deleted or int(deleted[0]) != 1:
+                    stale[source] = self._fenced(source)
+                    continue
+            elif expected != 0:
+                stale[source] = 0
+                continue
             else:
                 self.con.execute(f"CREATE TABLE {table} (source VARCHAR, next_position BIGINT)")
             self.con.execute(f"INSERT INTO {table} VALUES (?, ?)", [source, new])
@@ -747,10 +892,15 @@ class LakeTables:
         """Whether the source's fence table exists (once made, it stays: remembered)."""
         if source in self._fences:
             return True
-        if fence_table(source) in self._existing():
+        # As this transaction sees the catalog (not the catalog table, which is read live: a fence
+        # another writer made after this transaction began is not one it can delete from).
+        rows = self.con.execute(
+            "SELECT 1 FROM duckdb_tables() WHERE database_name = ? AND table_name = ?",
+            [ALIAS, fence_table(source)],
+        ).fetchall()
+        if rows:
             self._fences.add(source)
-            return True
-        return False
+        return bool(rows)
 
     def _fenced(self, source: str) -> int:
         row = self.con.execute(f"SELECT max(next_position) FROM {ALIAS}.{fence_table(source)}").fetchone()
@@ -820,12 +970,22 @@ class LakeTables:
         return self._retry(ask)
 
     def positions(self, snapshot: int | None = None) -> dict[str, int]:
+        if snapshot is None:  # one statement sees one snapshot: no pinned reader to open
+            return self._retry(lambda: self._newest(read_positions))
         with self.reader(snapshot) as con:
             return read_positions(con)
 
     def state(self, snapshot: int | None = None) -> dict[str, Any]:
+        if snapshot is None:
+            return self._retry(lambda: self._newest(read_state))
         with self.reader(snapshot) as con:
             return read_state(con)
+
+    def _newest(self, read: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+        """``read`` on a cursor of the writer's instance (its own transaction: committed data only)."""
+        with self.maintenance.shared(), contextlib.closing(self.con.cursor()) as cur:
+            cur.execute(f"USE {ALIAS}")
+            return read(cur)
 
     # ----------------------------------------------------------------- readers
     @contextlib.contextmanager
@@ -859,10 +1019,7 @@ class LakeTables:
     def _pinned_views(self, snapshot: int) -> duckdb.DuckDBPyConnection:
         """DuckDB-file catalog: a cursor on the writer's instance, each table a view at the snapshot."""
         con = self.con.cursor()
-        tables = con.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE database_name = ?", [ALIAS]
-        ).fetchall()
-        for (name,) in tables:
+        for name in sorted(self._existing(con)):
             extra = ", rowid AS rowid" if name == STATE else ""  # read_state orders by it
             con.execute(
                 f"CREATE TEMP VIEW {_quote(name)} AS SELECT *{extra} FROM {ALIAS}.{_quote(name)} AT (VERSION => {int(snapshot)})"

@@ -259,22 +259,30 @@ class Ledger:
             raise LedgerError(f"ledger id {ledger_id!r} must be 1-64 of A-Z a-z 0-9 . _ -")
         if (root / "LEDGER.json").exists():
             raise LedgerError(f"{root} is a ledger of part files (`ledger migrate` puts it on DuckLake)")
+        opened: LakeTables | None = None
         if not (root / LAKE_MARKER).exists():
             root.mkdir(parents=True, exist_ok=True)
             data = str(data_path if data_path is not None else root / "data")
             try:
-                with LakeTables(catalog, data) as lake:
-                    known = lake.state().get(ID_KEY)
-                    if known is None:  # a new lake: name its ledger (one creator wins a race)
-                        chosen = ledger_id or uuid.uuid4().hex[:16]
-                        named = lake.commit({}, {ID_FENCE: (0, 1)}, {ID_KEY: chosen}, writer="create")
-                        known = chosen if named.ok else lake.state().get(ID_KEY)
+                opened = LakeTables(catalog, data)
+                known = opened.state().get(ID_KEY)
+                if known is None:  # a new lake: name its ledger (one creator wins a race)
+                    chosen = ledger_id or uuid.uuid4().hex[:16]
+                    named = opened.commit({}, {ID_FENCE: (0, 1)}, {ID_KEY: chosen}, writer="create")
+                    known = chosen if named.ok else opened.state().get(ID_KEY)
+                if ledger_id is not None and known != ledger_id:
+                    raise LedgerError(f"the lake at {catalog} is ledger {known}, not {ledger_id}")
+                LakeFolder(root, catalog, data, str(known), tuple(TABLES)).write()
             except (LakeError, duckdb.Error) as exc:
+                if opened is not None:
+                    opened.close()
                 raise LedgerError(f"lake {catalog}: {str(exc).strip().splitlines()[0]}") from None
-            if ledger_id is not None and known != ledger_id:
-                raise LedgerError(f"the lake at {catalog} is ledger {known}, not {ledger_id}")
-            LakeFolder(root, catalog, data, str(known), tuple(TABLES)).write()
-        ledger = cls.open(root)
+            except BaseException:
+                if opened is not None:
+                    opened.close()
+                raise
+        # the lake just made is kept open for the ledger (not attached a second time)
+        ledger = cls._open_lake(root, opened) if opened is not None else cls.open(root)
         if ledger_id is not None and ledger.ledger_id != ledger_id:
             raise LedgerError(f"{root} is ledger {ledger.ledger_id}, not {ledger_id}")
         return ledger
@@ -293,12 +301,18 @@ class Ledger:
         return ledger
 
     @classmethod
-    def _open_lake(cls, root: Path) -> Ledger:
+    def _open_lake(cls, root: Path, lake: LakeTables | None = None) -> Ledger:
         try:
             folder = LakeFolder.read(root)
             assert folder is not None
-            lake = LakeTables(folder.catalog, folder.data_path)
+            if lake is not None and lake.data_path != str(folder.data_path):  # named otherwise there
+                lake.close()
+                lake = None
+            if lake is None:
+                lake = LakeTables(folder.catalog, folder.data_path)
         except (LakeError, duckdb.Error) as exc:
+            if lake is not None:
+                lake.close()
             raise LedgerError(f"{root}: {str(exc).strip().splitlines()[0]}") from None
         (root / COMMITS).mkdir(exist_ok=True)
         ledger = cls(root)

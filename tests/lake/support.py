@@ -145,9 +145,10 @@ def _main(argv: list[str]) -> int:
     elif command == "hold":  # a commit's transaction, its rows inserted (data files written), never
         # committed: the test kills the process here with SIGKILL
         source, rows = argv[3], int(argv[4])
+        written = lake._write_files(batch(source, 10**6, rows, 99))
         lake.con.execute("BEGIN")
-        for name, table in batch(source, 10**6, rows, 99).items():
-            lake._insert(name, table)
+        for name, path in written:
+            lake.con.execute("CALL ducklake_add_data_files('lake', ?, ?)", [name, str(path)])
         print("holding", flush=True)
         time.sleep(600)
     elif command == "race":  # the same source's batches, exactly once between racing copies

@@ -143,7 +143,9 @@ def test_a_ledger_on_the_lake_holds_what_a_ledger_of_part_files_holds(tmp_path: 
         checked = _cli("verify", "--remote", f"file://{pub}", "--log-key", vkey)
         published = open_published(pub, vkey)
         stored = reader.sql("SELECT count(*) AS n FROM events").records()[0]["n"]
-        assert pq.read_table(published.paths("events"), columns=["stream"], partitioning=None).num_rows == stored
+        assert (
+            pq.read_table(published.paths("events"), columns=["stream"], partitioning=None).num_rows == stored
+        )
         with Ledger.open(ledger) as opened:
             size = stored + opened.last_commit + 2
         assert checked.startswith("OK ") and f"size {size}; {size} new entries" in checked, checked

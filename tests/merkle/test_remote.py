@@ -149,6 +149,22 @@ def test_verify_remote_refuses_a_wrong_key(served: Served, site: Site, tmp_path:
     assert result.exit_code == 2 and "--log-key" in result.output
 
 
+def test_verify_remote_given_a_path_says_so_in_one_line(site: Site, tmp_path: Path) -> None:
+    """A folder path where a URL is wanted (urllib's ValueError was a traceback); file:// reads it."""
+    site.add(5)
+    site.publish()
+    key = site.vkey
+    args = ["verify", "--remote", str(site.dest), "--log-key", key, "--state", str(tmp_path / "s.json")]
+    result = CliRunner().invoke(app, args, env=ENV)
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines() == [
+        f"error: FAILED unreachable: {site.dest}/checkpoint: not a URL: "
+        "give http://, https://, file:///path or s3://bucket/prefix"
+    ]
+    args[2] = f"file://{site.dest}"
+    assert CliRunner().invoke(app, args, env=ENV).output.startswith("OK ")
+
+
 # ------------------------------------------------------------------------ offline tlog-proof
 
 
