@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ledger.lake import MERGED_PREFIX
 from ledger.parquet_schemas import SIDE_TABLES, TABLES, tables_of
 
 if TYPE_CHECKING:
@@ -126,6 +127,10 @@ def _recorded_sha256(ledger: Ledger) -> dict[tuple[str, str], str]:
         for item in json.loads(path.read_bytes()).get("lake_files") or []:
             if item.get("sha256"):
                 out[(item["table"], Path(item["path"]).name)] = item["sha256"]
+    assert ledger.lake is not None
+    for key, item in ledger.lake.state().items():  # files the lake's merge wrote (``maintain``)
+        if key.startswith(MERGED_PREFIX) and isinstance(item, dict) and item.get("sha256"):
+            out[(item["table"], key.removeprefix(MERGED_PREFIX))] = item["sha256"]
     return out
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from ledger.lake import LakeError, LakeReader, LakeTables, fence_table
+from ledger.lake import ORPHAN_MIN_AGE_S, LakeError, LakeReader, LakeTables, fence_table
 from tests.lake.conftest import Backend
 from tests.lake.support import batch, spawn
 
@@ -234,6 +234,24 @@ class _Shared:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def test_maintain_deletes_old_orphans_only(backend: Backend) -> None:
+    """A commit killed after writing its files leaves files no snapshot names: maintenance deletes
+    them once older than ORPHAN_MIN_AGE_S (a writer elsewhere may be about to add a young one)."""
+    with LakeTables(backend.catalog, backend.data) as lake:
+        assert lake.commit(batch("s", 0, ROWS, 0), {"s": (0, ROWS)}, {}).ok
+        old, young = (w for _name, w in lake._write_files(batch("s", ROWS, ROWS, 1))[:2])
+        hours_ago = time.time() - ORPHAN_MIN_AGE_S - 60
+        os.utime(old, (hours_ago, hours_ago))
+        with lake.reader() as con:
+            before = _count(con, "SELECT count(*) FROM events") + _count(con, "SELECT count(*) FROM metrics")
+        stats = lake.maintain(keep_s=0)
+        assert stats["orphans_deleted"] == 1, stats
+        assert not old.exists() and young.exists()
+        with lake.reader() as con:
+            after = _count(con, "SELECT count(*) FROM events") + _count(con, "SELECT count(*) FROM metrics")
+        assert after == before == 2 * ROWS
 
 
 def test_maintain_merges_files_and_a_pinned_reader_answers_the_same(backend: Backend) -> None:

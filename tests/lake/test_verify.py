@@ -127,6 +127,26 @@ def test_merged_files_and_leftovers_of_killed_transactions_are_no_problem(lake: 
     assert "table-mismatch" in {p.kind for p in verify_ledger(lake).problems}
 
 
+def test_files_merged_by_maintenance_are_checked_by_their_bytes(lake: Path) -> None:
+    """``ledger compact`` on a lake (``maintain``) names each merged file with its SHA-256: verify
+    then warns of nothing and names a merged file whose bytes changed with its rows unchanged."""
+    with _tables(lake) as tables:
+        stats = tables.maintain()
+    assert stats["files_after"] < stats["files_before"] and stats["merged_recorded"] > 0, stats
+    report = verify_ledger(lake)
+    assert report.ok and not report.warnings, ([p.line() for p in report.problems], report.warnings)
+    merged = [
+        p
+        for p in _data_files(lake, "metrics")
+        if any(n.startswith("_ducklake_internal_") for n in pq.read_schema(p).names)
+    ]
+    assert merged, "the merge wrote no metrics file"
+    _rewrite(merged[0], pq.read_table(merged[0]))  # the same rows, other bytes
+    problems = verify_ledger(lake).problems
+    assert [p.kind for p in problems] == ["modified"], [p.line() for p in problems]
+    assert merged[0].name in problems[0].detail
+
+
 def test_signed_checkpoints_of_a_lake_verify(lake: Path) -> None:
     private, public = generate_keypair("lake-test")
     assert sign_checkpoints(lake, private)
