@@ -83,7 +83,9 @@ LOCKED_RETRIES = 60
 LOCKED_BACKOFF_S = (0.01, 0.5)  # first and largest sleep; doubled each try, with jitter
 CONFLICT_RETRIES = 20
 # Rows per Parquet row group, the ledger's files and the lake's merges alike ("": every other table).
-ROW_GROUP_ROWS = {"": 16_384, "events": 1_024, "quarantine": 1_024}
+# ledger_commits: a row holds a whole commit record (~700 B an event: 3.5 MB for 5,000 events); its
+# merge held every row in one group (+180 MB for 60 commits, ~780 MB for the full reference run).
+ROW_GROUP_ROWS = {"": 16_384, "events": 1_024, "quarantine": 1_024, "ledger_commits": 8}
 MERGED_PREFIX = "merged:"  # a state key naming a file the lake's merge wrote (its table, SHA-256)
 ORPHAN_MIN_AGE_S = 3600.0  # a data file no snapshot names is deleted by maintenance once this old
 MAINTAIN_WAIT_S = 30.0  # a SQLite catalog's maintenance waits this long for a gap between statements  # an engine conflict that is not a fence (a concurrent maintain()): redo
@@ -934,7 +936,9 @@ class LakeTables:
         DuckDB will read), sorted by table and path. One query of the catalog's own tables, which
         answers even when maintenance has expired the snapshot meanwhile (a ``maintain(keep_s)``
         shorter than a commit); a file merged and deleted by then has no SHA-256 (None)."""
-        return self._data_files("f.begin_snapshot = ?", [snapshot])
+        # partial_max: a file the lake's merge wrote keeps its oldest row's snapshot as its own and
+        # names the newest it holds; a record synced after a merge must not claim it as its commit's.
+        return self._data_files("f.begin_snapshot = ? AND f.partial_max IS NULL", [snapshot])
 
     def _data_files(
         self, where: str, params: list[Any], con: duckdb.DuckDBPyConnection | None = None
