@@ -1132,16 +1132,11 @@ class LakeTables:
                 return len(cur.execute(sql).fetchall())
 
             self._retry(lambda: self._row_group_options(cur), con=cur)
-            # One thread: each thread of a merge holds a row group of its own in and out (1.1 GB
-            # beside 356 MB for the events of 10% of the reference run; 3.9 GB at full size before).
-            threads = cur.execute("SELECT current_setting('threads')").fetchone()
-            cur.execute("SET threads = 1")
-            try:
-                self._retry(
-                    lambda: call(f"CALL ducklake_merge_adjacent_files('{ALIAS}')"), on_conflict=True, con=cur
-                )
-            finally:
-                cur.execute(f"SET threads = {int(threads[0]) if threads else 1}")
+            # (Not `SET threads = 1`, which halved the merge's memory again: it is global, and on a
+            # DuckDB-file catalog it deadlocked against a commit running in another thread.)
+            self._retry(
+                lambda: call(f"CALL ducklake_merge_adjacent_files('{ALIAS}')"), on_conflict=True, con=cur
+            )
             expired = self._retry(lambda: _expire(cur, keep_s), on_conflict=True, con=cur)
             cleaned = self._retry(
                 lambda: call(f"CALL ducklake_cleanup_old_files('{ALIAS}', older_than => {older})"), con=cur
