@@ -1096,6 +1096,10 @@ class LakeTables:
         (``merged:<file name>``, one commit), so ``verify`` checks merged files' bytes as it checks a
         commit's. A merged file keeps its oldest row's snapshot as its own, so it is found by id.
         Killed before this, verify says they are unrecorded."""
+        if (
+            self.catalog.one_process
+        ):  # a DuckDB-file catalog: its readers share this instance (CI: a binder error)
+            return 0
         where = (
             "f.data_file_id >= ? AND f.end_snapshot IS NULL AND f.begin_snapshot NOT IN "
             f"(SELECT snapshot_id FROM {ALIAS}.snapshots() WHERE snapshot_id > ? AND commit_message IS NOT NULL)"
