@@ -98,7 +98,7 @@ def _copy_in_order(parts: Sequence[Path], schema: pa.Schema, tmp: Path) -> None:
             f = pq.ParquetFile(part)
             for group in range(f.metadata.num_row_groups):
                 # Under the table's schema (as queries read it): an older file's missing column is null.
-                rows = _conform(f.read_row_group(group), schema)
+                rows = conform(f.read_row_group(group), schema)
                 pending.append(rows)
                 pending_bytes += rows.nbytes
                 if pending_bytes >= MERGE_ROW_GROUP_BYTES:
@@ -174,10 +174,10 @@ def _rows_in(
     values = table.column(column)
     wanted = pa.array(chunk, pa.string())
     mask = pc.is_null(values) if chunk == [None] else pc.is_in(values, value_set=wanted)
-    return _conform(table.filter(mask), schema)
+    return conform(table.filter(mask), schema)
 
 
-def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """``table`` under ``schema``: a column an older file lacks is null, as queries read it."""
     columns = [
         table.column(field.name).cast(field.type)

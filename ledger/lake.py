@@ -44,8 +44,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ledger.compaction import conform
 from ledger.duck import connect
 from ledger.parquet_schemas import SIDE_TABLES, TABLES, Table
+from schemas.durable import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -207,13 +209,7 @@ def _conformed(name: str, table: pa.Table) -> pa.Table:
     unknown = sorted(set(table.column_names) - set(schema.names))
     if unknown:
         raise LakeError(f"table {name} has no column {', '.join(unknown)}")
-    columns = [
-        table.column(f.name).cast(f.type)
-        if f.name in table.column_names
-        else pa.nulls(table.num_rows, f.type)
-        for f in schema
-    ]
-    return pa.Table.from_arrays(columns, schema=schema)
+    return conform(table, schema)
 
 
 def _write_synced(rows: pa.Table, path: Path) -> None:
@@ -227,11 +223,7 @@ def _write_synced(rows: pa.Table, path: Path) -> None:
     with open(path, "rb+") as handle:
         os.fsync(handle.fileno())
     for folder in (path.parent, path.parent.parent) if made else (path.parent,):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(folder)
 
 
 def lake_schema(name: str) -> pa.Schema:
