@@ -391,11 +391,13 @@ def _prove_tlog(
 
 def _salt_hex_of(ledger: Path, event_id: str, source: str | None) -> str:
     """The event's salt in hex ("" for an event stored before salts)."""
-    from ledger.redaction import find_event, salt_of
+    from ledger.redaction import find_event, salt_of, stored_rows
+    from ledger.store import Ledger
 
-    with user_errors(ledger):
-        target = find_event(ledger, event_id, source)
-        salt = salt_of(ledger, target.stream, target.stream_seq)
+    with user_errors(ledger), Ledger.open(ledger) as opened:
+        stored = stored_rows(opened)
+        target = find_event(stored, event_id, source)
+        salt = salt_of(stored, target.stream, target.stream_seq)
     return salt.hex() if salt else ""
 
 

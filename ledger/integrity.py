@@ -6,7 +6,7 @@ What is checked by ``verify_ledger``:
     and the ledger only grew since (consistency);
   * every event row hashes to the leaf recorded at its ``stream_seq``: a changed event is named
     "modified", a missing one "removed", one the commits never recorded "inserted", rows out of
-    their stream order within a file "reordered"; its ``commit`` column must be the commit the log
+    their stream order within a part file "reordered" (a lake's files are pinned by SHA-256); its ``commit`` column must be the commit the log
     says appended it; every column of every file must read (damage anywhere is "unreadable");
   * every typed table equals what the events produce: an edited metric names its event;
   * every producer event is admitted again under the registry kept in the log as it stood when the
@@ -254,6 +254,9 @@ class _StreamCheck:
     suspects: list[EventRow] = field(default_factory=list)  # bytes differ, or a second row with the leaf's
     redactions: dict[int, Event] = field(default_factory=dict)  # seq -> the record that erased it
     redacted: list[int] = field(default_factory=list)  # the seqs whose row is a redaction marker named there
+    # Part files keep stream order within a file. A lake's files are pinned by SHA-256 instead, and
+    # DuckLake's merge keeps file order: after a redaction (its marked row in a newer file) not stream order.
+    ordered: bool = True
     unrecorded: list[EventRow] = field(default_factory=list)
     edited: list[Problem] = field(default_factory=list)
 
@@ -326,6 +329,7 @@ def _verify(
                     rec = recorded.get(stream, RecordedStream())
                     check = checks[stream] = _StreamCheck(rec, bytearray(len(rec.leaves)))
                     check.redactions = erased.get(stream, {})
+                    check.ordered = stored.lake is None
                 event = _check_row(check, stream, row)
                 if event is not None:
                     good.append((row.seq, event))
@@ -415,7 +419,7 @@ def _check_row(check: _StreamCheck, stream: str, row: EventRow) -> Event | None:
     check.rows += 1
     if row.file != check.file:
         check.file, check.last_seq = row.file, row.seq
-    elif row.seq < check.last_seq:
+    elif check.ordered and row.seq < check.last_seq:
         check.reordered.append(
             Problem(stream, "reordered", f"out of stream order in {row.file}", row.seq, row.id)
         )
@@ -981,23 +985,29 @@ def _signed_size(ledger: Ledger, stream: str) -> int | None:
 
 
 def prove_inclusion(root: str | Path, event_id: str, source: str | None = None) -> dict[str, Any]:
-    ledger = Ledger.open(root)
     from ledger.query import Reader
 
-    reader = Reader(ledger.root)
+    # The reader first, then the ledger: a DuckDB-file lake catalog is attached once at a time.
+    reader = Reader(root)
     params: list[Any] = [event_id]
     where = "id = ?"
     if source:
         where += " AND source = ?"
         params.append(source)
-    found = reader.sql(f"SELECT stream, stream_seq, source, canonical FROM events WHERE {where}", params).rows
+    try:
+        found = reader.sql(
+            f"SELECT stream, stream_seq, source, canonical FROM events WHERE {where}", params
+        ).rows
+    finally:
+        reader.close()
     if not found:
         raise LedgerError(f"no event with id {event_id!r}")
     if len(found) > 1:
         raise LedgerError(f"{len(found)} events have id {event_id!r}; name one with --source")
     stream, seq, src, canonical = found[0]
-    tree = _stream_tree(ledger, stream)
-    size = _signed_size(ledger, stream) or tree.size
+    with Ledger.open(root) as ledger:
+        tree = _stream_tree(ledger, stream)
+        size = _signed_size(ledger, stream) or tree.size
     if seq >= size:
         raise LedgerError(
             f"event {event_id} (#{seq}) is newer than the signed checkpoint (size {size}); "
@@ -1024,9 +1034,9 @@ def prove_inclusion(root: str | Path, event_id: str, source: str | None = None) 
 def prove_consistency(
     root: str | Path, stream: str, old_size: int, new_size: int | None = None
 ) -> dict[str, Any]:
-    ledger = Ledger.open(root)
-    tree = _stream_tree(ledger, stream)
-    new = new_size or _signed_size(ledger, stream) or tree.size
+    with Ledger.open(root) as ledger:
+        tree = _stream_tree(ledger, stream)
+        new = new_size or _signed_size(ledger, stream) or tree.size
     if not 0 <= old_size <= new <= tree.size:
         raise LedgerError(f"sizes must satisfy 0 <= {old_size} <= {new} <= {tree.size}")
     return verifier.consistency_proof_document(

@@ -33,7 +33,7 @@ import sqlite3
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -695,11 +695,14 @@ class LakeTables:
         writer: str = "",
         info: Mapping[str, Any] | None = None,
         number: int | None = None,
+        edits: Sequence[tuple[str, Sequence[Any]]] = (),
     ) -> LakeCommit:
         """Commit every table's rows, the positions (source -> (expected next, new next)) and the
         state (key -> JSON value) as one snapshot. If a source's stored next position is not the
         expected one (another writer got there first), nothing lands: ``stale`` names them.
-        ``number``: the ledger's commit number, kept with ``info`` (``records_after`` reads them)."""
+        ``number``: the ledger's commit number, kept with ``info`` (``records_after`` reads them).
+        ``edits``: statements (SQL, parameters) on rows stored before, run in the same transaction
+        first (``ledger redact``'s deletes; ``erase_deleted`` then takes the bytes off the disk)."""
         for name in tables:
             if name not in TABLES and name not in SIDE_TABLES:
                 raise LakeError(f"unknown table {name!r}")
@@ -713,7 +716,7 @@ class LakeTables:
             written = [] if is_s3(self.data_path) else self._write_files(tables)
             try:
                 return self._commit_once(
-                    commit_id, tables, written, positions, state, writer, info or {}, number
+                    commit_id, tables, written, positions, state, writer, info or {}, number, edits
                 )
             except BaseException:
                 _unlink(written)  # no snapshot names them (a kill before here leaves orphans: harmless)
@@ -753,10 +756,13 @@ class LakeTables:
         writer: str,
         info: Mapping[str, Any],
         number: int | None,
+        edits: Sequence[tuple[str, Sequence[Any]]],
     ) -> int | None:
         self.con.execute("BEGIN")
         try:
-            return self._in_transaction(commit_id, tables, written, positions, state, writer, info, number)
+            return self._in_transaction(
+                commit_id, tables, written, positions, state, writer, info, number, edits
+            )
         except BaseException:
             self._rollback()  # a failed statement leaves the transaction open: never the next commit's
             raise
@@ -771,9 +777,12 @@ class LakeTables:
         writer: str,
         info: Mapping[str, Any],
         number: int | None,
+        edits: Sequence[tuple[str, Sequence[Any]]] = (),
     ) -> int | None:
         con = self.con
         rows = 0
+        for sql, params in edits:
+            con.execute(sql, list(params))
         for name, table in sorted(tables.items()):
             if table.num_rows and is_s3(self.data_path):
                 self._insert_by_engine(name, table)
@@ -1044,6 +1053,7 @@ class LakeTables:
         than ``keep_s`` and delete the files no remaining snapshot needs. A reader pinned at a
         snapshot younger than ``keep_s`` answers the same during and after it. Runs on its own
         cursor, so a commit may run beside it in another thread."""
+        erased = self.erase_deleted()  # a redaction killed after its commit: finished here
         older = _cleanup_cutoff(self.catalog.kind, keep_s)
         start = self.current_snapshot()
         first_file = self._retry(self._next_file_id)
@@ -1060,6 +1070,7 @@ class LakeTables:
             stats = self._maintain(older, keep_s)
         # After the lock (a commit takes it shared): the merge's files named with their SHA-256.
         stats["merged_recorded"] = self._record_merged(start, first_file)
+        stats["files_erased"] = erased["files_erased"]
         return stats
 
     def _row_group_options(self, cur: duckdb.DuckDBPyConnection) -> None:
@@ -1082,16 +1093,15 @@ class LakeTables:
             ).fetchone()
         return int(row[0]) if row else 0
 
-    def _record_merged(self, after: int, first_file: int) -> int:
+    def _record_merged(self, after: int, first_file: int, *, always: bool = False) -> int:
         """Name each data file the lake's merge wrote (ids from ``first_file`` on, not added by a
         ledger commit after snapshot ``after``, still live) with its SHA-256 in the lake's state
         (``merged:<file name>``, one commit), so ``verify`` checks merged files' bytes as it checks a
         commit's. A merged file keeps its oldest row's snapshot as its own, so it is found by id.
-        Killed before this, verify says they are unrecorded."""
-        if (
-            self.catalog.one_process
-        ):  # a DuckDB-file catalog: its readers share this instance (CI: a binder error)
-            return 0
+        Killed before this, verify says they are unrecorded. ``always``: on a DuckDB-file catalog too
+        (``erase_deleted``, which no reader runs beside)."""
+        if self.catalog.one_process and not always:
+            return 0  # a DuckDB-file catalog: its readers share this instance (CI: a binder error)
         where = (
             "f.data_file_id >= ? AND f.end_snapshot IS NULL AND f.begin_snapshot NOT IN "
             f"(SELECT snapshot_id FROM {ALIAS}.snapshots() WHERE snapshot_id > ? AND commit_message IS NOT NULL)"
@@ -1119,6 +1129,114 @@ class LakeTables:
             with self.maintenance.shared():
                 self._retry(record, on_conflict=True, con=cur)
         return len(named)
+
+    def erase_deleted(self) -> dict[str, int]:
+        """Take deleted rows' bytes off the disk. A ledger commit never deletes a row of a ledger
+        table: only ``ledger redact`` does (``commit``'s ``edits``), and DuckLake keeps deleted rows
+        in their data files for every snapshot before: a file with some rows deleted stays live with
+        a delete file, one with all deleted leaves the newest snapshot only. So each live file with
+        deletions is rewritten without those rows (``ducklake_rewrite_data_files``), every snapshot
+        that still names an old file is expired (time travel to them ends: they hold the erased
+        bytes), the old files are deleted now, the tables' statistics are taken again and the
+        catalog's storage compacted (``_compact_catalog``); the new files are named with their
+        SHA-256 as merged files are. Idempotent: ``maintain`` calls it first, so a redaction killed
+        after its commit is finished then."""
+        meta = f"__ducklake_metadata_{ALIAS}"
+        done = {"files_erased": 0, "snapshots_expired": 0, "files_recorded": 0}
+        with contextlib.closing(self.con.cursor()) as cur:
+            held = self._retry(lambda: _files_with_deletions(cur), con=cur)
+            ended = self._retry(lambda: _files_ended_by_a_commit(cur), con=cur)
+            if not held and not ended:
+                return done
+            every = _ids(held + ended)
+            old = {f["path"] for f in self._data_files(f"f.data_file_id IN ({every})", [], cur)}
+            start = self.current_snapshot()
+            first_file = self._retry(self._next_file_id)
+            tables = sorted({table for table, _ in held + ended})
+            with self.maintenance.exclusive() as mine:
+                if not mine:
+                    raise LakeError(
+                        f"erasing deleted rows: statements never paused for {MAINTAIN_WAIT_S:.0f} s"
+                    )
+                for table in sorted({table for table, _ in held}):
+                    rewrite = f"CALL ducklake_rewrite_data_files('{ALIAS}', {_literal(table)}, delete_threshold => 0)"
+                    self._retry(_call(cur, rewrite), on_conflict=True, con=cur)
+                live = cur.execute(
+                    f"SELECT data_file_id FROM {meta}.ducklake_data_file "
+                    f"WHERE data_file_id IN ({every}) AND end_snapshot IS NULL"
+                ).fetchall()
+                if live:
+                    raise LakeError(f"the lake's rewrite left {len(live)} file(s) with deleted rows live")
+                # The table-level min/max DuckLake keeps per column are only ever widened: the
+                # erased value may be one. Each text column's is taken again from the live files'
+                # (before the expiry: a kill after it would leave nothing to find this by).
+                self._retry(lambda: _restat_text_columns(cur, tables), on_conflict=True, con=cur)
+                versions = cur.execute(
+                    f"SELECT s.snapshot_id FROM {ALIAS}.snapshots() s WHERE EXISTS (SELECT 1 FROM "
+                    f"{meta}.ducklake_data_file f WHERE f.data_file_id IN ({every}) "
+                    "AND s.snapshot_id >= f.begin_snapshot AND s.snapshot_id < f.end_snapshot) ORDER BY 1"
+                ).fetchall()
+                if versions:
+                    listed = ", ".join(str(int(v)) for (v,) in versions)
+                    expire = f"CALL ducklake_expire_snapshots('{ALIAS}', versions => [{listed}])"
+                    self._retry(_call(cur, expire), on_conflict=True, con=cur)
+                # Every file scheduled for deletion goes now (DuckLake deletes no single file): the
+                # old ones, and those a maintenance turn kept for readers pinned within keep_s.
+                cleanup = f"CALL ducklake_cleanup_old_files('{ALIAS}', cleanup_all => true)"
+                self._retry(_call(cur, cleanup), con=cur)
+                if self.catalog.kind != "duckdb":
+                    self._retry(lambda: self._compact_catalog(cur), con=cur)
+        if self.catalog.kind == "duckdb":
+            self._rewrite_catalog_file()
+        left = sorted(p for p in old if "://" not in p and Path(p).exists())
+        if left:
+            raise LakeError(f"erased rows are still on disk in {left[0]} (and {len(left) - 1} more)")
+        done["files_erased"] = len(old)
+        done["snapshots_expired"] = len(versions)
+        done["files_recorded"] = self._record_merged(start, first_file, always=True)
+        log.info(
+            "lake: erased deleted rows from %d file(s), expiring %d snapshot(s)", len(old), len(versions)
+        )
+        return done
+
+    def _compact_catalog(self, cur: duckdb.DuckDBPyConnection) -> None:
+        """Rewrite a server's or SQLite file's storage so rows the catalog deleted leave it, not only
+        its tables (a deleted file's column statistics hold values of its rows): a SQLite file is
+        vacuumed (its WAL checkpointed before and after), PostgreSQL's statistics tables rewritten
+        by ``VACUUM FULL``. What a server keeps elsewhere (PostgreSQL's WAL and backups) is its
+        operator's to expire."""
+        if self.catalog.kind == "sqlite":
+            with contextlib.closing(sqlite3.connect(self.catalog.target, timeout=30)) as db:
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                db.execute("VACUUM")
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            return
+        for table in ("ducklake_file_column_stats", "ducklake_table_column_stats"):
+            cur.execute(
+                f"CALL postgres_execute('__ducklake_metadata_{ALIAS}', 'VACUUM FULL {table}', use_transaction => false)"
+            )
+
+    def _rewrite_catalog_file(self) -> None:
+        """A DuckDB file frees the blocks of deleted rows without clearing them (the erased values
+        stay readable in the file): the catalog is copied into a new file (``COPY FROM DATABASE``)
+        that replaces it, while this instance, its only user, lets go of it."""
+        path = Path(self.catalog.target)
+        tmp = path.with_name(path.name + ".compact.tmp")
+        tmp.unlink(missing_ok=True)
+        self.con.close()
+        try:
+            with contextlib.closing(connect()) as con:
+                con.execute(f"ATTACH {_literal(str(path))} AS src (READ_ONLY)")
+                con.execute(f"ATTACH {_literal(str(tmp))} AS dst")
+                con.execute("COPY FROM DATABASE src TO dst")
+                con.execute("DETACH dst")
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+            fsync_dir(path.parent)
+        finally:
+            tmp.unlink(missing_ok=True)
+            self.con = self._retry(self._attach_writer)
 
     def _maintain(self, older: str, keep_s: float) -> dict[str, int]:
         with contextlib.closing(self.con.cursor()) as cur:
@@ -1194,6 +1312,64 @@ def _expire(con: duckdb.DuckDBPyConnection, keep_s: float) -> int:
         return 0
     versions = ", ".join(str(int(r[0])) for r in rows)
     return len(con.execute(f"CALL ducklake_expire_snapshots('{ALIAS}', versions => [{versions}])").fetchall())
+
+
+def _files_with_deletions(con: duckdb.DuckDBPyConnection) -> list[tuple[str, int]]:
+    """(table, data file id) of each live data file of a ledger table that carries deletions (the
+    writer's own tables, whose fences delete a row every commit, are not ledger tables)."""
+    meta = f"__ducklake_metadata_{ALIAS}"
+    rows = con.execute(
+        f"SELECT DISTINCT t.table_name, f.data_file_id FROM {meta}.ducklake_delete_file d "
+        f"JOIN {meta}.ducklake_data_file f ON f.data_file_id = d.data_file_id AND f.end_snapshot IS NULL "
+        f"JOIN {meta}.ducklake_table t ON t.table_id = f.table_id AND t.end_snapshot IS NULL "
+        "WHERE d.end_snapshot IS NULL ORDER BY 1, 2"
+    ).fetchall()
+    return [(str(t), int(i)) for t, i in rows if t in TABLES or t in SIDE_TABLES]
+
+
+def _restat_text_columns(con: duckdb.DuckDBPyConnection, tables: list[str]) -> None:
+    """Each text column's table-level min/max (``ducklake_table_column_stats``) as the live data
+    files' statistics give them: DuckLake widens them on insert and never narrows them on delete."""
+    meta = f"__ducklake_metadata_{ALIAS}"
+    live = (
+        f"FROM {meta}.ducklake_file_column_stats f JOIN {meta}.ducklake_data_file d "
+        "ON d.data_file_id = f.data_file_id AND d.end_snapshot IS NULL "
+        "WHERE f.table_id = s.table_id AND f.column_id = s.column_id"
+    )
+    named = ", ".join(_literal(t) for t in tables)
+    con.execute(
+        f"UPDATE {meta}.ducklake_table_column_stats AS s SET "
+        f"min_value = (SELECT min(f.min_value) {live}), max_value = (SELECT max(f.max_value) {live}) "
+        f"WHERE s.table_id IN (SELECT table_id FROM {meta}.ducklake_table WHERE end_snapshot IS NULL "
+        f"AND table_name IN ({named})) AND EXISTS (SELECT 1 FROM {meta}.ducklake_column c "
+        "WHERE c.table_id = s.table_id AND c.column_id = s.column_id AND c.end_snapshot IS NULL "
+        "AND lower(c.column_type) = 'varchar')"
+    )
+
+
+def _files_ended_by_a_commit(con: duckdb.DuckDBPyConnection) -> list[tuple[str, int]]:
+    """(table, data file id) of each ledger-table file out of the newest snapshot that held rows a
+    commit deleted, and that an older snapshot still names: all its rows deleted by a commit (a
+    commit only adds files; maintenance, which also ends files, names no snapshot of its own), or
+    rewritten without its deleted rows (it has a delete file)."""
+    meta = f"__ducklake_metadata_{ALIAS}"
+    rows = con.execute(
+        f"SELECT t.table_name, f.data_file_id FROM {meta}.ducklake_data_file f "
+        f"JOIN {meta}.ducklake_table t ON t.table_id = f.table_id AND t.end_snapshot IS NULL "
+        f"LEFT JOIN {ALIAS}.snapshots() s ON s.snapshot_id = f.end_snapshot "
+        "WHERE f.end_snapshot IS NOT NULL AND (s.commit_message IS NOT NULL OR EXISTS (SELECT 1 FROM "
+        f"{meta}.ducklake_delete_file d WHERE d.data_file_id = f.data_file_id)) ORDER BY 1, 2"
+    ).fetchall()
+    return [(str(t), int(i)) for t, i in rows if t in TABLES or t in SIDE_TABLES]
+
+
+def _call(con: duckdb.DuckDBPyConnection, sql: str) -> Callable[[], list[Any]]:
+    """A statement to retry (``LakeTables._retry``), its rows fetched."""
+    return lambda: con.execute(sql).fetchall()
+
+
+def _ids(held: list[tuple[str, int]]) -> str:
+    return ", ".join(str(i) for _, i in held)
 
 
 def _cleanup_cutoff(kind: CatalogKind, keep_s: float) -> str:

@@ -37,10 +37,21 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from ledger.admission import INCIDENT_INGEST, is_own
+from ledger.compaction import conform
+from ledger.lake import ALIAS, LakeTables, lake_schema
 from ledger.merkle import leaf_hash
 from ledger.parquet_schemas import TABLES, tables_of
 from ledger.projectors import FoldState, RowBuffer, rows_for_event
-from ledger.store import SALTS, CommitResult, Ledger, LedgerError, Rewrite, SourceRecord, _fsync_dirs
+from ledger.store import (
+    SALTS,
+    CommitResult,
+    LakeEdit,
+    Ledger,
+    LedgerError,
+    Rewrite,
+    SourceRecord,
+    _fsync_dirs,
+)
 from schemas import catalogue as c
 from schemas import payloads as p
 from schemas.codec import Event, decode_event, encode_event, make_event
@@ -111,29 +122,52 @@ class RedactionResult:
     salted: bool
 
 
-def find_event(root: Path, event_id: str, source: str | None = None) -> Target:
+Stored = Path | LakeTables  # where stored rows are read: a ledger folder of part files, or its lake
+
+
+def _select(stored: Stored, table: str, columns: list[str], where: dict[str, Any]) -> list[dict[str, Any]]:
+    """``columns`` of ``table``'s rows whose columns equal ``where``'s values (a list: any of them),
+    from the part files (pyarrow) or from the lake's newest snapshot."""
+    if isinstance(stored, LakeTables):
+        clauses, params = [], []
+        for column, value in where.items():
+            values = value if isinstance(value, list) else [value]
+            clauses.append(f"{column} IN ({', '.join('?' * len(values))})")
+            params += values
+        sql = f"SELECT {', '.join(columns)} FROM {table} WHERE {' AND '.join(clauses)}"
+        with stored.reader() as con:
+            return con.execute(sql, params).to_arrow_table().to_pylist()
+    files = sorted(str(p) for p in (stored / table).rglob("*.parquet"))
+    if not files:
+        return []
+    wanted = None
+    for column, value in where.items():
+        term = ds.field(column).isin(value) if isinstance(value, list) else ds.field(column) == value
+        wanted = term if wanted is None else wanted & term
+    return ds.dataset(files, format="parquet").to_table(columns=columns, filter=wanted).to_pylist()
+
+
+def stored_rows(ledger: Ledger) -> Stored:
+    """Where ``ledger``'s rows are read (its open lake, or its folder)."""
+    return ledger.lake if ledger.lake is not None else ledger.root
+
+
+def find_event(stored: Stored, event_id: str, source: str | None = None) -> Target:
     """The one stored event with ``event_id`` (and ``source``); a LedgerError names what is wrong."""
-    files = sorted(str(p) for p in (root / "events").rglob("*.parquet"))
-    wanted = ds.field("id") == event_id
-    if source is not None:
-        wanted = wanted & (ds.field("source") == source)
+    where: dict[str, Any] = {"id": event_id} | ({"source": source} if source is not None else {})
     columns = ["stream", "stream_seq", "source", "id", "type", "run_id", "attempt", "step", "canonical"]
-    rows = ds.dataset(files, format="parquet").to_table(columns=columns, filter=wanted).to_pylist()
+    rows = _select(stored, "events", columns, where)
     if not rows:
-        where = f" from source {source!r}" if source else ""
-        raise LedgerError(f"no event with id {event_id!r}{where} in this ledger")
+        where_from = f" from source {source!r}" if source else ""
+        raise LedgerError(f"no event with id {event_id!r}{where_from} in this ledger")
     if len(rows) > 1:
         raise LedgerError(f"{len(rows)} events have id {event_id!r}; name one with --source")
     return Target(**rows[0])
 
 
-def salt_of(root: Path, stream: str, seq: int) -> bytes | None:
-    files = sorted(str(p) for p in (root / SALTS.name).rglob("*.parquet"))
-    if not files:
-        return None
-    wanted = (ds.field("stream") == stream) & (ds.field("stream_seq") == seq)
-    rows = ds.dataset(files, format="parquet").to_table(columns=["salt"], filter=wanted).column("salt")
-    values = [v for v in rows.to_pylist() if v is not None]
+def salt_of(stored: Stored, stream: str, seq: int) -> bytes | None:
+    rows = _select(stored, SALTS.name, ["salt"], {"stream": stream, "stream_seq": seq})
+    values = [r["salt"] for r in rows if r["salt"] is not None]
     return values[0] if values else None
 
 
@@ -155,11 +189,11 @@ def redact(
         raise LedgerError(f"--reason is {len(reason)} characters; at most {MAX_REASON_CHARS}")
     sealer = Sealer(private_key, chain=False) if private_key else None
     ledger = Ledger.open(root)
-    ledger.require_part_files("`ledger redact`")
     made: dict[str, Any] = {}
 
-    def prepare(locked: Ledger) -> tuple[Sequence[SourceRecord], Rewrite]:
-        target = find_event(locked.root, event_id, source)  # under the lock: no redaction races it
+    def prepare(locked: Ledger) -> tuple[Sequence[SourceRecord], Rewrite | LakeEdit]:
+        stored = stored_rows(locked)
+        target = find_event(stored, event_id, source)  # under the lock: no redaction races it
         if is_redacted(target.canonical):
             raise LedgerError(
                 f"event {event_id} is redacted already ({read_marker(target.canonical)['reason']})"
@@ -171,13 +205,15 @@ def redact(
             raise LedgerError(
                 f"event {event_id} is the ledger's own record ({target.type}): it cannot be redacted"
             )
-        salt = salt_of(locked.root, target.stream, target.stream_seq)
+        salt = salt_of(stored, target.stream, target.stream_seq)
         canonical = target.canonical.encode()
         digest = entry_digest(canonical, salt)
         record, raw = _record(locked, target, canonical, digest, salt is not None, reason, actor, sealer)
         signed = json.loads(canonical)
         text = marker(record.id, reason, digest, salt is not None, signed)
         made.update(target=target, record=record.id, salted=salt is not None)
+        if isinstance(stored, LakeTables):
+            return [SourceRecord(INCIDENT_INGEST, record.seq, raw)], lake_edit(stored, target, text)
 
         def rewrite(number: int) -> tuple[list[str], list[str]]:
             added, removed = rewrite_files(locked.root, target, text, number)
@@ -186,9 +222,11 @@ def redact(
 
         return [SourceRecord(INCIDENT_INGEST, record.seq, raw)], rewrite
 
-    result: CommitResult = ledger.commit_rewrite(prepare, writer="redact")
+    with ledger:  # (a DuckDB-file catalog is free for the next opener once it returns)
+        result: CommitResult = ledger.commit_rewrite(prepare, writer="redact")
     assert result.commit is not None  # a refused record raised
-    return RedactionResult(result.commit, made["record"], made["target"], made["rewritten"], made["salted"])
+    rewritten = result.erased_files if ledger.lake is not None else made["rewritten"]
+    return RedactionResult(result.commit, made["record"], made["target"], rewritten, made["salted"])
 
 
 def _record(
@@ -299,16 +337,15 @@ def rewrite_files(root: Path, target: Target, text: str, number: int) -> tuple[l
     return added, removed
 
 
-def _refold(root: Path, target: Target) -> dict[str, dict[int, dict[str, Any]]]:
+def _refold(stored: Stored, target: Target) -> dict[str, dict[int, dict[str, Any]]]:
     """The fold tables' rows of the target's stream, projected again from its events without it
     (and without events redacted before): table -> stream_seq -> row (its partition in ``_part``)."""
-    files = sorted(str(p) for p in (root / "events").rglob("*.parquet"))
-    wanted = (ds.field("stream") == target.stream) & ds.field("type").isin(list(_FOLD_READS))
-    table = ds.dataset(files, format="parquet").to_table(columns=["stream_seq", "canonical"], filter=wanted)
+    events = _select(
+        stored, "events", ["stream_seq", "canonical"], {"stream": target.stream, "type": list(_FOLD_READS)}
+    )
     buf, fold = RowBuffer(), FoldState()
-    for seq, text in sorted(
-        zip(table["stream_seq"].to_pylist(), table["canonical"].to_pylist(), strict=True)
-    ):
+    for row in sorted(events, key=lambda r: r["stream_seq"]):
+        seq, text = row["stream_seq"], row["canonical"]
         if seq == target.stream_seq or is_redacted(text):
             continue
         decoded = decode_event(text.encode())
@@ -320,6 +357,46 @@ def _refold(root: Path, target: Target) -> dict[str, dict[int, dict[str, Any]]]:
             for row in data.to_pylist():
                 out[name][row["stream_seq"]] = row | {"_part": partition}
     return out
+
+
+def lake_edit(lake: LakeTables, target: Target, text: str) -> LakeEdit:
+    """The redaction on a lake, as one transaction's changes: the target's ``events`` row deleted
+    and added again marked, its rows in the other tables and its salt deleted, and for an event the
+    fold reads every fold-table row of its stream replaced by its projection without it. Only tables
+    holding such rows are touched (a delete conflicts with a concurrent writer's insert into the
+    same table: fewer tables, fewer retries)."""
+    edit = LakeEdit([], {})
+    refold = _refold(lake, target) if target.type in _FOLD_INPUTS else None
+    one = {"stream": target.stream, "stream_seq": target.stream_seq}
+    for table in [n for n in (*TABLES, SALTS.name) if n != "quarantine"]:
+        if "stream_seq" not in lake_schema(table).names:
+            continue
+        where = {"stream": target.stream} if refold is not None and table in FOLD_TABLES else one
+        clause = " AND ".join(f"{column} = ?" for column in where)
+        if table == "events":
+            rows = _lake_rows(lake, table, clause, list(where.values()))
+            column = rows.schema.get_field_index("canonical")
+            marked = pa.array([text] * rows.num_rows, pa.string())
+            edit.rows[table] = rows.set_column(column, rows.schema.field(column), marked)
+        elif not _select(lake, table, ["stream_seq"], where):
+            continue
+        edit.statements.append((f"DELETE FROM {ALIAS}.{table} WHERE {clause}", list(where.values())))
+    for table, rows_by_seq in (refold or {}).items():
+        partition = TABLES[table].partition
+        rows = [
+            {k: v for k, v in row.items() if k != "_part"} | {partition: row["_part"] or "_"}
+            for _, row in sorted(rows_by_seq.items())
+        ]
+        if rows:  # (the stream's stored rows were deleted above)
+            edit.rows[table] = pa.Table.from_pylist(rows, schema=lake_schema(table))
+    return edit
+
+
+def _lake_rows(lake: LakeTables, table: str, clause: str, params: list[Any]) -> pa.Table:
+    """Rows as the ledger writes them (DuckDB answers its timestamps in zone ``Etc/UTC``)."""
+    with lake.reader() as con:
+        rows = con.execute(f"SELECT * FROM {table} WHERE {clause}", params).to_arrow_table()
+    return conform(rows, lake_schema(table))
 
 
 def _write_new_rows(root: Path, table: str, plan: _Plan, number: int) -> list[str]:

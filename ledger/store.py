@@ -150,6 +150,7 @@ class CommitResult:
     quarantined: list[tuple[SourceRecord, Quarantined]] = field(default_factory=list)
     metric_values: int = 0
     files: list[str] = field(default_factory=list)  # the part files it wrote, relative to the root
+    erased_files: int = 0  # on DuckLake, data files rewritten without rows a LakeEdit deleted
 
 
 @dataclass
@@ -532,7 +533,7 @@ class Ledger:
         writer: str,
         max_event_bytes: int,
         check: _Careful,
-        rewrite: Rewrite | None = None,
+        rewrite: Rewrite | LakeEdit | None = None,
     ) -> CommitResult:
         number = self._last_commit + 1
         positions = dict(self._positions)
@@ -571,9 +572,11 @@ class Ledger:
                 raise _UnencodableBatch(f"{type(exc).__name__}: {exc}", _failing_groups(buf)) from exc
             tables += _salt_tables(work.salts, number)
             if self.lake is not None:
-                if rewrite is not None:
-                    raise LedgerError(f"{self.root} is a ledger on DuckLake: {writer} is not there yet")
-                return self._commit_to_lake(records, writer, tables, positions, work)
+                if rewrite is not None and not isinstance(rewrite, LakeEdit):
+                    raise LedgerError(f"{self.root} is a ledger on DuckLake: {writer} needs a lake edit")
+                return self._commit_to_lake(records, writer, tables, positions, work, rewrite)
+            if isinstance(rewrite, LakeEdit):
+                raise LedgerError(f"{self.root} is a ledger of part files: {writer} needs a rewrite")
             files = self._write_files(tables, number)
             removed: list[str] = []
             if rewrite is not None:  # files replaced in the same commit (``ledger redact``)
@@ -611,10 +614,12 @@ class Ledger:
         tables: list[tuple[str, str, pa.Table]],
         positions: dict[str, int],
         work: _CommitWork,
+        edit: LakeEdit | None = None,
     ) -> CommitResult:
         """The commit as one lake transaction: every table's rows, the positions moved, the stream
         heads moved, the commit record, and the commit-number fence (a writer on another host that
-        committed this number first makes it stale: ``_LakeMoved``, and ``commit`` redoes it)."""
+        committed this number first makes it stale: ``_LakeMoved``, and ``commit`` redoes it).
+        ``edit``: changes to rows stored before, in the same transaction (``ledger redact``)."""
         assert self.lake is not None
         number, result, buf, streams = work.number, work.result, work.buf, work.streams
         # its files are the lake's: named below, once the snapshot is known
@@ -624,13 +629,20 @@ class Ledger:
         }
         moved[COMMIT_FENCE] = (number, number + 1)
         state: dict[str, Any] = {f"stream:{s}": streams[s].to_json() for s in work.added}
+        rows = _lake_tables(tables)
+        for name, added in (edit.rows if edit is not None else {}).items():
+            # first: rows stored before, so a file keeps its rows in stream order (``verify``)
+            rows[name] = pa.concat_tables(
+                [t for t in (added, rows.get(name)) if t is not None], promote_options="default"
+            )
         done = self.lake.commit(
-            _lake_tables(tables),
+            rows,
             moved,
             state,
             writer=writer,
             info={"ledger_commit": number, "record": record_json},
             number=number,
+            edits=edit.statements if edit is not None else (),
         )
         if not done.ok:
             raise _LakeMoved(done.stale)
@@ -795,18 +807,33 @@ class Ledger:
 
     # ----------------------------------------------------------------- compaction
     def commit_rewrite(
-        self, prepare: Callable[[Ledger], tuple[Sequence[SourceRecord], Rewrite]], *, writer: str
+        self,
+        prepare: Callable[[Ledger], tuple[Sequence[SourceRecord], Rewrite | LakeEdit]],
+        *,
+        writer: str,
     ) -> CommitResult:
         """One commit, under the writer lock, that appends ``records`` and replaces files: ``prepare``
         (called under the lock, so it sees every commit) returns the records and the rewrite, which is
         given the commit's number and writes its new files as ``*.tmp``, returning (new files, files
-        they replace). Every record must be stored, or nothing is (LedgerError)."""
+        they replace). Every record must be stored, or nothing is (LedgerError).
+        On DuckLake ``prepare`` returns a ``LakeEdit`` instead of a rewrite: its statements run in the
+        commit's transaction, and the deleted rows' bytes then leave the disk (``erase_deleted``)."""
         with self._writer_lock():
-            records, rewrite = prepare(self)
-            result = self._commit_locked(records, writer, MAX_EVENT_BYTES, frozenset(), rewrite)
-            self._fold.configs.clear()  # the rewrite may have changed the configs a later change builds on
+            while True:
+                records, rewrite = prepare(self)
+                try:
+                    result = self._commit_locked(records, writer, MAX_EVENT_BYTES, frozenset(), rewrite)
+                except _LakeMoved:  # another host committed first: prepare again on its commits
+                    self._sync_records()
+                    self._catch_up(self.commit_paths())
+                    continue
+                finally:
+                    self._fold.configs.clear()  # the rewrite may have changed the configs a later change builds on
+                break
             if result.commit is not None and self.auto_compact:
                 self._compact_tails(result.files)
+            if result.commit is not None and self.lake is not None:
+                result.erased_files = self.lake.erase_deleted()["files_erased"]
             return result
 
     def compact(self, *, min_files: int = 2) -> dict[str, int]:
@@ -893,6 +920,16 @@ class Ledger:
 
 
 Rewrite = Callable[[int], tuple[list[str], list[str]]]
+
+
+@dataclass
+class LakeEdit:
+    """What a rewrite is on DuckLake (``ledger redact``): statements on rows stored before, run in
+    the commit's transaction before its rows land, and rows the commit adds beside its records'
+    (table -> rows with the lake's columns, partition column included)."""
+
+    statements: list[tuple[str, list[Any]]]
+    rows: dict[str, pa.Table]
 
 
 class _LakeMoved(Exception):
