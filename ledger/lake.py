@@ -506,9 +506,9 @@ def checkpoint_snapshot(con: duckdb.DuckDBPyConnection, ledger_id: str, note: st
         raise LakeError(f"checkpoint of {cp.origin!r}: not a stream of ledger {ledger_id}")
     stream = cp.origin[len(prefix) :]
     rows = con.execute(
-        f"SELECT s.value, n.snapshot_id FROM {ALIAS}.{STATE} s "
-        f"JOIN {ALIAS}.snapshots() n ON n.commit_message = s.commit_id "
-        "WHERE s.key = ? ORDER BY n.snapshot_id",
+        # ``snapshot_id``: the snapshot that inserted the row (DuckLake's virtual column, kept through
+        # merges), named even once that snapshot is expired (not a join with ``snapshots()``).
+        f"SELECT s.value, s.snapshot_id FROM {ALIAS}.{STATE} s WHERE s.key = ? ORDER BY s.snapshot_id",
         [f"stream:{stream}"],
     ).fetchall()
     for value, snapshot in rows:
@@ -981,8 +981,10 @@ class LakeTables:
         def ask() -> list[tuple[dict[str, Any], str, int]]:
             with contextlib.closing(self.con.cursor()) as cur:
                 rows = cur.execute(
-                    f"SELECT c.info, c.commit_id, n.snapshot_id FROM {ALIAS}.{COMMITS} c "
-                    f"JOIN {ALIAS}.snapshots() n ON n.commit_message = c.commit_id "
+                    # the row's own snapshot (a virtual column): a join with ``snapshots()`` left
+                    # out every commit whose snapshot had expired (a host an hour behind, or any
+                    # commit before a redaction), and the next opener found a gap
+                    f"SELECT c.info, c.commit_id, c.snapshot_id FROM {ALIAS}.{COMMITS} c "
                     "WHERE c.ledger_commit > ? ORDER BY c.ledger_commit",
                     [number],
                 ).fetchall()

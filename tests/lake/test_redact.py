@@ -124,6 +124,13 @@ def test_redaction_on_a_lake_erases_the_payload_from_every_file_and_the_catalog(
     after = prove_inclusion(site.root, note)
     assert (after["leaf_hash"], after["audit_path"]) == (before["leaf_hash"], before["audit_path"])
 
+    # Another host's folder, opened after the redaction expired the snapshots before it, takes
+    # every commit record (the redaction's own included) and verifies the same.
+    with Ledger.create_on_lake(tmp_path / "host-b", backend.catalog, backend.data, ledger_id="redact-test"):
+        pass
+    report_b = verify_ledger(tmp_path / "host-b", site.vkey)
+    assert report_b.ok and len(report_b.redactions) == 1, [pr.line() for pr in report_b.problems]
+
     # A snapshot that held the bytes is expired: time travel to it says so in one line.
     with pytest.raises(QueryError, match=rf"snapshot {old_snapshot} has expired"):
         Reader(site.root, snapshot=old_snapshot)
@@ -238,3 +245,49 @@ def test_sigkill_after_the_commit_is_finished_by_the_next_maintenance(
     report = verify_ledger(site.root, site.vkey)
     assert report.ok, [pr.line() for pr in report.problems]
     assert len(report.redactions) == 1
+
+
+_WRITER = """
+import sys
+from ledger.store import Ledger, SourceRecord
+from tests.support.factory import RunBuilder
+run = RunBuilder(run_id="run-b")
+run.start()
+for step in range(1, 300):
+    run.step(step)
+with Ledger.create_on_lake(sys.argv[1], sys.argv[2], sys.argv[3], ledger_id="redact-test") as led:
+    print("started", flush=True)
+    for i in range(0, len(run.events), 10):
+        led.commit([SourceRecord("spool:b", j, run.events[j]) for j in range(i, min(i + 10, len(run.events)))])
+"""
+
+
+def test_a_redaction_while_another_host_ingests_loses_nothing(tmp_path: Path, backend: Backend) -> None:
+    """A writer in another process and folder commits in small batches while the redaction runs:
+    both land (the redaction redone on the writer's commits where it raced one), every event is
+    there once, and both folders verify."""
+    if not backend.many_processes:
+        pytest.skip("a DuckDB-file catalog belongs to one process")
+    site = LakeSite(tmp_path, backend)
+    note = _note(site)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(tmp_path / "host-b"), backend.catalog, str(backend.data)],
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert writer.stdout is not None and writer.stdout.readline().strip() == "started"
+    site.redact(note)
+    _out, err = writer.communicate(timeout=300)
+    assert writer.returncode == 0, err[-2000:]
+    counts = (
+        site.reader()
+        .sql("SELECT stream, count(*), count(DISTINCT stream_seq) FROM events GROUP BY 1 ORDER BY 1")
+        .rows
+    )
+    assert counts == [("run-a", 24, 24), ("run-b", 300, 300)]
+    assert SECRET not in _strings_in(backend.data) and site.secret_in_catalog() == []
+    for root in (site.root, tmp_path / "host-b"):
+        report = verify_ledger(root, site.vkey)
+        assert report.ok and len(report.redactions) == 1, [pr.line() for pr in report.problems]
