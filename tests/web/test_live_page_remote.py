@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -120,6 +121,12 @@ def _listen_until_refused(url: str, told: list[tuple[str, Any]]) -> threading.Th
     return thread
 
 
+def _replace(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".swap")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
 @pytest.mark.parametrize("what", ["signature", "rollback"])
 def test_a_checkpoint_that_fails_verification_is_shown_and_stops_updates(
     site: tuple[Site, Served], tmp_path: Path, what: str
@@ -139,11 +146,14 @@ def test_a_checkpoint_that_fails_verification_is_shown_and_stops_updates(
         listener = _listen_until_refused(url, told)
         _until(lambda: any(event == "record" for event, _ in told), "the open page's stream")
         told_before = len(told)
+        # Each change replaces the file whole, as a publisher does (written in place, the page's
+        # poller could read it half-written: "malformed", not the failure under test; 1 CI run in ~10).
+        good = checkpoint.read_bytes()
         if what == "signature":
-            good = _flipped(checkpoint, len(checkpoint.read_bytes()) - 10)  # a byte of the signature
+            at = len(good) - 10  # a byte of the signature
+            _replace(checkpoint, good[:at] + bytes([good[at] ^ 0x01]) + good[at + 1 :])
         else:
-            good = checkpoint.read_bytes()
-            checkpoint.write_bytes(older)  # validly signed, but smaller than the one seen: a rollback
+            _replace(checkpoint, older)  # validly signed, but smaller than the one seen: a rollback
         listener.join(timeout=WAIT_S)
         assert not listener.is_alive()
         said = [data for event, data in told[told_before:] if event == "ledger"]
@@ -153,7 +163,7 @@ def test_a_checkpoint_that_fails_verification_is_shown_and_stops_updates(
         assert page.status_code == 503 and reason in page.text, page.text
         # Updates stop for good: the good checkpoint back, and more published, are not even fetched.
         copy.reset()
-        checkpoint.write_bytes(good)
+        _replace(checkpoint, good)
         pub.add(2)
         pub.publish()
         time.sleep(5 * 0.1)  # five polls' time (a negative check: nothing may happen)
@@ -210,7 +220,9 @@ def test_the_page_in_a_browser_shows_its_published_checkpoint_then_not_verified(
             assert "witness cosignatures no cosignatures" in record, record
             status = driver.find_element("id", "live-status")
             _until(lambda: status.get_attribute("class") == "live", "the page is live")
-            _flipped(pub.dest / "checkpoint", len((pub.dest / "checkpoint").read_bytes()) - 10)
+            good = (pub.dest / "checkpoint").read_bytes()
+            at = len(good) - 10  # a byte of the signature, the file replaced whole (see _replace)
+            _replace(pub.dest / "checkpoint", good[:at] + bytes([good[at] ^ 0x01]) + good[at + 1 :])
             _until(lambda: "not verified: bad-signature" in status.text, "the page says not verified")
             assert status.get_attribute("class") == "stale"
             assert "stale" in driver.execute_script("return document.body.className")
