@@ -309,8 +309,17 @@ def verify_ledger(
 def _verify(
     ledger: Ledger, public_key: str | Sequence[str] | None, progress: Callable[[int, int | None], None] | None
 ) -> Report:
+    with StoredFiles(ledger) as stored:  # (an S3 lake's objects are fetched for the check, then deleted)
+        return _verify_stored(ledger, stored, public_key, progress)
+
+
+def _verify_stored(
+    ledger: Ledger,
+    stored: StoredFiles,
+    public_key: str | Sequence[str] | None,
+    progress: Callable[[int, int | None], None] | None,
+) -> Report:
     report = Report()
-    stored = StoredFiles(ledger)
     _report_lake_files(stored, report)
     log_keys = LogKeys.of(ledger, public_key)
     recorded = recorded_streams(ledger, report)

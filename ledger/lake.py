@@ -429,6 +429,30 @@ def _s3_sha256_arrow(url: str) -> str | None:
     return digest.hexdigest()
 
 
+def fetch_object(url: str, target: Path) -> str:
+    """Download an ``s3://`` object to ``target`` (through ``target``.tmp, fsynced, then renamed), a
+    MiB at a time. Returns the SHA-256 of the bytes fetched; LakeError (one line) if it is gone."""
+    from ledger.publish_dest import parse_s3_url
+
+    bucket, key = parse_s3_url(url)
+    s3 = _s3_config(url).filesystem()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    digest = hashlib.sha256()
+    try:
+        with s3.open_input_stream(f"{bucket}/{key}") as stream, open(tmp, "wb") as out:
+            while chunk := stream.read(1 << 20):
+                digest.update(chunk)
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+    except (FileNotFoundError, OSError) as exc:
+        tmp.unlink(missing_ok=True)
+        raise LakeError(f"lake object {url}: {' '.join(str(exc).split())[:200]}") from None
+    os.replace(tmp, target)
+    return digest.hexdigest()
+
+
 # ----------------------------------------------------------------- a ledger folder on a lake
 LAKE_MARKER = "LAKE.json"  # in a ledger folder whose tables are in a lake (``ledger migrate`` writes it)
 

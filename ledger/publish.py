@@ -52,13 +52,14 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from ledger.lake import fetch_object, is_s3
 from ledger.log_checkpoint import parse_checkpoint, sign_checkpoint
 from ledger.merkle import EMPTY_ROOT, CompactRange, leaf_hash, verify_consistency
 from ledger.parquet_schemas import SIDE_TABLES
 from ledger.publish_dest import Dest, FolderDest, open_dest
 from ledger.redaction import entry_digest, is_redacted, read_marker
 from ledger.store import COMMITS, SALTS, Ledger
-from ledger.stored_files import lake_file_list
+from ledger.stored_files import lake_file_list, recorded_sha256
 from ledger.tiles import (
     MAX_ENTRY_BYTES,
     TILE_WIDTH,
@@ -179,13 +180,11 @@ def _lake_name(table: str, path: str) -> str:
 
 def _lake_stored(ledger: Ledger) -> _Stored:
     """The lake's files at its newest snapshot (pinned first: the records are synced after it, so
-    every file listed has its commit's record here)."""
+    every file listed has its commit's record here). Objects of an ``s3://`` data path are fetched
+    once into ``_publish/lake-files/`` and each checked against the SHA-256 its record names."""
     assert ledger.lake is not None and ledger.lake_folder is not None
-    if "://" in ledger.lake.data_path:
-        raise PublishError(
-            f"the lake's files are at {ledger.lake.data_path}: publish reads a lake on a local folder, so far"
-        )
-    files: dict[str, Path] = {}
+    copies = ledger.root / STATE_DIR / LAKE_COPIES
+    listed: list[tuple[str, str, str]] = []  # (table, data file, its name under data/)
     with ledger.lake.reader() as con:
         for table in [*ledger.lake_folder.tables, *SIDE_TABLES]:
             for data_file, delete_file in lake_file_list(ledger.lake, con, table):
@@ -193,13 +192,37 @@ def _lake_stored(ledger: Ledger) -> _Stored:
                     raise PublishError(
                         f"lake file {data_file} has deleted rows ({delete_file}): not publishable"
                     )
-                rel = _lake_name(table, data_file)
-                files[rel] = _without_lake_columns(
-                    Path(data_file), ledger.root / STATE_DIR / LAKE_COPIES / rel
-                )
+                listed.append((table, data_file, _lake_name(table, data_file)))
         snapshot = con.snapshot
     ledger.sync_lake_records()
+    remote = is_s3(ledger.lake.data_path)
+    recorded = recorded_sha256(ledger) if remote else {}
+    files: dict[str, Path] = {}
+    for table, data_file, rel in listed:
+        local = Path(data_file)
+        if remote:
+            local = _fetched(data_file, copies / rel, recorded.get((table, PurePosixPath(data_file).name)))
+        files[rel] = _without_lake_columns(local, copies / rel)
+        if local.name.endswith(".fetched"):  # a merged object's download: its copy is what is kept
+            local.unlink(missing_ok=True)
     return _Stored(ledger.root, files, snapshot)
+
+
+def _fetched(url: str, target: Path, want: str | None) -> Path:
+    """An object of the lake's ``s3://`` data path as a local file (fetched once: its name is a fresh
+    UUID, never rewritten), its bytes the ones its commit record names."""
+    if target.exists():
+        return target
+    raw = target.with_name(target.name + ".fetched")
+    got = fetch_object(url, raw)
+    if want is not None and got != want:
+        raw.unlink(missing_ok=True)
+        raise PublishError(f"lake object {url} is not the bytes its commit recorded (SHA-256 {got[:16]}…)")
+    return raw.replace(target) if not _has_lake_columns(raw) else raw
+
+
+def _has_lake_columns(path: Path) -> bool:
+    return any(n.startswith(LAKE_INTERNAL) for n in pq.ParquetFile(path).schema_arrow.names)
 
 
 def _drop_old_copies(folder: Path, live: set[Path]) -> None:
@@ -214,13 +237,13 @@ def _without_lake_columns(path: Path, copy: Path) -> Path:
     columns of its own (``_ducklake_internal_row_id``, ...) that a raw reader would take for the
     table's: such a file is published as a copy without them (written once to ``copy``, a row group
     at a time); every other file is published as it is, byte for byte."""
+    if copy.exists():  # lake file names are fresh UUIDs and never rewritten: a copy made once holds
+        return copy
     source = pq.ParquetFile(path)
     names = source.schema_arrow.names
     keep = [n for n in names if not n.startswith(LAKE_INTERNAL)]
     if len(keep) == len(names):
         return path
-    if copy.exists():  # lake file names are fresh UUIDs and never rewritten: a copy made once holds
-        return copy
     copy.parent.mkdir(parents=True, exist_ok=True)
     tmp = copy.with_name(copy.name + ".tmp")
     schema = pa.schema([source.schema_arrow.field(n) for n in keep])

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import shutil
+import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from ledger.lake import MERGED_PREFIX
+from ledger.lake import MERGED_PREFIX, LakeError, fetch_object, is_s3
 from ledger.parquet_schemas import SIDE_TABLES, TABLES, tables_of
 
 if TYPE_CHECKING:
@@ -54,6 +56,7 @@ class StoredFiles:
         self.root = ledger.root
         self.lake: LakeFileCheck | None = None
         self._lake_files: dict[str, list[StoredFile]] = {}
+        self._fetched: Path | None = None
         if ledger.lake is not None:
             assert ledger.lake_folder is not None
             self.tables = list(ledger.lake_folder.tables)
@@ -74,31 +77,69 @@ class StoredFiles:
     def _list_lake(self, ledger: Ledger) -> None:
         assert ledger.lake is not None
         lake = ledger.lake
-        if "://" in lake.data_path:
+        remote = "://" in lake.data_path
+        if remote and not is_s3(lake.data_path):
             from ledger.store import LedgerError
 
-            raise LedgerError(
-                f"the lake's files are at {lake.data_path}: reading them raw needs a local path"
-            )
+            raise LedgerError(f"the lake's files are at {lake.data_path}: give a local folder or s3://")
         check = self.lake = LakeFileCheck()
-        recorded = _recorded_sha256(ledger)
-        base = Path(lake.data_path)
+        recorded = recorded_sha256(ledger)
+        fetched = Path(tempfile.mkdtemp(prefix="runledger-verify-")) if remote else None
+        self._fetched = fetched  # each object fetched once into a folder of its own, hashed as it arrives
+        try:
+            self._check_lake_files(ledger, check, recorded, fetched)
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_lake_files(
+        self, ledger: Ledger, check: LakeFileCheck, recorded: dict[tuple[str, str], str], fetched: Path | None
+    ) -> None:
+        assert ledger.lake is not None
+        lake = ledger.lake
+        remote = fetched is not None
+        prefix = lake.data_path.rstrip("/") + "/"
+
+        def shown_as(path: str) -> str:
+            return path.removeprefix(prefix) if remote else _shown(Path(path), Path(lake.data_path))
+
         with lake.reader() as con:
             check.snapshot = con.snapshot
             for table in [*self.tables, *SIDE_TABLES]:
                 files = self._lake_files[table] = []
                 for data_file, delete_file in lake_file_list(lake, con, table):
-                    path = Path(data_file)
-                    shown = _shown(path, base)
+                    name = PurePosixPath(data_file).name
+                    shown = shown_as(data_file)
+                    if fetched is not None:
+                        path = fetched / table / name
+                        try:
+                            digest: str | None = fetch_object(data_file, path)
+                        except LakeError:  # gone from the server: "altered", and unreadable below
+                            digest = None
+                    else:
+                        path = Path(data_file)
+                        digest = _sha256(path)
                     files.append(StoredFile(path, shown, None))
                     check.files += 1
                     if delete_file:
-                        check.deletions.append(f"{shown} (deletions in {_shown(Path(delete_file), base)})")
-                    want = recorded.get((table, path.name))
+                        check.deletions.append(f"{shown} (deletions in {shown_as(delete_file)})")
+                    want = recorded.get((table, name))
                     if want is None:
                         check.unrecorded.append(shown)
-                    elif _sha256(path) != want:
+                    elif digest != want:
                         check.altered.append(shown)
+
+    def close(self) -> None:
+        """Delete what was fetched of an S3 lake."""
+        if self._fetched is not None:
+            shutil.rmtree(self._fetched, ignore_errors=True)  # made here (mkdtemp), ours alone
+            self._fetched = None
+
+    def __enter__(self) -> StoredFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def lake_file_list(lake: LakeTables, con: LakeReader, table: str) -> list[tuple[str, str | None]]:
@@ -117,7 +158,7 @@ def _shown(path: Path, base: Path) -> str:
     return str(path)
 
 
-def _recorded_sha256(ledger: Ledger) -> dict[tuple[str, str], str]:
+def recorded_sha256(ledger: Ledger) -> dict[tuple[str, str], str]:
     """(table, file name) -> the SHA-256 a commit record names for it. DuckLake names each file with
     a fresh UUID, so the name alone identifies it wherever the data path has moved since."""
     import json

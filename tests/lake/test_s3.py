@@ -230,3 +230,63 @@ def test_a_second_folder_joins_the_s3_lake(
     ]
     assert _cli(*query, "--ledger", second) == _cli(*query, "--ledger", first)
     assert json.loads(_cli(*query, "--ledger", second))[0]["n"] > 100
+
+
+def test_publish_fetches_each_object_and_refuses_one_not_recorded(
+    ledgers: tuple[Path, Path], tmp_path: Path, s3: dict[str, str]
+) -> None:
+    """``ledger publish`` of an S3 lake: each object fetched once and checked against its commit
+    record's SHA-256; the published Parquet holds what the ledger of part files holds. An object
+    changed on the server since its commit is refused in one line, and nothing is published."""
+    spool = ledgers[1].parent / "spool"
+    lake, keys = tmp_path / "lake", tmp_path / "keys"
+    data = f"s3://{BUCKET}/publish-{os.getpid()}"
+    init: list[str | Path] = ["init", "--keys", keys, "--allow-unsigned", "*", "--ledger", lake]
+    _cli(*init, "--catalog", f"sqlite:{tmp_path / 'catalog.sqlite'}", "--data", data)
+    _cli("ingest", "spool", "--spool", spool, "--ledger", lake, "--batch-size", "250")
+    out = _cli("publish", tmp_path / "site", "--ledger", lake, "--keys", keys)
+    assert "published" in out, out
+    published = pq.read_table(
+        sorted(str(p) for p in (tmp_path / "site" / "data" / "metrics").rglob("*.parquet")),
+        partitioning=None,  # a lake's files hold their partition column themselves
+    )
+    # The same rows as the part files of the ledger the same spool made (the raw table, not the view).
+    part_files = pq.read_table(sorted(str(p) for p in (ledgers[0] / "metrics").rglob("*.parquet")))
+    assert published.num_rows == part_files.num_rows > 1000
+    assert sorted(published["value"].to_pylist()) == sorted(part_files["value"].to_pylist())
+
+    _cli("verify", "--ledger", lake)  # exit 0: every object fetched and hashed against its record
+
+    # An object rewritten on the server (same name, other bytes): the next publish refuses it.
+    record = json.loads(sorted((lake / COMMITS).glob("*.json"))[-1].read_bytes())
+    item = next(i for i in record["lake_files"] if i["table"] == "metrics")
+    s3fs = _fs(s3)
+    key = item["path"].removeprefix("s3://")
+    with s3fs.open_input_stream(key) as stream:
+        table = pq.read_table(pa.BufferReader(stream.read()))
+    values = table.column("value").to_pylist()
+    changed = table.set_column(
+        table.schema.get_field_index("value"), "value", pa.array([v + 1 for v in values], pa.float64())
+    )
+    sink = pa.BufferOutputStream()
+    pq.write_table(changed, sink)
+    with s3fs.open_output_stream(key) as stream:
+        stream.write(sink.getvalue().to_pybytes())
+    before = (tmp_path / "site" / "checkpoint").read_bytes()
+    for copy in (lake / "_publish" / "lake-files").rglob(Path(key).name):
+        copy.unlink()  # as on a host that has not fetched it yet
+    result = runner.invoke(
+        app, ["publish", str(tmp_path / "site2"), "--ledger", str(lake), "--keys", str(keys)], env=ENV
+    )
+    assert result.exit_code == 1, result.output
+    line = _one_line(result.output)
+    assert line.startswith(f"error: lake object {item['path']} is not the bytes its commit recorded"), line
+    assert not (tmp_path / "site2" / "checkpoint").exists()
+    assert (tmp_path / "site" / "checkpoint").read_bytes() == before
+    verified = runner.invoke(app, ["verify", "--ledger", str(lake)], env=ENV)
+    assert verified.exit_code == 1, verified.output
+    shown = item["path"].removeprefix(data + "/")
+    assert (
+        f"modified: stream ?: {shown}: its bytes are not the SHA-256 its commit record names"
+        in verified.output
+    )
