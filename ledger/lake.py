@@ -620,6 +620,42 @@ def _catalog_snapshots(
     return int(row[0]), bool(row[1])
 
 
+def snapshot_files(
+    con: duckdb.DuckDBPyConnection, data_path: str, snapshot: int
+) -> dict[str, list[str] | None]:
+    """Each ledger table's data files at ``snapshot`` (full paths, in file order), read in one query
+    from the catalog's own tables on ``con`` (the lake attached as ``lake``); None for a table a
+    file of which carries deletions (only a redaction's, until its erasure ends): DuckDB must read
+    that one through DuckLake, which applies them."""
+    meta = f"__ducklake_metadata_{ALIAS}"
+
+    def live(alias: str) -> str:
+        return f"{alias}.begin_snapshot <= $snap AND ({alias}.end_snapshot IS NULL OR {alias}.end_snapshot > $snap)"
+
+    rows = con.execute(
+        f"SELECT t.table_name, s.path, s.path_is_relative, t.path, t.path_is_relative, f.path, "
+        f"f.path_is_relative, EXISTS (SELECT 1 FROM {meta}.ducklake_delete_file d "
+        f"WHERE d.data_file_id = f.data_file_id AND {live('d')}) "
+        f"FROM {meta}.ducklake_data_file f "
+        f"JOIN {meta}.ducklake_table t ON t.table_id = f.table_id AND {live('t')} "
+        f"JOIN {meta}.ducklake_schema s ON s.schema_id = t.schema_id AND {live('s')} "
+        f"WHERE {live('f')} ORDER BY t.table_name, f.data_file_id",
+        {"snap": int(snapshot)},
+    ).fetchall()
+    base = data_path.rstrip("/") + "/"
+    out: dict[str, list[str] | None] = {}
+    for table, schema_path, schema_rel, table_path, table_rel, path, file_rel, deleted in rows:
+        full = base
+        for part, relative in ((schema_path, schema_rel), (table_path, table_rel), (path, file_rel)):
+            full = full + part if relative else part
+        files = out.setdefault(table, [])
+        if files is None or deleted:
+            out[table] = None
+        else:
+            files.append(full)
+    return out
+
+
 class LakeTables:
     """The ledger's tables in one DuckLake. One writer connection per instance (not thread-safe)."""
 

@@ -39,6 +39,7 @@ from ledger.lake import (
     is_s3,
     open_snapshot,
     retry_locked,
+    snapshot_files,
 )
 from ledger.parquet_schemas import tables_of
 from ledger.redaction import REDACTED_PREFIX, is_redacted, read_marker
@@ -119,7 +120,9 @@ class Reader:
         except LakeError as exc:
             raise QueryError(str(exc)) from None
         self.con.execute("SET TimeZone = 'UTC'")
-        self.con.execute(lake_views_sql(lake.tables))
+        self.con.execute("SET parquet_metadata_cache = true")  # (as over part files: names never reused)
+        files = snapshot_files(self.con, lake.data_path, self.snapshot)
+        self.con.execute(lake_views_sql(lake.tables, files=files))
         # Only the data files: the catalog is open already (its metadata is not the statements' to read).
         if is_s3(lake.data_path):
             self.con.execute(_s3_lock_sql(lake.data_path))

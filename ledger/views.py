@@ -15,7 +15,7 @@ run id): each launch is stored (admission records the second launch of an attemp
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -142,12 +142,28 @@ def views_sql(root: Path, *, relative: bool = False) -> str:
     return base + "\n" + DERIVED_VIEWS + "\n" + CODE_VIEWS
 
 
-def lake_views_sql(tables: Iterable[str], alias: str = "lake") -> str:
+def lake_views_sql(
+    tables: Iterable[str], alias: str = "lake", files: Mapping[str, list[str] | None] | None = None
+) -> str:
     """The same views over a lake attached as ``alias`` (``ledger.lake.open_snapshot``: pinned at one
-    snapshot, so every view and every statement over them sees one moment)."""
+    snapshot, so every view and every statement over them sees one moment). ``files``: each table's
+    data files at that snapshot (``ledger.lake.snapshot_files``): its view reads them as a view of
+    part files does (DuckLake's scan asks the catalog for them again in every statement, ~2x a
+    statement's time here); a table without files, or with deletions (None), is read through
+    DuckLake."""
+    from ledger.lake import lake_schema
+
+    def source(name: str) -> str:
+        listed = (files or {}).get(name)
+        if not listed:
+            return f'SELECT * FROM {alias}.main."{name}"'
+        columns = ", ".join(f'"{c}"' for c in lake_schema(name).names)  # (not a merge's lineage columns)
+        paths = ", ".join("'" + p.replace("'", "''") + "'" for p in listed)
+        # (columns matched by name; the partition folder names are not columns: each file holds its own)
+        return f"SELECT {columns} FROM read_parquet([{paths}], hive_partitioning = false)"
+
     base = "\n".join(
-        f"CREATE OR REPLACE VIEW {'_' + name if name in _DERIVED else name} AS "
-        f'SELECT * FROM {alias}.main."{name}";'
+        f"CREATE OR REPLACE VIEW {'_' + name if name in _DERIVED else name} AS {source(name)};"
         for name in tables
     )
     from ledger.code_views import CODE_VIEWS
