@@ -22,6 +22,8 @@ import contextlib
 import importlib
 import json
 import os
+import tempfile
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -46,9 +48,16 @@ class ExtensionMissing(RuntimeError):
 
 
 def connect(
-    database: str = ":memory:", *, read_only: bool = False, extensions: Sequence[str] = ()
+    database: str = ":memory:",
+    *,
+    read_only: bool = False,
+    extensions: Sequence[str] = (),
+    memory_limit: str | None = None,
 ) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection that never downloads anything, with ``extensions`` loaded from their wheels."""
+    """A DuckDB connection that never downloads anything, with ``extensions`` loaded from their wheels.
+    ``memory_limit`` (DuckDB's, e.g. "256MB"): what it keeps beyond spills to a folder of its own
+    under the system's temp folder (made only when needed, deleted by DuckDB on close), never to
+    DuckDB's default ``.tmp`` in the working directory."""
     files = {name: extension_file(name) for name in extensions}
     checked = _checked_before(files)
     config: dict[str, str | bool | int | float | list[str]] = {
@@ -56,6 +65,10 @@ def connect(
         "extension_directory": EXTENSION_DIR.as_posix(),
         "allow_unsigned_extensions": checked,
     }
+    if memory_limit is not None:
+        config["memory_limit"] = memory_limit
+        spill = f"runledger-duckdb-spill-{os.getpid()}-{uuid.uuid4().hex[:12]}"  # (not made: DuckDB makes and deletes it)
+        config["temp_directory"] = os.path.join(tempfile.gettempdir(), spill)
     con = duckdb.connect(database, read_only=read_only, config=config)
     try:
         for name in extensions:
