@@ -153,7 +153,26 @@ def user_errors(ledger: Path | None = None) -> Iterator[None]:
     except Exception as exc:  # a full disk surfaces as OSError, SQLite's error, or in their context
         if disk_full(exc) is None:
             raise
-        raise disk_full_error(exc, [ledger] if ledger is not None else []) from None
+        raise disk_full_error(exc, _disk_candidates(ledger)) from None
+
+
+def _disk_candidates(ledger: Path | None) -> list[Path]:
+    """Where a command on ``ledger`` writes: its folder and, on a lake, the lake's local data folder
+    and catalog file (pyarrow's write errors name no file)."""
+    if ledger is None:
+        return []
+    out = [ledger]
+    try:
+        marker = json.loads((ledger / "LAKE.json").read_bytes())
+    except (OSError, ValueError):
+        return out
+    data, catalog = str(marker.get("data_path") or ""), str(marker.get("catalog") or "")
+    if data and "://" not in data:
+        out.append(ledger / data if not Path(data).is_absolute() else Path(data))
+    kind, _, target = catalog.partition(":")
+    if kind in ("duckdb", "sqlite") and target:
+        out.append((ledger / target if not Path(target).is_absolute() else Path(target)).parent)
+    return out
 
 
 def ledger_hint(path: Path) -> str:
@@ -443,6 +462,11 @@ def disk_full(exc: BaseException) -> BaseException | None:
             or "database or disk is full" in str(current)
         ):
             return current
+        # DuckDB's (a lake's DuckDB-file catalog, its WAL): an IO error in words, no errno
+        if type(current).__module__.startswith(("duckdb", "_duckdb")) and (
+            "No space left on device" in str(current) or "Disk quota exceeded" in str(current)
+        ):
+            return current
         # ``raise … from None`` (an error already said in one line) hides its context: so does this.
         current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
     return None
@@ -455,6 +479,9 @@ def disk_full_error(exc: BaseException, candidates: Sequence[Path]) -> typer.Exi
     (pyarrow's and a spool's write errors name no file)."""
     found = disk_full(exc)
     filename = getattr(found, "filename", None)
+    if filename is None and found is not None:  # DuckDB names it in its text: Could not write file "…"
+        named = re.search(r'file "([^"]+)"', str(found))
+        filename = named.group(1) if named else None
     where = Path(filename) if filename else _fullest([Path(c) for c in candidates])
     quota = isinstance(found, OSError) and found.errno == errno.EDQUOT
     what = "disk quota exceeded" if quota else "no space left on device"

@@ -1,0 +1,99 @@
+"""A ledger on DuckLake on a full disk: the lake's data folder, or its DuckDB-file catalog (the WAL a
+commit writes), on a real small tmpfs (``tests.support.small_fs``) filled by the test up to its last
+32 KB. ``ledger ingest spool`` says so in one line naming that place, and once the space is back the
+same command lands every event exactly once (as a ledger of part files from the same spool holds
+them) and verify passes. Each command runs in a process of its own, as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.small_fs import SmallFs
+
+pytest_plugins = ("tests.support.small_fs",)  # the small_fs fixture
+
+ROOT = Path(__file__).resolve().parents[2]
+DISK_FULL = re.compile(
+    r"^error: no space left on device writing (?P<path>\S+) \([\d,.]+ [KMG]?B free of [\d,.]+ [KMG]?B\): "
+    r"free some space there \(or point the command at a larger disk\) and run it again; what was "
+    r"stored before the disk filled is kept\n$"
+)
+SAME = "SELECT count(*), sum(stream_seq), count(DISTINCT stream) FROM events WHERE source NOT LIKE 'ledger/%'"
+
+
+def _invoke(*args: str | Path) -> tuple[int, str, str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "cli.main", *map(str, args)],
+        env=os.environ | {"RUNLEDGER_PROGRESS_S": "off", "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def _fill(disk: Path, leave_kb: int) -> Path:
+    """A file of the test's own taking all but ``leave_kb`` of ``disk``'s free space."""
+    filler = disk / "filler"
+    st = os.statvfs(disk)
+    size = max(st.f_bavail * st.f_frsize - leave_kb * 1024, 0)
+    with open(filler, "wb") as f:
+        for _ in range(size // (1 << 20)):
+            f.write(b"\0" * (1 << 20))
+        f.write(b"\0" * (size % (1 << 20)))
+    return filler
+
+
+@pytest.mark.parametrize("full", ["data folder", "catalog"])
+def test_a_full_disk_under_a_lake_ingest_is_one_line_and_a_rerun_lands_everything(
+    tmp_path: Path, small_fs: SmallFs, full: str
+) -> None:
+    spool = tmp_path / "spool"
+    code, _, err = _invoke("simulate", "reference-535b", "--spool", spool, "--steps", "300")
+    assert code == 0, err
+    disk = small_fs(8 * 1024)
+    ledger, part, keys = tmp_path / "ledger", tmp_path / "part", tmp_path / "keys"
+    if full == "data folder":
+        catalog, data = f"sqlite:{tmp_path / 'catalog.sqlite'}", disk / "data"
+    else:
+        catalog, data = f"duckdb:{disk / 'catalog.ducklake'}", tmp_path / "data"
+    code, _, err = _invoke(
+        "init",
+        "--ledger",
+        ledger,
+        "--keys",
+        keys,
+        "--allow-unsigned",
+        "*",
+        "--catalog",
+        catalog,
+        "--data",
+        data,
+    )
+    assert code == 0, err
+    filler = _fill(disk, 32)
+    ingest = ("ingest", "spool", "--spool", spool, "--ledger", ledger, "--batch-size", "400")
+    code, _, err = _invoke(*ingest)
+    assert code == 1, err
+    found = DISK_FULL.match(err)
+    assert found, err
+    assert Path(found["path"]).is_relative_to(disk), err  # the place that is full, not the ledger folder
+
+    filler.unlink()  # the space is back
+    code, _, err = _invoke(*ingest)
+    assert code == 0, err
+    assert _invoke("init", "--ledger", part, "--keys", keys, "--allow-unsigned", "*")[0] == 0
+    assert _invoke("ingest", "spool", "--spool", spool, "--ledger", part)[0] == 0
+    on_lake = _invoke("query", SAME, "--ledger", ledger, "-f", "csv")
+    on_parts = _invoke("query", SAME, "--ledger", part, "-f", "csv")
+    assert on_lake == on_parts and on_lake[0] == 0
+    code, out, err = _invoke("verify", "--ledger", ledger)
+    assert code == 0 and out.startswith("OK: "), out + err
+    assert not list(disk.rglob("*.tmp"))
