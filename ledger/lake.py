@@ -303,6 +303,27 @@ class MaintenanceLock:
                 return
 
 
+class CommitTurns:
+    """On a SQLite catalog, writers' transactions take turns (a no-op on other catalogs).
+
+    SQLite lets one writer at a time anyway, and a DuckLake COMMIT that found another's write lock
+    failed its flush with "database is locked"; the next transaction on that DuckDB instance then
+    crashed in ``ducklake_add_data_files`` (SIGSEGV, DuckDB 1.5.5: 8 of 40 three-writer races here).
+    A file lock beside the catalog, held from BEGIN to COMMIT, keeps every flush alone."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.path = Path(catalog.target + ".commit.lock") if catalog.kind == "sqlite" else None
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        if self.path is None:
+            yield
+            return
+        with open(self.path, "a+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+
+
 def retry_locked(attempt: Callable[[], T]) -> T:
     """``attempt()``, again after "database is locked" (a SQLite catalog that a writer holds for a
     moment), with the same bounded backoff as a writer."""
@@ -672,6 +693,7 @@ class LakeTables:
         self.data_path = str(data_path)
         self.retries = 0  # every "database is locked" and engine conflict retried, over the instance
         self.maintenance = MaintenanceLock(self.catalog)
+        self.turns = CommitTurns(self.catalog)
         self._fences: set[str] = set()  # sources whose fence table is known to exist
         self._folders: dict[str, Path] = {}  # table -> its data folder (``_table_folder``)
         if self.catalog.kind != "postgres":
@@ -751,21 +773,27 @@ class LakeTables:
     def _create_tables(self) -> None:
         """Every ledger table and the writer-state tables, once (racing creators: one wins, the
         other's conflict is retried and then finds them)."""
-        existing = self._existing()
-        wanted = [n for n in [*TABLES, *SIDE_TABLES, POSITIONS, STATE, COMMITS] if n not in existing]
-        if not wanted:
+        if not self._missing():
             return
-        self.con.execute("BEGIN")
-        try:
-            for name in wanted:
-                self._create_one(name)
-            self.con.execute(f"CALL {ALIAS}.set_option('data_inlining_row_limit', 0)")
-            self.con.execute("COMMIT")
-        except duckdb.Error as exc:
-            self._rollback()
-            if _is_conflict(exc) and not (set(wanted) - self._existing()):
-                return  # another process created them first
-            raise
+        with self.turns.turn():
+            wanted = self._missing()  # again, in turn: another writer may have made them meanwhile
+            if not wanted:
+                return
+            self.con.execute("BEGIN")
+            try:
+                for name in wanted:
+                    self._create_one(name)
+                self.con.execute(f"CALL {ALIAS}.set_option('data_inlining_row_limit', 0)")
+                self.con.execute("COMMIT")
+            except duckdb.Error as exc:
+                self._rollback()
+                if _is_conflict(exc) and not self._missing():
+                    return  # another process created them first
+                raise
+
+    def _missing(self) -> list[str]:
+        existing = self._existing()
+        return [n for n in [*TABLES, *SIDE_TABLES, POSITIONS, STATE, COMMITS] if n not in existing]
 
     def _create_one(self, name: str) -> None:
         columns = {
@@ -859,14 +887,15 @@ class LakeTables:
         number: int | None,
         edits: Sequence[tuple[str, Sequence[Any]]],
     ) -> int | None:
-        self.con.execute("BEGIN")
-        try:
-            return self._in_transaction(
-                commit_id, tables, written, positions, state, writer, info, number, edits
-            )
-        except BaseException:
-            self._rollback()  # a failed statement leaves the transaction open: never the next commit's
-            raise
+        with self.turns.turn():
+            self.con.execute("BEGIN")
+            try:
+                return self._in_transaction(
+                    commit_id, tables, written, positions, state, writer, info, number, edits
+                )
+            except BaseException:
+                self._rollback()  # a failed statement leaves the transaction open: never the next commit's
+                raise
 
     def _in_transaction(
         self,
@@ -1228,14 +1257,15 @@ class LakeTables:
             ]
 
             def record() -> None:
-                cur.execute("BEGIN")
-                try:
-                    cur.executemany(f"INSERT INTO {ALIAS}.{STATE} VALUES (?, ?, ?)", rows)
-                    cur.execute(f"CALL {ALIAS}.set_commit_message(?, ?)", ["maintain", commit_id])
-                    cur.execute("COMMIT")
-                except BaseException:
-                    self._rollback(cur)
-                    raise
+                with self.turns.turn():
+                    cur.execute("BEGIN")
+                    try:
+                        cur.executemany(f"INSERT INTO {ALIAS}.{STATE} VALUES (?, ?, ?)", rows)
+                        cur.execute(f"CALL {ALIAS}.set_commit_message(?, ?)", ["maintain", commit_id])
+                        cur.execute("COMMIT")
+                    except BaseException:
+                        self._rollback(cur)
+                        raise
 
             with self.maintenance.shared():
                 self._retry(record, on_conflict=True, con=cur)
