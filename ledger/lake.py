@@ -624,20 +624,22 @@ def _catalog_snapshots(
     """(the newest snapshot id, whether ``snapshot`` is still there) read from a file catalog's own
     ``ducklake_snapshot`` table, without attaching the lake (attaching it, asking, detaching cost
     ~45 ms of every read command); None for PostgreSQL."""
-    sql = "SELECT max(snapshot_id), count(*) FILTER (WHERE snapshot_id = ?) FROM ducklake_snapshot"
     if spec.kind == "sqlite":
         uri = "file:" + urllib.parse.quote(spec.target) + "?mode=ro"
-        in_sqlite = "SELECT max(snapshot_id), sum(snapshot_id = ?) FROM ducklake_snapshot"
         try:
             with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=30)) as db:
-                row = db.execute(in_sqlite, [snapshot]).fetchone()
+                row = db.execute(
+                    "SELECT max(snapshot_id), sum(snapshot_id = ?) FROM ducklake_snapshot", [snapshot]
+                ).fetchone()
         except sqlite3.Error as exc:
             raise LakeError(f"lake catalog {spec.target}: {exc}") from None
     elif spec.kind == "duckdb":
         con.execute(f"ATTACH {_literal(spec.target)} AS _lake_catalog (READ_ONLY)")
         try:
             row = con.execute(
-                sql.replace("FROM ducklake_snapshot", "FROM _lake_catalog.ducklake_snapshot"), [snapshot]
+                "SELECT max(snapshot_id), count(*) FILTER (WHERE snapshot_id = ?) "
+                "FROM _lake_catalog.ducklake_snapshot",
+                [snapshot],
             ).fetchone()
         finally:
             con.execute("DETACH _lake_catalog")
@@ -646,6 +648,15 @@ def _catalog_snapshots(
     if row is None or row[0] is None:
         raise LakeError(f"{spec.target} is not a lake catalog (no snapshot)")
     return int(row[0]), bool(row[1])
+
+
+def _joined(data_path: str, *parts: tuple[str, bool]) -> str:
+    """A path DuckLake's catalog keeps in parts, each relative to the one before or not
+    (``path_is_relative``): the data path, then the schema's folder, the table's, a file's."""
+    full = data_path.rstrip("/") + "/"
+    for part, relative in parts:
+        full = full + part if relative else part
+    return full
 
 
 def snapshot_files(
@@ -670,17 +681,15 @@ def snapshot_files(
         f"WHERE {live('f')} ORDER BY t.table_name, f.data_file_id",
         {"snap": int(snapshot)},
     ).fetchall()
-    base = data_path.rstrip("/") + "/"
     out: dict[str, list[str] | None] = {}
     for table, schema_path, schema_rel, table_path, table_rel, path, file_rel, deleted in rows:
-        full = base
-        for part, relative in ((schema_path, schema_rel), (table_path, table_rel), (path, file_rel)):
-            full = full + part if relative else part
         files = out.setdefault(table, [])
         if files is None or deleted:
             out[table] = None
         else:
-            files.append(full)
+            files.append(
+                _joined(data_path, (schema_path, schema_rel), (table_path, table_rel), (path, file_rel))
+            )
     return out
 
 
@@ -775,7 +784,7 @@ class LakeTables:
         other's conflict is retried and then finds them)."""
         if not self._missing():
             return
-        with self.turns.turn():
+        with self.maintenance.shared(), self.turns.turn():
             wanted = self._missing()  # again, in turn: another writer may have made them meanwhile
             if not wanted:
                 return
@@ -987,10 +996,9 @@ class LakeTables:
                 "ON s.schema_id = t.schema_id AND s.end_snapshot IS NULL WHERE t.end_snapshot IS NULL"
             ).fetchall()
             for table, schema_path, schema_rel, table_path, table_rel in rows:
-                full = self.data_path.rstrip("/") + "/"
-                for part, relative in ((schema_path, schema_rel), (table_path, table_rel)):
-                    full = full + part if relative else part
-                self._folders[table] = Path(full)
+                self._folders[table] = Path(
+                    _joined(self.data_path, (schema_path, schema_rel), (table_path, table_rel))
+                )
             if name not in self._folders:
                 raise LakeError(f"no table {name!r} in the lake")
             known = self._folders[name]
@@ -1079,38 +1087,45 @@ class LakeTables:
         # names the newest it holds; a record synced after a merge must not claim it as its commit's.
         return self._data_files("f.begin_snapshot = ? AND f.partial_max IS NULL", [snapshot])
 
+    def _file_rows(
+        self, where: str, params: list[Any], con: duckdb.DuckDBPyConnection | None = None
+    ) -> list[tuple[str, str, int, int]]:
+        """(table, full path, rows, bytes) of the ledger tables' data files the catalog's
+        ``ducklake_data_file`` rows ``where`` names, sorted by table and path."""
+        meta = f"__ducklake_metadata_{ALIAS}"
+        rows = (
+            (con or self.con)
+            .execute(
+                f"SELECT t.table_name, s.path, s.path_is_relative, t.path, t.path_is_relative, f.path, "
+                f"f.path_is_relative, f.record_count, f.file_size_bytes FROM {meta}.ducklake_data_file f "
+                f"JOIN {meta}.ducklake_table t ON t.table_id = f.table_id AND t.end_snapshot IS NULL "
+                f"JOIN {meta}.ducklake_schema s ON s.schema_id = t.schema_id AND s.end_snapshot IS NULL "
+                f"WHERE {where}",
+                params,
+            )
+            .fetchall()
+        )
+        out = [
+            (table, _joined(self.data_path, (sp, s_rel), (tp, t_rel), (path, f_rel)), int(count), int(size))
+            for table, sp, s_rel, tp, t_rel, path, f_rel, count, size in rows
+            if table in TABLES or table in SIDE_TABLES  # not the writer's own (positions, state, fences)
+        ]
+        return sorted(out)
+
     def _data_files(
         self, where: str, params: list[Any], con: duckdb.DuckDBPyConnection | None = None
     ) -> list[dict[str, Any]]:
-        """The ledger tables' data files the catalog's ``ducklake_data_file`` rows ``where`` names
-        (table, path, bytes, rows, SHA-256 of the bytes now; None: deleted meanwhile). ``con``: a
-        cursor of its own (maintenance runs beside a commit in another thread)."""
+        """``_file_rows`` as records with the SHA-256 of each file's bytes now (None: deleted
+        meanwhile). ``con``: a cursor of its own (maintenance runs beside a commit in another thread)."""
         con = con or self.con
-        meta = f"__ducklake_metadata_{ALIAS}"
-        rows = con.execute(
-            f"SELECT t.table_name, s.path, s.path_is_relative, t.path, t.path_is_relative, f.path, "
-            f"f.path_is_relative, f.record_count, f.file_size_bytes FROM {meta}.ducklake_data_file f "
-            f"JOIN {meta}.ducklake_table t ON t.table_id = f.table_id AND t.end_snapshot IS NULL "
-            f"JOIN {meta}.ducklake_schema s ON s.schema_id = t.schema_id AND s.end_snapshot IS NULL "
-            f"WHERE {where}",
-            params,
-        ).fetchall()
-        base = self.data_path.rstrip("/") + "/"
         out: list[dict[str, Any]] = []
-        for table, schema_path, schema_rel, table_path, table_rel, path, file_rel, count, size in rows:
-            if table not in TABLES and table not in SIDE_TABLES:
-                continue  # the writer's own tables (positions, state, commits, fences)
-            full = base
-            for part, relative in ((schema_path, schema_rel), (table_path, table_rel), (path, file_rel)):
-                full = full + part if relative else part
-            local = Path(full)
-            entry = {"table": table, "path": full, "bytes": int(size), "rows": int(count)}
+        for table, full, count, size in self._file_rows(where, params, con):
             if is_s3(full):
-                entry["sha256"] = _s3_sha256(con, full)
+                sha256 = _s3_sha256(con, full)
             else:
-                entry["sha256"] = _sha256(local) if "://" not in full and local.is_file() else None
-            out.append(entry)
-        return sorted(out, key=lambda e: (e["table"], e["path"]))
+                sha256 = _sha256(Path(full)) if "://" not in full and Path(full).is_file() else None
+            out.append({"table": table, "path": full, "bytes": size, "rows": count, "sha256": sha256})
+        return out
 
     def records_after(self, number: int) -> list[tuple[dict[str, Any], str, int]]:
         """The ledger commits numbered above ``number`` as (info, commit id, snapshot), in order:
@@ -1290,7 +1305,7 @@ class LakeTables:
             if not held and not ended:
                 return done
             every = _ids(held + ended)
-            old = {f["path"] for f in self._data_files(f"f.data_file_id IN ({every})", [], cur)}
+            old = {path for _, path, _, _ in self._file_rows(f"f.data_file_id IN ({every})", [], cur)}
             start = self.current_snapshot()
             first_file = self._retry(self._next_file_id)
             tables = sorted({table for table, _ in held + ended})

@@ -199,30 +199,26 @@ def _lake_stored(ledger: Ledger) -> _Stored:
     recorded = recorded_sha256(ledger) if remote else {}
     files: dict[str, Path] = {}
     for table, data_file, rel in listed:
-        local = Path(data_file)
-        if remote:
-            local = _fetched(data_file, copies / rel, recorded.get((table, PurePosixPath(data_file).name)))
-        files[rel] = _without_lake_columns(local, copies / rel)
-        if local.name.endswith(".fetched"):  # a merged object's download: its copy is what is kept
-            local.unlink(missing_ok=True)
+        copy = copies / rel
+        if not remote:
+            files[rel] = _without_lake_columns(Path(data_file), copy)
+        elif copy.exists():  # fetched by an earlier publish (object names are fresh UUIDs, never rewritten)
+            files[rel] = copy
+        else:
+            want = recorded.get((table, PurePosixPath(data_file).name))
+            fetched = _fetched(data_file, copy.with_name(copy.name + ".fetched"), want)
+            files[rel] = _without_lake_columns(fetched, copy, move=True)
     return _Stored(ledger.root, files, snapshot)
 
 
 def _fetched(url: str, target: Path, want: str | None) -> Path:
-    """An object of the lake's ``s3://`` data path as a local file (fetched once: its name is a fresh
-    UUID, never rewritten), its bytes the ones its commit record names."""
-    if target.exists():
-        return target
-    raw = target.with_name(target.name + ".fetched")
-    got = fetch_object(url, raw)
+    """An object of the lake's ``s3://`` data path downloaded to ``target``, its bytes the ones its
+    commit record names."""
+    got = fetch_object(url, target)
     if want is not None and got != want:
-        raw.unlink(missing_ok=True)
+        target.unlink(missing_ok=True)
         raise PublishError(f"lake object {url} is not the bytes its commit recorded (SHA-256 {got[:16]}…)")
-    return raw.replace(target) if not _has_lake_columns(raw) else raw
-
-
-def _has_lake_columns(path: Path) -> bool:
-    return any(n.startswith(LAKE_INTERNAL) for n in pq.ParquetFile(path).schema_arrow.names)
+    return target
 
 
 def _drop_old_copies(folder: Path, live: set[Path]) -> None:
@@ -232,18 +228,19 @@ def _drop_old_copies(folder: Path, live: set[Path]) -> None:
             path.unlink(missing_ok=True)
 
 
-def _without_lake_columns(path: Path, copy: Path) -> Path:
+def _without_lake_columns(path: Path, copy: Path, *, move: bool = False) -> Path:
     """The file as outside engines should read it. DuckLake's merge keeps each row's lineage in
     columns of its own (``_ducklake_internal_row_id``, ...) that a raw reader would take for the
     table's: such a file is published as a copy without them (written once to ``copy``, a row group
-    at a time); every other file is published as it is, byte for byte."""
+    at a time); every other file is published as it is, byte for byte. ``move``: ``path`` is a
+    download of the publish's own, moved to ``copy`` (or deleted once copied)."""
     if copy.exists():  # lake file names are fresh UUIDs and never rewritten: a copy made once holds
         return copy
     source = pq.ParquetFile(path)
     names = source.schema_arrow.names
     keep = [n for n in names if not n.startswith(LAKE_INTERNAL)]
     if len(keep) == len(names):
-        return path
+        return path.replace(copy) if move else path
     copy.parent.mkdir(parents=True, exist_ok=True)
     tmp = copy.with_name(copy.name + ".tmp")
     schema = pa.schema([source.schema_arrow.field(n) for n in keep])
@@ -251,6 +248,8 @@ def _without_lake_columns(path: Path, copy: Path) -> Path:
         for group in range(source.num_row_groups):
             writer.write_table(source.read_row_group(group, columns=keep))
     os.replace(tmp, copy)
+    if move:
+        path.unlink()
     return copy
 
 
