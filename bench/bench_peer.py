@@ -216,7 +216,7 @@ def main() -> None:
             steps = peer_steps(make_workload(max(args.steps)))
             profiler = cProfile.Profile()
             profiler.enable()
-            times = run_peer(work / "profiled", steps)
+            times = run_peer(work / "profiled", steps, lake=args.lake)
             profiler.disable()
             profiler.dump_stats(args.profile)
             print(f"profiled: log {times.log_s:.2f} s, ingest {times.ingest_s:.2f} s → {args.profile}")

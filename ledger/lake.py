@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ledger.compaction import conform
+from ledger.compaction import SORTED_TABLES, conform
 from ledger.duck import connect
 from ledger.parquet_schemas import SIDE_TABLES, TABLES, Table
 from schemas.durable import fsync_dir
@@ -972,6 +972,8 @@ class LakeTables:
                 if not table.num_rows:
                     continue
                 table = _conformed(name, table)
+                if name in SORTED_TABLES:  # as the lake's merge will (``_file_layout``)
+                    table = table.sort_by([(k, "ascending") for k in SORTED_TABLES[name]])
                 column = _spec(name).partition
                 folder = self._table_folder(name)
                 for value in sorted(set(table.column(column).to_pylist()), key=str):
@@ -1228,10 +1230,12 @@ class LakeTables:
         stats["files_erased"] = erased["files_erased"]
         return stats
 
-    def _row_group_options(self, cur: duckdb.DuckDBPyConnection) -> None:
-        """The lake's Parquet row groups as the ledger writes its own (``ROW_GROUP_ROWS``): a merge
-        holds a row group in memory, and DuckDB's default (122,880 rows) of events, ~10 KB each with
-        a router's expert counts, is over a GB. Set once in the catalog (older lakes: here)."""
+    def _file_layout(self, cur: duckdb.DuckDBPyConnection) -> None:
+        """The lake's merged files laid out as the ledger's own merged parts, set once in the catalog
+        (older lakes: here). Row groups of ``ROW_GROUP_ROWS``: a merge holds a row group in memory,
+        and DuckDB's default (122,880 rows) of events, ~10 KB each with a router's expert counts, is
+        over a GB. Sorted as ``SORTED_TABLES`` (a metric's rows together, in step order): a question
+        about one metric reads its row groups only."""
         rows = cur.execute(
             f"SELECT option_name, value, scope_entry FROM {ALIAS}.options() WHERE option_name = 'parquet_row_group_size'"
         ).fetchall()
@@ -1240,6 +1244,18 @@ class LakeTables:
             if have.get(table) != str(size):
                 scope = f", table_name => '{table}'" if table else ""
                 cur.execute(f"CALL {ALIAS}.set_option('parquet_row_group_size', {size}{scope})")
+        meta = f"__ducklake_metadata_{ALIAS}"
+        sorted_now = {
+            name
+            for (name,) in cur.execute(
+                f"SELECT t.table_name FROM {meta}.ducklake_sort_info i JOIN {meta}.ducklake_table t "
+                "ON t.table_id = i.table_id AND t.end_snapshot IS NULL WHERE i.end_snapshot IS NULL"
+            ).fetchall()
+        }
+        for table, keys in SORTED_TABLES.items():
+            if table not in sorted_now:
+                order = ", ".join(f"{_quote(k)} ASC NULLS LAST" for k in keys)
+                cur.execute(f"ALTER TABLE {ALIAS}.{_quote(table)} SET SORTED BY ({order})")
 
     def _next_file_id(self) -> int:
         with contextlib.closing(self.con.cursor()) as cur:
@@ -1401,7 +1417,7 @@ class LakeTables:
             def call(sql: str) -> int:
                 return len(cur.execute(sql).fetchall())
 
-            self._retry(lambda: self._row_group_options(cur), con=cur)
+            self._retry(lambda: self._file_layout(cur), con=cur)
             # (Not `SET threads = 1`, which halved the merge's memory again: it is global, and on a
             # DuckDB-file catalog it deadlocked against a commit running in another thread.)
             self._retry(

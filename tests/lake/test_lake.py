@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from ledger.lake import ORPHAN_MIN_AGE_S, LakeError, LakeReader, LakeTables, fence_table
@@ -272,3 +273,40 @@ def test_maintain_merges_files_and_a_pinned_reader_answers_the_same(backend: Bac
         assert lake.maintain(keep_s=0)["snapshots_expired"] > 0
         with lake.reader() as newest:
             assert newest.execute(question).fetchall() == before
+
+
+def _shuffled_metrics(start: int, rows: int, tag: int) -> dict[str, pa.Table]:
+    """``rows`` events and a metric each, the metrics' names and steps in no order (as a logger mixes them)."""
+    tables = batch("s", start, rows, tag)
+    schema = tables["metrics"].schema
+    names = [("loss", "lr", "grad_norm")[(s * 7) % 3] for s in range(start, start + rows)]
+    steps = list(reversed(range(start, start + rows)))
+    tables["metrics"] = (
+        tables["metrics"]
+        .set_column(schema.get_field_index("name"), "name", pa.array(names))
+        .set_column(schema.get_field_index("step"), "step", pa.array(steps, type=schema.field("step").type))
+    )
+    return tables
+
+
+def test_metric_files_are_sorted_by_name_and_step_before_and_after_a_merge(backend: Backend) -> None:
+    """As the ledger's own merged parts: a metric's rows lie together in step order, so a question
+    about one metric reads its row groups only (the lake's sort order is set by maintenance)."""
+    order = ["name", "attempt", "step", "stream", "stream_seq"]
+
+    def live_metric_files(lake: LakeTables) -> list[pa.Table]:
+        rows = lake._file_rows("f.end_snapshot IS NULL", [])
+        return [pq.read_table(path, columns=order) for table, path, _, _ in rows if table == "metrics"]
+
+    with LakeTables(backend.catalog, backend.data) as lake:
+        for b in range(6):
+            assert lake.commit(_shuffled_metrics(b * ROWS, ROWS, b), {"s": (b * ROWS, (b + 1) * ROWS)}, {}).ok
+        assert len(live_metric_files(lake)) == 6
+        for table in live_metric_files(lake):  # each commit's file
+            assert table.to_pylist() == table.sort_by([(k, "ascending") for k in order]).to_pylist()
+        lake.maintain(keep_s=0)
+        merged = live_metric_files(lake)
+        assert len(merged) == 1
+        assert merged[0].to_pylist() == merged[0].sort_by([(k, "ascending") for k in order]).to_pylist()
+        with lake.reader() as con:
+            assert _count(con, "SELECT count(*) FROM metrics WHERE name = 'loss'") == 6 * ROWS // 3
