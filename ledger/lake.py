@@ -342,9 +342,12 @@ def retry_locked(attempt: Callable[[], T]) -> T:
 def _sqlite_wal(path: Path) -> None:
     """Put a SQLite catalog in WAL mode (persistent in the file): readers then never wait for a
     writer's commit, and writers wait for each other only while one commits."""
-    with contextlib.closing(sqlite3.connect(path, timeout=30)) as db:
-        if db.execute("PRAGMA journal_mode").fetchone() != ("wal",):
-            db.execute("PRAGMA journal_mode=WAL")
+    try:
+        with contextlib.closing(sqlite3.connect(path, timeout=30)) as db:
+            if db.execute("PRAGMA journal_mode").fetchone() != ("wal",):
+                db.execute("PRAGMA journal_mode=WAL")
+    except (sqlite3.Error, UnicodeDecodeError) as exc:  # a damaged file (its schema's text too): one line
+        raise LakeError(f"lake catalog {path}: {exc}") from None
 
 
 def _sha256(path: Path) -> str:
@@ -631,7 +634,7 @@ def _catalog_snapshots(
                 row = db.execute(
                     "SELECT max(snapshot_id), sum(snapshot_id = ?) FROM ducklake_snapshot", [snapshot]
                 ).fetchone()
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, UnicodeDecodeError) as exc:  # (a damaged schema's text: the latter)
             raise LakeError(f"lake catalog {spec.target}: {exc}") from None
     elif spec.kind == "duckdb":
         con.execute(f"ATTACH {_literal(spec.target)} AS _lake_catalog (READ_ONLY)")
@@ -713,7 +716,11 @@ class LakeTables:
             Path(self.data_path).mkdir(parents=True, exist_ok=True)
         self.con = self._retry(self._attach_writer)
         if create:
-            self._retry(self._create_tables)
+            try:
+                self._retry(self._create_tables)
+            except BaseException:  # (a damaged catalog attaches, then fails here): let go of its file now
+                self.con.close()
+                raise
 
     # ----------------------------------------------------------------- connections
     def _attach_writer(self) -> duckdb.DuckDBPyConnection:

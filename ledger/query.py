@@ -121,8 +121,14 @@ class Reader:
             raise QueryError(str(exc)) from None
         self.con.execute("SET TimeZone = 'UTC'")
         self.con.execute("SET parquet_metadata_cache = true")  # (as over part files: names never reused)
-        files = snapshot_files(self.con, lake.data_path, self.snapshot)
-        self.con.execute(lake_views_sql(lake.tables, files=files))
+        try:
+            files = snapshot_files(self.con, lake.data_path, self.snapshot)
+            self.con.execute(lake_views_sql(lake.tables, files=files))
+        except (
+            duckdb.Error
+        ) as exc:  # a damaged SQLite catalog loads, and fails here (DuckDB's file: at attach)
+            self.con.close()
+            raise QueryError(f"lake catalog {lake.catalog}: {str(exc).strip().splitlines()[0]}") from None
         # Only the data files: the catalog is open already (its metadata is not the statements' to read).
         if is_s3(lake.data_path):
             self.con.execute(_s3_lock_sql(lake.data_path))

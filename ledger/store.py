@@ -319,7 +319,11 @@ class Ledger:
         ledger = cls(root)
         ledger.lake, ledger.lake_folder, ledger.ledger_id = lake, folder, folder.ledger_id
         ledger.auto_compact = False  # the lake compacts itself (``maintain``, every maintain_every commits)
-        ledger.sync_lake_records()  # beside a writer in this folder: after its records
+        try:
+            ledger.sync_lake_records()  # beside a writer in this folder: after its records
+        except (LakeError, duckdb.Error) as exc:  # a damaged SQLite catalog loads, and fails here
+            lake.close()
+            raise LedgerError(f"{root}: {str(exc).strip().splitlines()[0]}") from None
         ledger._load_head()
         return ledger
 

@@ -291,3 +291,47 @@ def test_a_redaction_while_another_host_ingests_loses_nothing(tmp_path: Path, ba
     for root in (site.root, tmp_path / "host-b"):
         report = verify_ledger(root, site.vkey)
         assert report.ok and len(report.redactions) == 1, [pr.line() for pr in report.problems]
+
+
+def _checkpointed(catalog: Path) -> None:
+    """Everything of a SQLite catalog in its main file (its WAL emptied), so damage to it is damage."""
+    if catalog.suffix == ".sqlite":
+        import sqlite3
+
+        with sqlite3.connect(catalog) as db:
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "schema page overwritten"])
+def test_a_damaged_catalog_is_one_line_for_redact_state_and_verify_and_loses_nothing(
+    tmp_path: Path, backend: Backend, damage: str
+) -> None:
+    if backend.kind == "postgres":
+        pytest.skip("a server's catalog is not a file here to damage")
+    if backend.kind == "duckdb" and damage != "truncated":
+        pytest.skip("a DuckDB file's blocks carry checksums: any damaged block is refused at attach")
+    site = LakeSite(tmp_path, backend)
+    note = _note(site)
+    events = site.one("SELECT count(*) FROM events")
+    catalog = Path(backend.catalog.split(":", 1)[1])
+    _checkpointed(catalog)
+    good = catalog.read_bytes()
+    if damage == "truncated":
+        catalog.write_bytes(good[: len(good) // 2])
+    else:  # page 1 after SQLite's 100-byte header: the schema (its text no longer UTF-8)
+        catalog.write_bytes(good[:100] + b"\x95" * 3996 + good[4096:])
+    pub = site.key_file.with_suffix(".pub")
+    for args in (
+        ("redact", note, "--reason", "leak", "--actor", "alice", "--key", site.key_file),
+        ("state", "run-a"),
+        ("verify", "--public-key", pub),
+    ):
+        code, out = invoke(*args, "--ledger", site.root)
+        assert code == 1 and out.count("\n") == 1 and out.startswith("error: "), (args, out)
+        assert str(catalog) in out or str(site.root) in out, out
+    catalog.write_bytes(good)  # the catalog restored from a copy: every event is there, and redact works
+    assert site.one("SELECT count(*) FROM events") == events
+    code, out = invoke(
+        "redact", note, "--reason", "leak", "--actor", "alice", "--key", site.key_file, "--ledger", site.root
+    )
+    assert code == 0, out
