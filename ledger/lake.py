@@ -730,6 +730,17 @@ class LakeTables:
         options = f"DATA_PATH {_literal(self.data_path)}, OVERRIDE_DATA_PATH true, DATA_INLINING_ROW_LIMIT 0"
         try:
             con.execute(f"ATTACH {_literal(self.catalog.uri())} AS {ALIAS} ({options})")
+        except duckdb.Error as exc:
+            con.close()
+            text = str(exc)
+            if self.catalog.one_process and (
+                "Unique file handle conflict" in text or "Conflicting lock" in text
+            ):
+                raise LakeError(
+                    f"lake catalog {self.catalog.target} is open in another writer (a DuckDB-file catalog "
+                    "has one at a time; a SQLite or PostgreSQL catalog takes several)"
+                ) from None
+            raise
         except BaseException:
             con.close()
             raise

@@ -310,3 +310,25 @@ def test_metric_files_are_sorted_by_name_and_step_before_and_after_a_merge(backe
         assert merged[0].to_pylist() == merged[0].sort_by([(k, "ascending") for k in order]).to_pylist()
         with lake.reader() as con:
             assert _count(con, "SELECT count(*) FROM metrics WHERE name = 'loss'") == 6 * ROWS // 3
+
+
+def test_a_second_writer_on_a_duckdb_file_catalog_is_refused_in_one_line(backend: Backend) -> None:
+    """A DuckDB-file catalog has one writer at a time: another in this process (a thread's ledger)
+    or in another process gets one line naming the catalog, and the first goes on."""
+    if backend.kind != "duckdb":
+        pytest.skip("SQLite and PostgreSQL catalogs take several writers (tests above)")
+    target = backend.catalog.split(":", 1)[1]
+    with LakeTables(backend.catalog, backend.data) as first:
+        with pytest.raises(LakeError, match=f"^lake catalog {target} is open in another writer"):
+            LakeTables(backend.catalog, backend.data)
+        assert first.commit(batch("s", 0, ROWS, 0), {"s": (0, ROWS)}, {}).ok
+    proc = spawn("write", backend.catalog, str(backend.data), "t", str(ROWS))
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "0"  # it holds the catalog
+        with pytest.raises(LakeError, match=f"^lake catalog {target} is open in another writer"):
+            LakeTables(backend.catalog, backend.data)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    with LakeTables(backend.catalog, backend.data) as after:
+        assert after.positions()["s"] == ROWS
