@@ -275,11 +275,7 @@ class MaintenanceLock:
 
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:
-        if self.path is None:
-            yield
-            return
-        with open(self.path, "a+b") as handle:
-            fcntl.flock(handle, fcntl.LOCK_SH)
+        with _file_lock(self.path, fcntl.LOCK_SH):
             yield
 
     @contextlib.contextmanager
@@ -316,12 +312,19 @@ class CommitTurns:
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
-        if self.path is None:
+        with _file_lock(self.path, fcntl.LOCK_EX):
             yield
-            return
-        with open(self.path, "a+b") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            yield
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path | None, operation: int) -> Iterator[None]:
+    """``flock(operation)`` held on the file at ``path`` (made if new) for the block; none if no path."""
+    if path is None:
+        yield
+        return
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle, operation)
+        yield
 
 
 def retry_locked(attempt: Callable[[], T]) -> T:
