@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import random
+import re
 import sqlite3
 import time
 import urllib.parse
@@ -87,7 +88,17 @@ CONFLICT_RETRIES = 20
 # Rows per Parquet row group, the ledger's files and the lake's merges alike ("": every other table).
 # ledger_commits: a row holds a whole commit record (~700 B an event: 3.5 MB for 5,000 events); its
 # merge held every row in one group (+180 MB for 60 commits, ~780 MB for the full reference run).
-ROW_GROUP_ROWS = {"": 16_384, "events": 1_024, "quarantine": 1_024, "ledger_commits": 8}
+# The long narrow tables (tens of bytes a row, millions of rows) take the part files' merged row
+# groups: a file's footer then lists ~1/8 the row groups, and each reader's open parses it.
+ROW_GROUP_ROWS = {
+    "": 16_384,
+    "events": 4_096,
+    "quarantine": 1_024,
+    "ledger_commits": 8,
+    **dict.fromkeys(("metrics", "moe_layer_stats", "rank_stats", "salts"), 128 * 1024),
+}
+# The lake's merges compress as the ledger's own files (DuckDB's default, snappy: events 1.8x larger).
+PARQUET_COMPRESSION = "zstd"
 MERGED_PREFIX = "merged:"  # a state key naming a file the lake's merge wrote (its table, SHA-256)
 # The writer's DuckDB instance keeps at most this much (its merges spill beyond it). Without a limit,
 # DuckDB's merge during ingest took the process from 613 MB (no maintenance) to 1,317 MB at 100,000
@@ -217,13 +228,15 @@ def _conformed(name: str, table: pa.Table) -> pa.Table:
     return conform(table, schema)
 
 
-def _write_synced(rows: pa.Table, path: Path) -> None:
-    """A Parquet file written and fsynced, with the folder that names it (made if new)."""
+def _write_synced(rows: pa.Table, path: Path, table: str) -> None:
+    """Rows of ``table`` as a Parquet file, written and fsynced with the folder that names it (made if new)."""
     made = not path.parent.exists()
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = path.parent.parent.name
     pq.write_table(
-        rows, path, compression="zstd", row_group_size=ROW_GROUP_ROWS.get(table, ROW_GROUP_ROWS[""])
+        rows,
+        path,
+        compression=PARQUET_COMPRESSION,
+        row_group_size=ROW_GROUP_ROWS.get(table, ROW_GROUP_ROWS[""]),
     )
     with open(path, "rb+") as handle:
         os.fsync(handle.fileno())
@@ -665,13 +678,37 @@ def _joined(data_path: str, *parts: tuple[str, bool]) -> str:
     return full
 
 
+@dataclass(frozen=True)
+class TableFiles:
+    """One table's data files at a snapshot (full paths, in file order). ``partition``: the column
+    whose value every file's folder names exactly as the catalog records it (``run_id=moe-535b``,
+    plain characters only), so a reader may take it from the path (hive partitioning) and pass over
+    the files a filter on it rules out without opening them; None where a path does not."""
+
+    paths: list[str]
+    partition: str | None = None
+
+
+_PLAIN_VALUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+
+
+def _names_its_partition(path: str, column: str, value: str | None) -> bool:
+    """Whether ``column=value`` is the one ``key=value`` folder on ``path``, with a plain value (no
+    escaping for a hive reader to undo, not the word DuckDB reads as NULL, and no other folder for
+    it to take as a partition)."""
+    if value is None or not _PLAIN_VALUE.fullmatch(value) or value.upper() == "NULL":
+        return False
+    folders = [part for part in path.split("/")[:-1] if "=" in part]
+    return folders == [f"{column}={value}"]
+
+
 def snapshot_files(
     con: duckdb.DuckDBPyConnection, data_path: str, snapshot: int
-) -> dict[str, list[str] | None]:
-    """Each ledger table's data files at ``snapshot`` (full paths, in file order), read in one query
-    from the catalog's own tables on ``con`` (the lake attached as ``lake``); None for a table a
-    file of which carries deletions (only a redaction's, until its erasure ends): DuckDB must read
-    that one through DuckLake, which applies them."""
+) -> dict[str, TableFiles | None]:
+    """Each ledger table's data files at ``snapshot``, read in one query from the catalog's own
+    tables on ``con`` (the lake attached as ``lake``); None for a table DuckDB must read through
+    DuckLake: a file of it carries deletions (only a redaction's, until its erasure ends), or rows
+    are inlined in the catalog (another writer's setting; the ledger's writer inlines none)."""
     meta = f"__ducklake_metadata_{ALIAS}"
 
     def live(alias: str) -> str:
@@ -680,22 +717,41 @@ def snapshot_files(
     rows = con.execute(
         f"SELECT t.table_name, s.path, s.path_is_relative, t.path, t.path_is_relative, f.path, "
         f"f.path_is_relative, EXISTS (SELECT 1 FROM {meta}.ducklake_delete_file d "
-        f"WHERE d.data_file_id = f.data_file_id AND {live('d')}) "
+        f"WHERE d.data_file_id = f.data_file_id AND {live('d')}), v.partition_value "
         f"FROM {meta}.ducklake_data_file f "
         f"JOIN {meta}.ducklake_table t ON t.table_id = f.table_id AND {live('t')} "
         f"JOIN {meta}.ducklake_schema s ON s.schema_id = t.schema_id AND {live('s')} "
+        f"LEFT JOIN {meta}.ducklake_file_partition_value v "
+        f"ON v.data_file_id = f.data_file_id AND v.partition_key_index = 0 "
         f"WHERE {live('f')} ORDER BY t.table_name, f.data_file_id",
         {"snap": int(snapshot)},
     ).fetchall()
-    out: dict[str, list[str] | None] = {}
-    for table, schema_path, schema_rel, table_path, table_rel, path, file_rel, deleted in rows:
-        files = out.setdefault(table, [])
-        if files is None or deleted:
+    inlined = {
+        name
+        for (name,) in con.execute(
+            f"SELECT t.table_name FROM {meta}.ducklake_inlined_data_tables i "
+            f"JOIN {meta}.ducklake_table t ON t.table_id = i.table_id AND {live('t')}",
+            {"snap": int(snapshot)},
+        ).fetchall()
+    }
+    paths: dict[str, list[str]] = {}
+    named: dict[str, bool] = {}  # table -> every file so far names its partition value
+    out: dict[str, TableFiles | None] = dict.fromkeys(inlined)
+    for table, schema_path, schema_rel, table_path, table_rel, path, file_rel, deleted, value in rows:
+        if table in out:  # (None: read through DuckLake)
+            continue
+        if deleted:
             out[table] = None
-        else:
-            files.append(
-                _joined(data_path, (schema_path, schema_rel), (table_path, table_rel), (path, file_rel))
-            )
+            continue
+        full = _joined(data_path, (schema_path, schema_rel), (table_path, table_rel), (path, file_rel))
+        paths.setdefault(table, []).append(full)
+        column = _spec(table).partition if table in TABLES or table in SIDE_TABLES else None
+        named[table] = (
+            named.get(table, True) and column is not None and _names_its_partition(full, column, value)
+        )
+    for table, listed in paths.items():
+        if table not in out:
+            out[table] = TableFiles(listed, _spec(table).partition if named[table] else None)
     return out
 
 
@@ -1002,7 +1058,7 @@ class LakeTables:
                     rows = table.filter(pc.is_null(values) if value is None else pc.equal(values, value))
                     path = folder / f"{column}={_path_value(value)}" / f"ducklake-{_uuid7()}.parquet"
                     out.append((name, path))
-                    _write_synced(rows, path)
+                    _write_synced(rows, path, name)
         except BaseException:
             _unlink(out)
             raise
@@ -1256,15 +1312,18 @@ class LakeTables:
         (older lakes: here). Row groups of ``ROW_GROUP_ROWS``: a merge holds a row group in memory,
         and DuckDB's default (122,880 rows) of events, ~10 KB each with a router's expert counts, is
         over a GB. Sorted as ``SORTED_TABLES`` (a metric's rows together, in step order): a question
-        about one metric reads its row groups only."""
+        about one metric reads its row groups only. Compressed with ``PARQUET_COMPRESSION``."""
         rows = cur.execute(
-            f"SELECT option_name, value, scope_entry FROM {ALIAS}.options() WHERE option_name = 'parquet_row_group_size'"
+            f"SELECT option_name, value, scope_entry FROM {ALIAS}.options() "
+            "WHERE option_name IN ('parquet_row_group_size', 'parquet_compression')"
         ).fetchall()
-        have = {(entry or "").removeprefix("main."): value for _name, value, entry in rows}
+        have = {(name, (entry or "").removeprefix("main.")): value for name, value, entry in rows}
         for table, size in ROW_GROUP_ROWS.items():
-            if have.get(table) != str(size):
+            if have.get(("parquet_row_group_size", table)) != str(size):
                 scope = f", table_name => '{table}'" if table else ""
                 cur.execute(f"CALL {ALIAS}.set_option('parquet_row_group_size', {size}{scope})")
+        if have.get(("parquet_compression", "")) != PARQUET_COMPRESSION:
+            cur.execute(f"CALL {ALIAS}.set_option('parquet_compression', '{PARQUET_COMPRESSION}')")
         meta = f"__ducklake_metadata_{ALIAS}"
         sorted_now = {
             name

@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import duckdb
+import pyarrow as pa
 
 from ledger import duck
 from ledger.parquet_schemas import TABLES, tables_of
 from schemas.durable import write_durably
 
 if TYPE_CHECKING:
-    from ledger.lake import LakeFolder
+    from ledger.lake import LakeFolder, TableFiles
 
 # Physical tables whose public name is a derived view (the physical one gets a leading underscore).
 _DERIVED = {"metrics", "moe_layer_stats", "github"}
@@ -142,25 +143,65 @@ def views_sql(root: Path, *, relative: bool = False) -> str:
     return base + "\n" + DERIVED_VIEWS + "\n" + CODE_VIEWS
 
 
+_DUCK_TYPES = {
+    pa.int32(): "INTEGER",
+    pa.int64(): "BIGINT",
+    pa.float64(): "DOUBLE",
+    pa.bool_(): "BOOLEAN",
+    pa.string(): "VARCHAR",
+    pa.binary(): "BLOB",
+    pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ",
+}
+
+
+def _duck_type(kind: pa.DataType) -> str | None:
+    """DuckDB's name for a ledger column's Arrow type, as read from its Parquet (None: not one of them)."""
+    if pa.types.is_list(kind):
+        inner = _duck_type(kind.value_type)
+        return None if inner is None else inner + "[]"
+    return _DUCK_TYPES.get(kind)
+
+
+def _empty_relation(schema: pa.Schema) -> str | None:
+    """A table with no rows, typed as ``schema``: a lake table without files at the snapshot is read
+    without binding a DuckLake scan (~5 ms of every reader's open, per such table)."""
+    columns = []
+    for f in schema:
+        kind = _duck_type(f.type)
+        if kind is None:
+            return None
+        columns.append(f'CAST(NULL AS {kind}) AS "{f.name}"')
+    return f"SELECT {', '.join(columns)} LIMIT 0"
+
+
 def lake_views_sql(
-    tables: Iterable[str], alias: str = "lake", files: Mapping[str, list[str] | None] | None = None
+    tables: Iterable[str], alias: str = "lake", files: Mapping[str, TableFiles | None] | None = None
 ) -> str:
     """The same views over a lake attached as ``alias`` (``ledger.lake.open_snapshot``: pinned at one
     snapshot, so every view and every statement over them sees one moment). ``files``: each table's
     data files at that snapshot (``ledger.lake.snapshot_files``): its view reads them as a view of
     part files does (DuckLake's scan asks the catalog for them again in every statement, ~2x a
-    statement's time here); a table without files, or with deletions (None), is read through
-    DuckLake."""
+    statement's time here), its partition column from the folder names where the catalog's values
+    are those (a filter on it then opens only its files, as over part files); a table without files
+    is an empty relation; a table with deletions or inlined rows (None), or without ``files``, is read
+    through DuckLake."""
     from ledger.lake import lake_schema
 
     def source(name: str) -> str:
-        listed = (files or {}).get(name)
-        if not listed:
-            return f'SELECT * FROM {alias}.main."{name}"'
-        columns = ", ".join(f'"{c}"' for c in lake_schema(name).names)  # (not a merge's lineage columns)
-        paths = ", ".join("'" + p.replace("'", "''") + "'" for p in listed)
-        # (columns matched by name; the partition folder names are not columns: each file holds its own)
-        return f"SELECT {columns} FROM read_parquet([{paths}], hive_partitioning = false)"
+        through_lake = f'SELECT * FROM {alias}.main."{name}"'
+        if files is None or name not in files:
+            return through_lake if files is None else _empty_relation(lake_schema(name)) or through_lake
+        listed = files[name]
+        if listed is None:
+            return through_lake
+        schema = lake_schema(name)
+        columns = ", ".join(f'"{c}"' for c in schema.names)  # (not a merge's lineage columns)
+        paths = ", ".join("'" + p.replace("'", "''") + "'" for p in listed.paths)
+        hive = "hive_partitioning = false"
+        if listed.partition is not None and _duck_type(schema.field(listed.partition).type) == "VARCHAR":
+            # (the folder's value is the catalog's, checked by snapshot_files, and the file's column)
+            hive = f"hive_partitioning = true, hive_types = {{'{listed.partition}': VARCHAR}}"
+        return f"SELECT {columns} FROM read_parquet([{paths}], {hive})"
 
     base = "\n".join(
         f"CREATE OR REPLACE VIEW {'_' + name if name in _DERIVED else name} AS {source(name)};"

@@ -291,12 +291,17 @@ def _shuffled_metrics(start: int, rows: int, tag: int) -> dict[str, pa.Table]:
 
 def test_metric_files_are_sorted_by_name_and_step_before_and_after_a_merge(backend: Backend) -> None:
     """As the ledger's own merged parts: a metric's rows lie together in step order, so a question
-    about one metric reads its row groups only (the lake's sort order is set by maintenance)."""
+    about one metric reads its row groups only (the lake's sort order is set by maintenance), and
+    compressed as them (zstd; DuckDB's merge would write snappy)."""
     order = ["name", "attempt", "step", "stream", "stream_seq"]
 
     def live_metric_files(lake: LakeTables) -> list[pa.Table]:
         rows = lake._file_rows("f.end_snapshot IS NULL", [])
-        return [pq.read_table(path, columns=order) for table, path, _, _ in rows if table == "metrics"]
+        paths = [path for table, path, _, _ in rows if table == "metrics"]
+        for path in paths:
+            meta = pq.ParquetFile(path).metadata
+            assert {meta.row_group(0).column(i).compression for i in range(meta.num_columns)} == {"ZSTD"}
+        return [pq.read_table(path, columns=order) for path in paths]
 
     with LakeTables(backend.catalog, backend.data) as lake:
         for b in range(6):

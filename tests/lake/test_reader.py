@@ -393,3 +393,48 @@ def test_views_sql_and_the_shell_init_read_the_lake(
     assert shell.execute("SELECT count(*) FROM metrics").fetchone() == (len(want),)
     with pytest.raises(duckdb.Error, match=r"(?i)permission|disabled|not allowed"):
         shell.execute("SELECT * FROM read_text('/etc/passwd')").fetchall()
+
+
+def test_every_view_has_the_columns_and_types_of_the_part_files_ledger(
+    ledgers: tuple[Path, Path, list[int]],
+) -> None:
+    """Tables read from their files, by their folder's partition value, or (no files at the
+    snapshot: `annotations`, `quarantine` here) as an empty relation: the same columns and types."""
+    old, lake, _ = ledgers
+    files, pinned = Reader(old), Reader(lake)
+    assert not pinned.sql("SELECT count(*) FROM annotations").rows[0][0]
+    for view in VIEWS:
+        described = [f"DESCRIBE SELECT * FROM {view}"] * 2
+        assert [r[:2] for r in pinned.sql(described[0]).rows] == [
+            r[:2] for r in files.sql(described[1]).rows
+        ], view
+
+
+def test_a_filter_on_the_partition_opens_only_its_files_and_odd_values_read_as_stored(tmp_path: Path) -> None:
+    """Two runs in one lake: a statement about one run reads none of the other's files (the run id is
+    taken from the folder names, as over part files), and a run named NULL, which a folder name
+    cannot carry (DuckDB reads `run_id=NULL` as NULL), is read from the files' own column."""
+    lake = tmp_path / "lake"
+    Ledger.create_on_lake(lake, f"sqlite:{tmp_path / 'catalog.sqlite'}").close()
+    for run in ("moe-a", "moe-b"):
+        _cli("simulate", "reference-535b", "--spool", tmp_path / run, "--run-id", run, *SMALL)
+        _cli("ingest", "spool", "--spool", tmp_path / run, "--ledger", lake)
+    each = dict(Reader(lake).sql("SELECT run_id, count(*) FROM _metrics GROUP BY 1").rows)
+    assert set(each) == {"moe-a", "moe-b"}
+    other = {path: path.read_bytes() for path in (lake / "data").glob("**/metrics/run_id=moe-b/*.parquet")}
+    assert other
+    for path in other:  # damaged: a statement that opened them would fail
+        path.write_bytes(b"not parquet")
+    try:
+        reader = Reader(lake)
+        assert reader.sql("SELECT count(*) FROM _metrics WHERE run_id = 'moe-a'").rows[0][0] == each["moe-a"]
+        with pytest.raises(QueryError):
+            reader.sql("SELECT count(*) FROM _metrics")
+    finally:
+        for path, data in other.items():
+            path.write_bytes(data)
+    _cli("simulate", "reference-535b", "--spool", tmp_path / "null", "--run-id", "NULL", *SMALL)
+    _cli("ingest", "spool", "--spool", tmp_path / "null", "--ledger", lake)
+    runs = Reader(lake).sql("SELECT run_id, count(*) FROM _metrics GROUP BY 1 ORDER BY 1").rows
+    assert runs == [("NULL", each["moe-a"]), ("moe-a", each["moe-a"]), ("moe-b", each["moe-b"])]
+    assert _cli("state", "NULL", "--ledger", lake)[0].startswith("NULL at step")
