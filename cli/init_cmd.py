@@ -57,7 +57,7 @@ def init(
 
     Example: ledger init --ledger .runledger/ledger --keys .runledger/keys
     """
-    from ledger.registry import append_registry_event, registry_entries
+    from ledger.registry import RegistryRaced, append_registry_event, registry_entries
     from ledger.store import Ledger
     from schemas.note import write_keypair
     from schemas.payloads import PolicyChanged
@@ -91,7 +91,18 @@ def init(
                 return
         else:
             store = Ledger.create(ledger)
-        append_registry_event(store, PolicyChanged(unsigned_sources=allow_unsigned or [], actor=actor))
+        try:
+            append_registry_event(store, PolicyChanged(unsigned_sources=allow_unsigned or [], actor=actor))
+        except RegistryRaced:
+            if catalog is None:
+                raise
+            # Another folder set the same new lake up at the same time, and its policy landed first.
+            console.print(
+                f"joined ledger {store.ledger_id} on {catalog} from {ledger}: another folder set it up "
+                "at the same time, with its own policy (`ledger producers list` shows it): nothing changed",
+                highlight=False,
+            )
+            return
     made = "created" if existing is None else "set up"
     key_said = f"log key {key_path} (new)" if created_key else f"log key {key_path} (kept)"
     unsigned = ", ".join(allow_unsigned or []) or "none"

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 
 __all__ = ["EXTENSION_DIR", "ExtensionMissing", "connect", "extension_file", "load_extension"]
 
@@ -133,3 +134,23 @@ def load_extension(con: duckdb.DuckDBPyConnection, name: str) -> None:
     connection was opened trusting files already checked: ``connect``)."""
     path = extension_file(name).as_posix().replace("'", "''")
     con.execute(f"LOAD '{path}'")
+
+
+_DUCK_TYPES = {
+    pa.int32(): "INTEGER",
+    pa.int64(): "BIGINT",
+    pa.float64(): "DOUBLE",
+    pa.bool_(): "BOOLEAN",
+    pa.string(): "VARCHAR",
+    pa.binary(): "BLOB",
+    pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ",
+}
+
+
+def column_type(kind: pa.DataType) -> str | None:
+    """DuckDB's name for a ledger column's Arrow type, as DuckDB reads it from Parquet (None: a type
+    the ledger's tables do not use)."""
+    if pa.types.is_list(kind):
+        inner = column_type(kind.value_type)
+        return None if inner is None else inner + "[]"
+    return _DUCK_TYPES.get(kind)

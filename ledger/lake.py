@@ -46,7 +46,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ledger.compaction import SORTED_TABLES, conform
-from ledger.duck import connect
+from ledger.duck import column_type, connect
 from ledger.parquet_schemas import SIDE_TABLES, TABLES, Table
 from schemas.durable import fsync_dir
 
@@ -85,20 +85,27 @@ _PSEUDO_SOURCES = "ledger/%"  # fences of the ledger's own, not sources: read_po
 LOCKED_RETRIES = 60
 LOCKED_BACKOFF_S = (0.01, 0.5)  # first and largest sleep; doubled each try, with jitter
 CONFLICT_RETRIES = 20
+INIT_RACE_RETRIES = 10  # attaching a new catalog that another writer is initializing (``_lost_init_race``)
 # Rows per Parquet row group, the ledger's files and the lake's merges alike ("": every other table).
 # ledger_commits: a row holds a whole commit record (~700 B an event: 3.5 MB for 5,000 events); its
 # merge held every row in one group (+180 MB for 60 commits, ~780 MB for the full reference run).
 # The long narrow tables (tens of bytes a row, millions of rows) take the part files' merged row
-# groups: a file's footer then lists ~1/8 the row groups, and each reader's open parses it.
+# groups: a file's footer then lists ~1/8 the row groups, and each reader's open parses it. Not
+# moe_layer_stats (~200 B a row and expert counts): at 128k rows the full run's ingest peaked at
+# 941-1,007 MB, over the 1 GB budget.
 ROW_GROUP_ROWS = {
     "": 16_384,
     "events": 4_096,
     "quarantine": 1_024,
     "ledger_commits": 8,
-    **dict.fromkeys(("metrics", "moe_layer_stats", "rank_stats", "salts"), 128 * 1024),
+    **dict.fromkeys(("metrics", "rank_stats", "salts"), 128 * 1024),
 }
 # The lake's merges compress as the ledger's own files (DuckDB's default, snappy: events 1.8x larger).
 PARQUET_COMPRESSION = "zstd"
+# A merge rewrites the files below this size with their neighbours. DuckLake's default (512 MB) had
+# each merge of the full reference run rewrite the whole of moe_layer_stats again (161 → 301 → 440 →
+# 515 MB; 12, 22, 44 and 78 s, ingest +13%); at 128 MB a file is rewritten about once.
+TARGET_FILE_BYTES = 128_000_000
 MERGED_PREFIX = "merged:"  # a state key naming a file the lake's merge wrote (its table, SHA-256)
 # The writer's DuckDB instance keeps at most this much (its merges spill beyond it). Without a limit,
 # DuckDB's merge during ingest took the process from 613 MB (no maintenance) to 1,317 MB at 100,000
@@ -187,9 +194,13 @@ def _spec(name: str) -> Table:
 
 def _path_value(value: Any) -> str:
     """A partition value as its folder's name: as the part-file store writes it where it is a
-    plain name, escaped where it is not (a slash, a dot folder, a NUL)."""
+    plain name, escaped where it is not (a slash, a percent sign, a dot folder, a NUL). A name a hive
+    reader takes for NULL (``ducklake_add_data_files`` recorded run ``NULL``'s files as NULL, and
+    DuckLake's scan then answered NULL for its rows) has every character escaped."""
     text = "_" if value is None or value == "" else str(value)
-    if "/" in text or "\0" in text or text in (".", ".."):
+    if text.upper() in ("NULL", "__HIVE_DEFAULT_PARTITION__"):
+        return "".join(f"%{byte:02X}" for byte in text.encode())
+    if "/" in text or "%" in text or "\0" in text or text in (".", ".."):
         return urllib.parse.quote(text, safe="")
     return text
 
@@ -272,6 +283,12 @@ def _is_locked(exc: BaseException) -> bool:
 
 def _is_conflict(exc: BaseException) -> bool:
     return "conflict" in str(exc).lower()
+
+
+def _lost_init_race(text: str) -> bool:
+    """DuckLake's ATTACH of a new PostgreSQL catalog creates its tables; two writers attaching it at
+    once: the second's CREATE meets the first's ("duplicate key value violates unique constraint")."""
+    return "Failed to initialize DuckLake" in text and ("duplicate key" in text or "already exists" in text)
 
 
 class MaintenanceLock:
@@ -758,7 +775,14 @@ def snapshot_files(
 class LakeTables:
     """The ledger's tables in one DuckLake. One writer connection per instance (not thread-safe)."""
 
-    def __init__(self, catalog: Catalog | str, data_path: str | Path, *, create: bool = True) -> None:
+    def __init__(
+        self,
+        catalog: Catalog | str,
+        data_path: str | Path,
+        *,
+        create: bool = True,
+        name_new: str | None = None,
+    ) -> None:
         self.catalog = Catalog.parse(catalog) if isinstance(catalog, str) else catalog
         # A folder, or s3://bucket/prefix (kept a string so nothing assumes a local path).
         self.data_path = str(data_path)
@@ -767,6 +791,10 @@ class LakeTables:
         self.turns = CommitTurns(self.catalog)
         self._fences: set[str] = set()  # sources whose fence table is known to exist
         self._folders: dict[str, Path] = {}  # table -> its data folder (``_table_folder``)
+        self.name_new = name_new  # the ledger id a new lake is named in its creating transaction
+        # (ledger commit n, snapshot s): no commit record above n existed at s (``records_after``)
+        self._records_seen: tuple[int, int] | None = None
+        self.named_now = False  # whether this instance created the lake and named it so
         if self.catalog.kind != "postgres":
             Path(self.catalog.target).parent.mkdir(parents=True, exist_ok=True)
         if self.catalog.kind == "sqlite":
@@ -783,27 +811,32 @@ class LakeTables:
 
     # ----------------------------------------------------------------- connections
     def _attach_writer(self) -> duckdb.DuckDBPyConnection:
-        con = connect_data(self.catalog, self.data_path, probe=True, memory_limit=WRITER_MEMORY)
         # OVERRIDE_DATA_PATH: a lake folder copied or moved (its catalog names the old data path;
         # DuckLake keeps each file's path relative to it) is read and written where it is now.
         options = f"DATA_PATH {_literal(self.data_path)}, OVERRIDE_DATA_PATH true, DATA_INLINING_ROW_LIMIT 0"
-        try:
-            con.execute(f"ATTACH {_literal(self.catalog.uri())} AS {ALIAS} ({options})")
-        except duckdb.Error as exc:
-            con.close()
-            text = str(exc)
-            if self.catalog.one_process and (
-                "Unique file handle conflict" in text or "Conflicting lock" in text
-            ):
-                raise LakeError(
-                    f"lake catalog {self.catalog.target} is open in another writer (a DuckDB-file catalog "
-                    "has one at a time; a SQLite or PostgreSQL catalog takes several)"
-                ) from None
-            raise
-        except BaseException:
-            con.close()
-            raise
-        return con
+        for tries in range(INIT_RACE_RETRIES + 1):
+            con = connect_data(self.catalog, self.data_path, probe=True, memory_limit=WRITER_MEMORY)
+            try:
+                con.execute(f"ATTACH {_literal(self.catalog.uri())} AS {ALIAS} ({options})")
+                return con
+            except duckdb.Error as exc:
+                con.close()
+                text = str(exc)
+                if _lost_init_race(text) and tries < INIT_RACE_RETRIES:
+                    time.sleep(0.05 * (tries + 1) * (0.5 + random.random()))
+                    continue  # another writer initialized the new catalog first: it is there now
+                if self.catalog.one_process and (
+                    "Unique file handle conflict" in text or "Conflicting lock" in text
+                ):
+                    raise LakeError(
+                        f"lake catalog {self.catalog.target} is open in another writer (a DuckDB-file catalog "
+                        "has one at a time; a SQLite or PostgreSQL catalog takes several)"
+                    ) from None
+                raise
+            except BaseException:
+                con.close()
+                raise
+        raise AssertionError("unreachable")  # (the last try returns or raises)
 
     def close(self) -> None:
         self.con.close()
@@ -858,28 +891,48 @@ class LakeTables:
 
     def _create_tables(self) -> None:
         """Every ledger table and the writer-state tables, once (racing creators: one wins, the
-        other's conflict is retried and then finds them)."""
+        other's conflict is retried and then finds them). A new lake (no table yet) is named
+        ``self.name_new`` in the same transaction: ``named_now`` says this one named it."""
         if not self._missing():
             return
         with self.maintenance.shared(), self.turns.turn():
             wanted = self._missing()  # again, in turn: another writer may have made them meanwhile
             if not wanted:
                 return
+            new_lake = len(wanted) == len(self._all_tables())
             self.con.execute("BEGIN")
             try:
                 for name in wanted:
                     self._create_one(name)
                 self.con.execute(f"CALL {ALIAS}.set_option('data_inlining_row_limit', 0)")
-                self.con.execute("COMMIT")
+                if new_lake and self.name_new is not None:  # (one COMMIT where naming took a second)
+                    moved = {ID_FENCE: (0, 1)}
+                    made = self._in_transaction(
+                        uuid.uuid4().hex, {}, [], moved, {ID_KEY: self.name_new}, "create", {}, None
+                    )
+                    self.named_now = True
+                    if made is not None:  # a new lake holds no commit record
+                        self._records_seen = (-1, made)
+                else:
+                    self.con.execute("COMMIT")
             except duckdb.Error as exc:
                 self._rollback()
+                self.named_now = False
                 if _is_conflict(exc) and not self._missing():
                     return  # another process created them first
                 raise
+            except BaseException:
+                self._rollback()
+                self.named_now = False
+                raise
+
+    @staticmethod
+    def _all_tables() -> list[str]:
+        return [*TABLES, *SIDE_TABLES, POSITIONS, STATE, COMMITS]
 
     def _missing(self) -> list[str]:
         existing = self._existing()
-        return [n for n in [*TABLES, *SIDE_TABLES, POSITIONS, STATE, COMMITS] if n not in existing]
+        return [n for n in self._all_tables() if n not in existing]
 
     def _create_one(self, name: str) -> None:
         columns = {
@@ -891,12 +944,17 @@ class LakeTables:
         if columns is not None:
             self.con.execute(f"CREATE TABLE {ALIAS}.{_quote(name)} ({columns})")
             return
-        empty = lake_schema(name).empty_table()
-        self.con.register("_lake_empty", empty)
-        try:
-            self.con.execute(f"CREATE TABLE {ALIAS}.{_quote(name)} AS SELECT * FROM _lake_empty LIMIT 0")
-        finally:
-            self.con.unregister("_lake_empty")
+        schema = lake_schema(name)
+        types = [column_type(f.type) for f in schema]
+        if None in types:  # (a type the mapping lacks: DuckDB's own from the Arrow schema)
+            self.con.register("_lake_empty", schema.empty_table())
+            try:
+                self.con.execute(f"CREATE TABLE {ALIAS}.{_quote(name)} AS SELECT * FROM _lake_empty LIMIT 0")
+            finally:
+                self.con.unregister("_lake_empty")
+        else:  # (~half the time of creating it from an empty Arrow table: 19 tables per new lake)
+            columns = ", ".join(f"{_quote(f.name)} {kind}" for f, kind in zip(schema, types, strict=True))
+            self.con.execute(f"CREATE TABLE {ALIAS}.{_quote(name)} ({columns})")
         partition = _spec(name).partition
         self.con.execute(f"ALTER TABLE {ALIAS}.{_quote(name)} SET PARTITIONED BY ({_quote(partition)})")
 
@@ -957,6 +1015,12 @@ class LakeTables:
             return LakeCommit(commit_id, None, stale=moved, retries=self.retries - before)
         result = LakeCommit(commit_id, snapshot, retries=self.retries - before)
         result.rows = sum(t.num_rows for t in tables.values())
+        if (
+            snapshot is not None
+            and number is not None
+            and positions.get(COMMIT_FENCE) == (number, number + 1)
+        ):
+            self._records_seen = (number, snapshot)  # (the fence: no record above ``number`` at it)
         if snapshot is not None:
             result.files = self._retry(lambda: self.added_files(snapshot))
         return result
@@ -1212,6 +1276,15 @@ class LakeTables:
 
         def ask() -> list[tuple[dict[str, Any], str, int]]:
             with contextlib.closing(self.con.cursor()) as cur:
+                # The catalog's newest snapshot (~1 ms) first: where this instance already knows that
+                # no record above ``number`` existed at it, the lake has not moved since (a scan
+                # of the records table through DuckLake: ~14 ms, before every commit).
+                row = cur.execute(
+                    f"SELECT max(snapshot_id) FROM __ducklake_metadata_{ALIAS}.ducklake_snapshot"
+                ).fetchone()
+                newest = int(row[0]) if row and row[0] is not None else None
+                if newest is not None and self._records_seen == (number, newest):
+                    return []
                 rows = cur.execute(
                     # the row's own snapshot (a virtual column): a join with ``snapshots()`` left
                     # out every commit whose snapshot had expired (a host an hour behind, or any
@@ -1220,6 +1293,8 @@ class LakeTables:
                     "WHERE c.ledger_commit > ? ORDER BY c.ledger_commit",
                     [number],
                 ).fetchall()
+            if not rows and newest is not None:
+                self._records_seen = (number, newest)
             return [(json.loads(info), cid, int(snap)) for info, cid, snap in rows]
 
         return self._retry(ask)
@@ -1312,10 +1387,11 @@ class LakeTables:
         (older lakes: here). Row groups of ``ROW_GROUP_ROWS``: a merge holds a row group in memory,
         and DuckDB's default (122,880 rows) of events, ~10 KB each with a router's expert counts, is
         over a GB. Sorted as ``SORTED_TABLES`` (a metric's rows together, in step order): a question
-        about one metric reads its row groups only. Compressed with ``PARQUET_COMPRESSION``."""
+        about one metric reads its row groups only. Compressed with ``PARQUET_COMPRESSION``; files of
+        ``TARGET_FILE_BYTES`` at most, once merged."""
         rows = cur.execute(
             f"SELECT option_name, value, scope_entry FROM {ALIAS}.options() "
-            "WHERE option_name IN ('parquet_row_group_size', 'parquet_compression')"
+            "WHERE option_name IN ('parquet_row_group_size', 'parquet_compression', 'target_file_size')"
         ).fetchall()
         have = {(name, (entry or "").removeprefix("main.")): value for name, value, entry in rows}
         for table, size in ROW_GROUP_ROWS.items():
@@ -1324,6 +1400,8 @@ class LakeTables:
                 cur.execute(f"CALL {ALIAS}.set_option('parquet_row_group_size', {size}{scope})")
         if have.get(("parquet_compression", "")) != PARQUET_COMPRESSION:
             cur.execute(f"CALL {ALIAS}.set_option('parquet_compression', '{PARQUET_COMPRESSION}')")
+        if have.get(("target_file_size", "")) != str(TARGET_FILE_BYTES):
+            cur.execute(f"CALL {ALIAS}.set_option('target_file_size', '{TARGET_FILE_BYTES}B')")
         meta = f"__ducklake_metadata_{ALIAS}"
         sorted_now = {
             name

@@ -43,9 +43,16 @@ def append_registry_event(ledger: Ledger, payload: msgspec.Struct) -> str:
         [SourceRecord(REGISTRY_INGEST, position, encode_event(envelope))], writer="producers"
     )
     if result.accepted != 1:
-        reasons = "; ".join(q.reason for _, q in result.quarantined) or "another writer took its position"
+        if not result.quarantined:
+            raise RegistryRaced("registry event not stored: another writer took its position")
+        reasons = "; ".join(q.reason for _, q in result.quarantined)
         raise LedgerError(f"registry event not stored: {reasons}")
     return envelope.id
+
+
+class RegistryRaced(LedgerError):
+    """Another writer of the ledger (a folder on another host) stored a registry event at the
+    position this one was written for, first: nothing of this one was stored."""
 
 
 def register_producer(

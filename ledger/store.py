@@ -265,10 +265,10 @@ class Ledger:
             root.mkdir(parents=True, exist_ok=True)
             data = str(data_path if data_path is not None else root / "data")
             try:
-                opened = LakeTables(catalog, data)
-                known = opened.state().get(ID_KEY)
-                if known is None:  # a new lake: name its ledger (one creator wins a race)
-                    chosen = ledger_id or uuid.uuid4().hex[:16]
+                chosen = ledger_id or uuid.uuid4().hex[:16]
+                opened = LakeTables(catalog, data, name_new=chosen)  # a new lake is named as it is made
+                known = chosen if opened.named_now else opened.state().get(ID_KEY)
+                if known is None:  # a lake whose tables another creator made: name it (one wins a race)
                     named = opened.commit({}, {ID_FENCE: (0, 1)}, {ID_KEY: chosen}, writer="create")
                     known = chosen if named.ok else opened.state().get(ID_KEY)
                 if ledger_id is not None and known != ledger_id:

@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import duckdb
-import pyarrow as pa
 
 from ledger import duck
 from ledger.parquet_schemas import TABLES, tables_of
 from schemas.durable import write_durably
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from ledger.lake import LakeFolder, TableFiles
 
 # Physical tables whose public name is a derived view (the physical one gets a leading underscore).
@@ -143,31 +144,12 @@ def views_sql(root: Path, *, relative: bool = False) -> str:
     return base + "\n" + DERIVED_VIEWS + "\n" + CODE_VIEWS
 
 
-_DUCK_TYPES = {
-    pa.int32(): "INTEGER",
-    pa.int64(): "BIGINT",
-    pa.float64(): "DOUBLE",
-    pa.bool_(): "BOOLEAN",
-    pa.string(): "VARCHAR",
-    pa.binary(): "BLOB",
-    pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ",
-}
-
-
-def _duck_type(kind: pa.DataType) -> str | None:
-    """DuckDB's name for a ledger column's Arrow type, as read from its Parquet (None: not one of them)."""
-    if pa.types.is_list(kind):
-        inner = _duck_type(kind.value_type)
-        return None if inner is None else inner + "[]"
-    return _DUCK_TYPES.get(kind)
-
-
 def _empty_relation(schema: pa.Schema) -> str | None:
     """A table with no rows, typed as ``schema``: a lake table without files at the snapshot is read
     without binding a DuckLake scan (~5 ms of every reader's open, per such table)."""
     columns = []
     for f in schema:
-        kind = _duck_type(f.type)
+        kind = duck.column_type(f.type)
         if kind is None:
             return None
         columns.append(f'CAST(NULL AS {kind}) AS "{f.name}"')
@@ -198,7 +180,10 @@ def lake_views_sql(
         columns = ", ".join(f'"{c}"' for c in schema.names)  # (not a merge's lineage columns)
         paths = ", ".join("'" + p.replace("'", "''") + "'" for p in listed.paths)
         hive = "hive_partitioning = false"
-        if listed.partition is not None and _duck_type(schema.field(listed.partition).type) == "VARCHAR":
+        if (
+            listed.partition is not None
+            and duck.column_type(schema.field(listed.partition).type) == "VARCHAR"
+        ):
             # (the folder's value is the catalog's, checked by snapshot_files, and the file's column)
             hive = f"hive_partitioning = true, hive_types = {{'{listed.partition}': VARCHAR}}"
         return f"SELECT {columns} FROM read_parquet([{paths}], {hive})"

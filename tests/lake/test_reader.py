@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from ledger.lake import LakeFolder, LakeTables
+from ledger.lake import LakeFolder, LakeTables, open_snapshot
 from ledger.lake_migrate import migrate
 from ledger.log_checkpoint import sign_checkpoint
 from ledger.merkle import CompactRange
@@ -437,4 +437,13 @@ def test_a_filter_on_the_partition_opens_only_its_files_and_odd_values_read_as_s
     _cli("ingest", "spool", "--spool", tmp_path / "null", "--ledger", lake)
     runs = Reader(lake).sql("SELECT run_id, count(*) FROM _metrics GROUP BY 1 ORDER BY 1").rows
     assert runs == [("NULL", each["moe-a"]), ("moe-a", each["moe-a"]), ("moe-b", each["moe-b"])]
+    folder = LakeFolder.read(lake)
+    assert folder is not None
+    con, _ = open_snapshot(folder.catalog, folder.data_path)
+    try:  # DuckLake's own scan too (it takes the value from the catalog, which takes it from the path)
+        assert con.execute("SELECT count(*) FROM lake.metrics WHERE run_id = 'NULL'").fetchall() == [
+            (runs[0][1],)
+        ]
+    finally:
+        con.close()
     assert _cli("state", "NULL", "--ledger", lake)[0].startswith("NULL at step")

@@ -275,3 +275,47 @@ def test_a_lake_of_another_ledger_or_a_folder_of_part_files_is_refused(tmp_path:
     )
     with LakeTables(catalog, tmp_path / "one" / "data") as lake:
         assert lake.state()["ledger_id"] == "lab-a"
+
+
+CLI_INIT = [sys.executable, "-m", "cli.main", "init"]
+
+
+def test_racing_creators_of_one_new_lake_agree_on_its_ledger_id(backend: Backend, tmp_path: Path) -> None:
+    """Three `ledger init` at once on one new catalog, each from its own folder: one makes the tables
+    and names the ledger in that transaction, the others find it made and take its name; one policy
+    event starts the registry, and the folders whose own lost the race say they joined."""
+    catalog = _backend_catalog(backend)
+    procs = [
+        subprocess.Popen(
+            [
+                *CLI_INIT,
+                "--ledger",
+                str(tmp_path / f"host-{i}"),
+                "--catalog",
+                catalog,
+                "--data",
+                str(backend.data),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **ENV},
+        )
+        for i in range(3)
+    ]
+    said = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        said.append(out.split(" ledger ", 1)[0])
+    assert said.count("created") == 1  # the others joined (a lake just made, or a policy that landed first)
+    ids = {Ledger.open(tmp_path / f"host-{i}").ledger_id for i in range(3)}
+    assert len(ids) == 1
+    with LakeTables(catalog, backend.data) as lake:
+        assert lake.state()["ledger_id"] in ids
+        named = lake.con.execute("SELECT count(*) FROM lake.ledger_state WHERE key = 'ledger_id'").fetchone()
+        assert named == (1,)
+    assert Reader(tmp_path / "host-0").sql(
+        "SELECT count(*) FROM events WHERE type = 'ledger.policy.changed'"
+    ).rows == [(1,)]
