@@ -30,7 +30,8 @@ import logging
 import os
 import random
 import re
-import sqlite3
+import subprocess
+import sys
 import time
 import urllib.parse
 import uuid
@@ -192,13 +193,17 @@ def _spec(name: str) -> Table:
     return TABLES[name] if name in TABLES else SIDE_TABLES[name]
 
 
+# Folder values a hive reader (DuckDB's, Spark's) reads as NULL, in any case.
+_HIVE_NULL_NAMES = frozenset({"NULL", "__HIVE_DEFAULT_PARTITION__"})
+
+
 def _path_value(value: Any) -> str:
     """A partition value as its folder's name: as the part-file store writes it where it is a
     plain name, escaped where it is not (a slash, a percent sign, a dot folder, a NUL). A name a hive
     reader takes for NULL (``ducklake_add_data_files`` recorded run ``NULL``'s files as NULL, and
     DuckLake's scan then answered NULL for its rows) has every character escaped."""
     text = "_" if value is None or value == "" else str(value)
-    if text.upper() in ("NULL", "__HIVE_DEFAULT_PARTITION__"):
+    if text.upper() in _HIVE_NULL_NAMES:
         return "".join(f"%{byte:02X}" for byte in text.encode())
     if "/" in text or "%" in text or "\0" in text or text in (".", ".."):
         return urllib.parse.quote(text, safe="")
@@ -372,15 +377,16 @@ def retry_locked(attempt: Callable[[], T]) -> T:
     return attempt()
 
 
-def _sqlite_wal(path: Path) -> None:
-    """Put a SQLite catalog in WAL mode (persistent in the file): readers then never wait for a
-    writer's commit, and writers wait for each other only while one commits."""
-    try:
-        with contextlib.closing(sqlite3.connect(path, timeout=30)) as db:
-            if db.execute("PRAGMA journal_mode").fetchone() != ("wal",):
-                db.execute("PRAGMA journal_mode=WAL")
-    except (sqlite3.Error, UnicodeDecodeError) as exc:  # a damaged file (its schema's text too): one line
-        raise LakeError(f"lake catalog {path}: {exc}") from None
+# Run as ``python -c`` on a SQLite catalog: its WAL emptied into it, the file rewritten without the
+# pages deleted rows left, the WAL emptied again (busy: waits up to 30 s for other connections).
+VACUUM_TIMEOUT_S = 120
+_VACUUM_SQLITE = """
+import contextlib, sqlite3, sys
+with contextlib.closing(sqlite3.connect(sys.argv[1], timeout=30)) as db:
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.execute("VACUUM")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+"""
 
 
 def _sha256(path: Path) -> str:
@@ -660,17 +666,10 @@ def _catalog_snapshots(
     """(the newest snapshot id, whether ``snapshot`` is still there) read from a file catalog's own
     ``ducklake_snapshot`` table, without attaching the lake (attaching it, asking, detaching cost
     ~45 ms of every read command); None for PostgreSQL."""
-    if spec.kind == "sqlite":
-        uri = "file:" + urllib.parse.quote(spec.target) + "?mode=ro"
-        try:
-            with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=30)) as db:
-                row = db.execute(
-                    "SELECT max(snapshot_id), sum(snapshot_id = ?) FROM ducklake_snapshot", [snapshot]
-                ).fetchone()
-        except (sqlite3.Error, UnicodeDecodeError) as exc:  # (a damaged schema's text: the latter)
-            raise LakeError(f"lake catalog {spec.target}: {exc}") from None
-    elif spec.kind == "duckdb":
-        con.execute(f"ATTACH {_literal(spec.target)} AS _lake_catalog (READ_ONLY)")
+    if spec.kind in ("sqlite", "duckdb"):
+        # (a SQLite file through DuckDB's own SQLite, never Python's: see ``_attach_writer``)
+        kind = "TYPE sqlite, " if spec.kind == "sqlite" else ""
+        con.execute(f"ATTACH {_literal(spec.target)} AS _lake_catalog ({kind}READ_ONLY)")
         try:
             row = con.execute(
                 "SELECT max(snapshot_id), count(*) FILTER (WHERE snapshot_id = ?) "
@@ -711,9 +710,9 @@ _PLAIN_VALUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 def _names_its_partition(path: str, column: str, value: str | None) -> bool:
     """Whether ``column=value`` is the one ``key=value`` folder on ``path``, with a plain value (no
-    escaping for a hive reader to undo, not the word DuckDB reads as NULL, and no other folder for
-    it to take as a partition)."""
-    if value is None or not _PLAIN_VALUE.fullmatch(value) or value.upper() == "NULL":
+    escaping for a hive reader to undo, not a word hive readers read as NULL, and no other folder
+    for it to take as a partition)."""
+    if value is None or not _PLAIN_VALUE.fullmatch(value) or value.upper() in _HIVE_NULL_NAMES:
         return False
     folders = [part for part in path.split("/")[:-1] if "=" in part]
     return folders == [f"{column}={value}"]
@@ -753,6 +752,7 @@ def snapshot_files(
     }
     paths: dict[str, list[str]] = {}
     named: dict[str, bool] = {}  # table -> every file so far names its partition value
+    columns: dict[str, str | None] = {}  # table -> its partition column (None: not a ledger table)
     out: dict[str, TableFiles | None] = dict.fromkeys(inlined)
     for table, schema_path, schema_rel, table_path, table_rel, path, file_rel, deleted, value in rows:
         if table in out:  # (None: read through DuckLake)
@@ -762,13 +762,15 @@ def snapshot_files(
             continue
         full = _joined(data_path, (schema_path, schema_rel), (table_path, table_rel), (path, file_rel))
         paths.setdefault(table, []).append(full)
-        column = _spec(table).partition if table in TABLES or table in SIDE_TABLES else None
+        if table not in columns:
+            columns[table] = _spec(table).partition if table in TABLES or table in SIDE_TABLES else None
+        column = columns[table]
         named[table] = (
             named.get(table, True) and column is not None and _names_its_partition(full, column, value)
         )
     for table, listed in paths.items():
         if table not in out:
-            out[table] = TableFiles(listed, _spec(table).partition if named[table] else None)
+            out[table] = TableFiles(listed, columns[table] if named[table] else None)
     return out
 
 
@@ -797,8 +799,6 @@ class LakeTables:
         self.named_now = False  # whether this instance created the lake and named it so
         if self.catalog.kind != "postgres":
             Path(self.catalog.target).parent.mkdir(parents=True, exist_ok=True)
-        if self.catalog.kind == "sqlite":
-            _sqlite_wal(Path(self.catalog.target))
         if "://" not in self.data_path:
             Path(self.data_path).mkdir(parents=True, exist_ok=True)
         self.con = self._retry(self._attach_writer)
@@ -814,6 +814,11 @@ class LakeTables:
         # OVERRIDE_DATA_PATH: a lake folder copied or moved (its catalog names the old data path;
         # DuckLake keeps each file's path relative to it) is read and written where it is now.
         options = f"DATA_PATH {_literal(self.data_path)}, OVERRIDE_DATA_PATH true, DATA_INLINING_ROW_LIMIT 0"
+        if self.catalog.kind == "sqlite":
+            # WAL (kept in the file): readers never wait for a commit, writers only for each other's.
+            # Set by DuckDB's own SQLite: a second SQLite library in this process would drop the
+            # first's POSIX locks on the file whenever it closed it (SQLite's "multiple copies" hazard).
+            options += ", METADATA_PARAMETERS MAP {'JOURNAL_MODE': 'wal'}"
         for tries in range(INIT_RACE_RETRIES + 1):
             con = connect_data(self.catalog, self.data_path, probe=True, memory_limit=WRITER_MEMORY)
             try:
@@ -915,15 +920,11 @@ class LakeTables:
                         self._records_seen = (-1, made)
                 else:
                     self.con.execute("COMMIT")
-            except duckdb.Error as exc:
+            except BaseException as exc:
                 self._rollback()
                 self.named_now = False
-                if _is_conflict(exc) and not self._missing():
+                if isinstance(exc, duckdb.Error) and _is_conflict(exc) and not self._missing():
                     return  # another process created them first
-                raise
-            except BaseException:
-                self._rollback()
-                self.named_now = False
                 raise
 
     @staticmethod
@@ -1536,10 +1537,23 @@ class LakeTables:
         by ``VACUUM FULL``. What a server keeps elsewhere (PostgreSQL's WAL and backups) is its
         operator's to expire."""
         if self.catalog.kind == "sqlite":
-            with contextlib.closing(sqlite3.connect(self.catalog.target, timeout=30)) as db:
-                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-                db.execute("VACUUM")
-                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            # VACUUM by another process's SQLite: DuckDB's runs no statement that returns nothing,
+            # and a second SQLite library in this one would drop DuckDB's locks on the file.
+            try:
+                done = subprocess.run(
+                    [sys.executable, "-c", _VACUUM_SQLITE, self.catalog.target],
+                    capture_output=True,
+                    text=True,
+                    timeout=VACUUM_TIMEOUT_S,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired:
+                raise LakeError(
+                    f"lake catalog {self.catalog.target}: VACUUM did not finish in {VACUUM_TIMEOUT_S} s"
+                ) from None
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+                raise LakeError(f"lake catalog {self.catalog.target}: VACUUM failed: {last}")
             return
         for table in ("ducklake_file_column_stats", "ducklake_table_column_stats"):
             cur.execute(

@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -331,6 +332,41 @@ def test_every_statement_sees_one_snapshot_while_a_writer_commits_and_maintains(
     assert len(seen) >= 2  # the readers overlapped the writer
     final = Reader(folder).sql("SELECT count(*) FROM events WHERE stream = 'w'").rows[0][0]
     assert final == 50 * len(committed)
+
+
+def test_this_process_opens_a_sqlite_catalog_only_through_duckdbs_sqlite(
+    ledgers: tuple[Path, Path, list[int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python's sqlite3 is a second SQLite library: closing the catalog file drops every POSIX lock
+    the process holds on it, DuckDB's SQLite's included (SQLite's "multiple copies" hazard: a
+    reader's snapshot lookup beside a writer's commit ended in "disk I/O error" or SIGBUS)."""
+    import shutil
+    import sqlite3
+    import urllib.parse
+
+    _, lake, _ = ledgers
+    folder = tmp_path / "one-sqlite"
+    shutil.copytree(lake, folder)
+    marker = LakeFolder.read(folder)
+    assert marker is not None and marker.catalog.startswith("sqlite:")
+    catalog = Path(marker.catalog.removeprefix("sqlite:")).resolve()
+    opened: list[str] = []
+    connect = sqlite3.connect
+
+    def watched(database: str, *args: Any, **kwargs: Any) -> sqlite3.Connection:
+        path = urllib.parse.unquote(str(database).removeprefix("file:").split("?")[0])
+        if Path(path).resolve() == catalog:
+            opened.append(str(database))
+        return connect(database, *args, **kwargs)
+
+    monkeypatch.setattr(sqlite3, "connect", watched)
+    with LakeTables(marker.catalog, marker.data_path) as writer:
+        before = Reader(folder).sql("SELECT count(*) FROM events").rows[0][0]
+        writer.commit(batch("w", 0, 50, 0), {"w": (0, 50)}, {})
+        writer.maintain(keep_s=3600)
+        after = Reader(folder).sql("SELECT count(*) FROM events").rows[0][0]
+    assert after == before + 50
+    assert opened == []
 
 
 def test_a_commit_killed_before_it_finished_is_not_there(
