@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -48,6 +49,7 @@ import pyarrow.parquet as pq
 
 from ledger.compaction import SORTED_TABLES, conform
 from ledger.duck import column_type, connect
+from ledger.file_writes import write_all
 from ledger.parquet_schemas import SIDE_TABLES, TABLES, Table
 from schemas.durable import fsync_dir
 
@@ -1109,6 +1111,7 @@ class LakeTables:
         before the catalog's COMMIT names it (strace here), so a host crash after a commit could leave
         the catalog naming bytes that never reached the disk. (table, path) in write order."""
         out: list[tuple[str, Path]] = []
+        writes: list[Callable[[], None]] = []
         try:
             for name, table in sorted(tables.items()):
                 if not table.num_rows:
@@ -1123,7 +1126,8 @@ class LakeTables:
                     rows = table.filter(pc.is_null(values) if value is None else pc.equal(values, value))
                     path = folder / f"{column}={_path_value(value)}" / f"ducklake-{_uuid7()}.parquet"
                     out.append((name, path))
-                    _write_synced(rows, path, name)
+                    writes.append(functools.partial(_write_synced, rows, path, name))
+            write_all(writes)
         except BaseException:
             _unlink(out)
             raise

@@ -34,6 +34,7 @@ import base64
 import contextlib
 import copy
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -54,6 +55,7 @@ import pyarrow.parquet as pq
 
 from ledger.admission import ADMISSION_REASONS, AdmissionRound, AdmissionState, admission_round
 from ledger.compaction import merge_parts, tail_to_merge
+from ledger.file_writes import write_all
 from ledger.lake import COMMIT_FENCE, ID_FENCE, ID_KEY, LAKE_MARKER, LakeError, LakeFolder, LakeTables
 from ledger.merkle import CompactRange, leaf_hash
 from ledger.parquet_schemas import SALTS, SIDE_TABLES, TABLES, Table
@@ -798,14 +800,16 @@ class Ledger:
 
     def _write_files(self, tables: list[tuple[str, str, pa.Table]], number: int) -> list[str]:
         files: list[str] = []
+        writes: list[Callable[[], None]] = []
         for i, (table, partition, data) in enumerate(sorted(tables, key=lambda x: (x[0], x[1]))):
             rel = (
                 f"{table}/{table_spec(table).partition}={partition or '_'}/part-{number:010d}-{i:03d}.parquet"
             )
             final = self.root / rel
             final.parent.mkdir(parents=True, exist_ok=True)
-            _write_part(data, final.with_name(final.name + ".tmp"))
+            writes.append(functools.partial(_write_part, data, final.with_name(final.name + ".tmp")))
             files.append(rel)
+        write_all(writes)
         _fsync_dirs(self.root, files)  # the tmp files' entries too, before the commit point
         return files
 
