@@ -7,7 +7,8 @@ Layout (all paths relative to the ledger root)::
     <table>/<partition>=<value>/part-0000000042-003.parquet
 
 A commit is atomic and exactly-once:
-  1. rows are written to ``*.parquet.tmp`` files (invisible to ``*.parquet`` globs) and fsynced;
+  1. rows are written to ``*.parquet.tmp`` files (invisible to ``*.parquet`` globs), two at a time
+     (``ledger.file_writes``), and fsynced;
   2. the commit record is written (tmp file + rename: the commit point). It holds the source
      positions the commit covers and the cumulative state: the next position of every source and
      each stream's size and Merkle state;
@@ -697,6 +698,9 @@ class Ledger:
         assert self.lake is not None
         if self.maintain_every <= 0 or (number + 1) % self.maintain_every:
             return
+        # The commit's Arrow buffers are freed by now but pyarrow's allocator keeps their pages: given
+        # back before DuckDB's merge takes its own (the full run's peak: 998-1,030 MB → 896 MB).
+        pa.default_memory_pool().release_unused()
         try:
             self.lake.maintain(keep_s=LAKE_KEEP_S)
         except (duckdb.Error, OSError) as exc:
