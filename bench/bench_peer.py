@@ -12,7 +12,10 @@ expert counts, a 60-key config changed twice), written the way a user writes it:
     run.finish()
     ingest_spool(Ledger.create(ledger), spool)          # what `ledger ingest spool` does
 
-End to end is ``init`` → the last event queryable in the ledger. The baseline is
+End to end is ``init`` → the last event queryable in the ledger. Three stores: part files (the
+ingest makes the ledger); a lake made in the timed span (``Ledger.create_on_lake``); and a lake made
+before it, as ``ledger init --catalog`` makes one once for every run (the span opens it as
+``ledger ingest spool`` does: ``Ledger.create``). The baseline is
 ``bench_ledger.pyarrow_ceiling`` over the same values (no envelope, validation, hashing, durability),
 timed in the same process right after. Each size is run ``--repeat`` times; medians are printed.
 
@@ -101,16 +104,22 @@ class PeerTimes:
         return self.log_s + self.ingest_s
 
 
+PART_FILES, LAKE, LAKE_MADE_BEFORE = "part files", "lake", "lake, made before"
+
+
 def run_peer(
-    work: Path, steps: PeerSteps, run_id: str = "peer-run", batch_size: int = 5000, *, lake: bool = False
+    work: Path, steps: PeerSteps, run_id: str = "peer-run", batch_size: int = 5000, *, store: str = PART_FILES
 ) -> PeerTimes:
-    """The client-library path, timed: init → log/log_router → finish → ingest_spool (``lake``: into
-    a ledger on DuckLake, the embedded DuckDB-file catalog, as ``ledger init --catalog duckdb:…``)."""
+    """The client-library path, timed: init → log/log_router → finish → ingest_spool (``store``: a
+    lake is on DuckLake with the embedded DuckDB-file catalog, as ``ledger init --catalog duckdb:…``)."""
     import runledger
     from ingest.spool_ingester import ingest_spool
     from ledger.store import Ledger
 
     spool, ledger_dir = work / "spool", work / "ledger"
+    catalog = f"duckdb:{ledger_dir / 'catalog.ducklake'}"
+    if store == LAKE_MADE_BEFORE:  # what `ledger init --catalog` does, once, before any run
+        Ledger.create_on_lake(ledger_dir, catalog).close()
     n = len(steps.scalars)
     cpu0 = time.process_time()
     t0 = time.perf_counter()
@@ -135,11 +144,12 @@ def run_peer(
     t1 = time.perf_counter()
     if run.dropped:
         raise RuntimeError(f"{run.dropped} events dropped: the bench needs a bigger queue")
-    if lake:
-        with Ledger.create_on_lake(ledger_dir, f"duckdb:{ledger_dir / 'catalog.ducklake'}") as ledger:
+    if store == LAKE:
+        with Ledger.create_on_lake(ledger_dir, catalog) as ledger:
             stats = ingest_spool(ledger, spool, batch_size=batch_size)
-    else:
-        stats = ingest_spool(Ledger.create(ledger_dir), spool, batch_size=batch_size)
+    else:  # what `ledger ingest spool` runs
+        with Ledger.create(ledger_dir) as ledger:
+            stats = ingest_spool(ledger, spool, batch_size=batch_size)
     t2 = time.perf_counter()
     return PeerTimes(t1 - t0, t2 - t1, time.process_time() - cpu0, stats.accepted, stats.metric_values)
 
@@ -149,7 +159,7 @@ def values_of(w: Workload) -> int:
     return w.steps * (20 + LAYERS * 5) + counted * LAYERS * EXPERTS
 
 
-def measure(work: Path, n_steps: int, repeat: int, *, lake: bool = False) -> dict[str, Any]:
+def measure(work: Path, n_steps: int, repeat: int, *, store: str = PART_FILES) -> dict[str, Any]:
     w = make_workload(n_steps)
     steps = peer_steps(w)
     peers: list[PeerTimes] = []
@@ -159,7 +169,7 @@ def measure(work: Path, n_steps: int, repeat: int, *, lake: bool = False) -> dic
     for k in range(repeat):
         here = work / f"{n_steps}-{k}"
         here.mkdir(parents=True)
-        peers.append(run_peer(here / "peer", steps, lake=lake))
+        peers.append(run_peer(here / "peer", steps, store=store))
         (here / "arrow").mkdir()
         cpu0 = time.process_time()
         ceiling_s, rows = pyarrow_ceiling(here / "arrow", w)
@@ -167,7 +177,7 @@ def measure(work: Path, n_steps: int, repeat: int, *, lake: bool = False) -> dic
         ceilings.append(ceiling_s)
         shutil.rmtree(here, ignore_errors=True)
     return {
-        "store": "lake" if lake else "part files",
+        "store": store,
         "steps": n_steps,
         "values": values_of(w),
         "events": peers[0].events,
@@ -185,13 +195,13 @@ def measure(work: Path, n_steps: int, repeat: int, *, lake: bool = False) -> dic
 
 def print_table(results: list[dict[str, Any]]) -> None:
     print(
-        f"{'store':>10} {'steps':>6} {'values':>10} {'events':>7} {'log→durable s':>14} {'ingest s':>9} "
+        f"{'store':>17} {'steps':>6} {'values':>10} {'events':>7} {'log→durable s':>14} {'ingest s':>9} "
         f"{'end to end s':>13} {'pyarrow s':>10} {'client/pyarrow':>15}   "
         f"{'CPU s':>6} {'pyarrow CPU s':>14} {'CPU ratio':>10}"
     )
     for r in results:
         print(
-            f"{r['store']:>10} {r['steps']:6,d} {r['values']:10,d} {r['events']:7,d} {r['log_s']:14.2f} {r['ingest_s']:9.2f} "
+            f"{r['store']:>17} {r['steps']:6,d} {r['values']:10,d} {r['events']:7,d} {r['log_s']:14.2f} {r['ingest_s']:9.2f} "
             f"{r['total_s']:13.2f} {r['ceiling_s']:10.2f} {r['ratio']:15.0%}   "
             f"{r['cpu_s']:6.2f} {r['ceiling_cpu_s']:14.2f} {r['cpu_ratio']:10.0%}"
         )
@@ -204,7 +214,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, nargs="+", default=[500, 1000, 2000])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument(
-        "--lake", action="store_true", help="also into a ledger on DuckLake (DuckDB-file catalog)"
+        "--lake",
+        action="store_true",
+        help="also into a ledger on DuckLake (DuckDB-file catalog), made in the timed span and before it",
     )
     parser.add_argument("--profile", type=Path, help="cProfile one client-library run of the largest size")
     args = parser.parse_args()
@@ -216,13 +228,13 @@ def main() -> None:
             steps = peer_steps(make_workload(max(args.steps)))
             profiler = cProfile.Profile()
             profiler.enable()
-            times = run_peer(work / "profiled", steps, lake=args.lake)
+            times = run_peer(work / "profiled", steps, store=LAKE_MADE_BEFORE if args.lake else PART_FILES)
             profiler.disable()
             profiler.dump_stats(args.profile)
             print(f"profiled: log {times.log_s:.2f} s, ingest {times.ingest_s:.2f} s → {args.profile}")
             return
-        stores = [False, True] if args.lake else [False]
-        print_table([measure(work, n, args.repeat, lake=lake) for n in args.steps for lake in stores])
+        stores = [PART_FILES, LAKE, LAKE_MADE_BEFORE] if args.lake else [PART_FILES]
+        print_table([measure(work, n, args.repeat, store=store) for n in args.steps for store in stores])
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

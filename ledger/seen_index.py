@@ -93,6 +93,11 @@ class SeenIndex:
         self._digest: bytes | None = None  # its record's ``record_digest``
         self._checked = False  # whether ``through`` was checked against this log's record
 
+    @property
+    def empty(self) -> bool:
+        """Whether no commit has added anything yet (caught up: the ledger stores no event)."""
+        return self.through < 0
+
     def get(self, key: bytes) -> bytes | None:
         """The leaf hash stored under ``key``, or None."""
         assert self._db is not None

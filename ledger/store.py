@@ -178,7 +178,9 @@ class _CommitWork:
     admission: AdmissionRound
     staging: _Staging
     check: _Careful
-    asked: set[bytes]  # the (source, id) keys the records name, looked up before the loop …
+    # The (source, id) keys the records name, looked up before the loop (None: the ledger stores no
+    # event yet) …
+    asked: set[bytes] | None
     known: dict[bytes, bytes]  # … and the leaf hashes of those stored already
     result: CommitResult = field(default_factory=lambda: CommitResult(commit=None))
     buf: RowBuffer = field(default_factory=RowBuffer)
@@ -712,9 +714,9 @@ class Ledger:
         env = event.envelope
         key = seen_key(env.source, env.id)
         leaf = leaf_hash(event.canonical)
-        stored = work.appended.get(key) or (
-            work.known.get(key) if key in work.asked else self._index.get(key)
-        )
+        stored = work.appended.get(key)
+        if stored is None and work.asked is not None:
+            stored = work.known.get(key) if key in work.asked else self._index.get(key)
         refused = _refusal(event, record.raw, stored, leaf)
         if refused is None and stored is not None:
             work.result.duplicates += 1
@@ -1102,10 +1104,13 @@ def _event_row(event: Event, stream_seq: int, commit: int, record: SourceRecord)
 
 def _stored_leaves(
     index: SeenIndex, records: Sequence[SourceRecord], max_event_bytes: int
-) -> tuple[set[bytes], dict[bytes, bytes]]:
+) -> tuple[set[bytes] | None, dict[bytes, bytes]]:
     """The keys the records name (as far as a glance tells; a record too long to be read names
     none), and the leaf hash of those stored already: fetched together before the records are read
-    one by one."""
+    one by one. None for the keys when the ledger stores no event yet (a glance at every record of
+    a new ledger's first batch was ~5% of its ingest)."""
+    if index.empty:
+        return None, {}
     glanced = (record_key(r.raw) for r in records if len(r.raw) <= max_event_bytes)
     asked = {key for key in glanced if key is not None}
     return asked, index.get_many(asked)

@@ -28,7 +28,13 @@ def canonical_bytes(value: Any) -> bytes:
 
 def canonicalize_json(raw: bytes) -> bytes:
     """Re-encode arbitrary JSON bytes canonically (raises msgspec.DecodeError on non-JSON)."""
-    return _encoder.encode(_decoder.decode(raw))
+    return canonical_json_value(_decoder.decode(raw))
+
+
+def canonical_json_value(value: Any) -> bytes:
+    """Canonical bytes of a value as a generic JSON decode gives it (dicts, lists, str, int, float,
+    bool, None): ``canonical_bytes`` without its ``to_builtins`` pass."""
+    return _encoder.encode(value)
 
 
 def sha256_hex(data: bytes) -> str:

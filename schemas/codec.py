@@ -26,11 +26,12 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
 
-from schemas.canonical import canonicalize_json
+from schemas.canonical import canonical_json_value
 from schemas.catalogue import CATALOGUE, TYPE_OF_STRUCT, EventType
 from schemas.envelope import (
     MAX_ATTRIBUTE_CHARS,
@@ -60,10 +61,10 @@ UNSTORABLE = "unstorable"  # valid, but the ledger could not turn it into rows (
 CONFLICT = "conflict"  # its (source, id) is already in the ledger with different bytes (Ledger.commit)
 STREAM_RUN_MISMATCH = "stream-run-mismatch"  # names a run but lives on another stream (Ledger.commit)
 
-_wire_decoder = msgspec.json.Decoder(WireEnvelope)
 _generic_decoder = msgspec.json.Decoder()
-_payload_decoders: dict[tuple[str, int], msgspec.json.Decoder] = {
-    (t.name, v): msgspec.json.Decoder(s) for t in CATALOGUE.values() for v, s in t.versions.items()
+_wire_decoder = msgspec.json.Decoder(WireEnvelope)  # (only to say where bad JSON is: ``_undecodable``)
+_payload_types: dict[tuple[str, int], type[msgspec.Struct]] = {
+    (t.name, v): s for t in CATALOGUE.values() for v, s in t.versions.items()
 }
 _encoder = msgspec.json.Encoder()
 
@@ -177,14 +178,58 @@ def decode_event(raw: bytes, *, max_bytes: int = MAX_EVENT_BYTES) -> Event | Qua
 
 
 def _decode(raw: bytes) -> Event | Quarantined:
+    # The JSON is parsed once, to generic values: the canonical bytes are encoded from them, and the
+    # envelope and its payload are converted from them (three parses of a router event's floats were
+    # half the ingest's decoding).
+    try:
+        value = _generic_decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        return _undecodable(raw, exc)
+    try:
+        wire = msgspec.convert(value, Envelope)
+    except msgspec.ValidationError as exc:  # JSON all the same: say so, and keep what is readable
+        return _envelope_rejected(raw, value, exc)
+    refused = _envelope_refused(raw, wire)
+    if refused is not None:
+        return refused
+    event_type = CATALOGUE[wire.type]
+    try:
+        payload = msgspec.convert(wire.data, _payload_types[(wire.type, wire.schema_version)])
+    except msgspec.ValidationError as exc:
+        return _quarantine(raw, f"data: {exc}".replace("`$", "`$.data", 1), SCHEMA, wire)
+    payload = event_type.upcast(wire.schema_version, payload)
+    if wire.run_id is None and wire.type.startswith("runledger.") and wire.type != "runledger.annotation":
+        return _quarantine(raw, f"{wire.type} needs run_id", SCHEMA, wire)
+    envelope = msgspec.structs.replace(wire, data=payload)
+    # Canonical bytes come from the generic JSON value as produced, not from the typed structs
+    # (== canonicalize_json(raw) == canonical_bytes(the decoded value)).
+    return Event(envelope=envelope, canonical=canonical_json_value(value))
+
+
+def _undecodable(raw: bytes, exc: msgspec.DecodeError) -> Quarantined:
+    """Why bytes are not JSON, said where the typed decoders find it: in the envelope, in the
+    payload (``$.data.loss``: a schema error), or in a member no struct reads (the generic decoder's
+    path names no field)."""
+    if not raw.strip(b" \t\r\n"):
+        return _quarantine(raw, "empty record (whitespace only)", EMPTY)
     try:
         wire = _wire_decoder.decode(raw)
-    except msgspec.ValidationError as exc:  # may still be JSON: say so, and keep what is readable
-        return _envelope_rejected(raw, exc)
-    except msgspec.DecodeError as exc:
-        if not raw.strip(b" \t\r\n"):
-            return _quarantine(raw, "empty record (whitespace only)", EMPTY)
-        return _quarantine(raw, f"envelope: {exc}", DECODE)
+    except msgspec.DecodeError as bad:  # (a ValidationError too: JSON up to the field that failed)
+        return _quarantine(raw, f"envelope: {bad}", DECODE)
+    refused = _envelope_refused(raw, wire)
+    if refused is not None:
+        return refused
+    try:
+        msgspec.json.decode(wire.data, type=_payload_types[(wire.type, wire.schema_version)])
+    except msgspec.DecodeError as bad:
+        return _quarantine(raw, f"data: {bad}".replace("`$", "`$.data", 1), SCHEMA, wire)
+    if wire.run_id is None and wire.type.startswith("runledger.") and wire.type != "runledger.annotation":
+        return _quarantine(raw, f"{wire.type} needs run_id", SCHEMA, wire)
+    return _quarantine(raw, f"json: {exc}", DECODE, wire)
+
+
+def _envelope_refused(raw: bytes, wire: Envelope | WireEnvelope) -> Quarantined | None:
+    """Why a well-typed envelope is refused (its specversion, time, type or schema version), or None."""
     if wire.specversion != SPECVERSION:
         return _quarantine(raw, f"envelope: unsupported specversion {wire.specversion!r}", ENVELOPE, wire)
     if wire.time.tzinfo is None:
@@ -194,8 +239,7 @@ def _decode(raw: bytes) -> Event | Quarantined:
     event_type: EventType | None = CATALOGUE.get(wire.type)
     if event_type is None:
         return _quarantine(raw, f"unknown event type {wire.type!r}", UNKNOWN_TYPE, wire)
-    decoder = _payload_decoders.get((wire.type, wire.schema_version))
-    if decoder is None:
+    if (wire.type, wire.schema_version) not in _payload_types:
         known = sorted(event_type.versions)
         return _quarantine(
             raw,
@@ -203,21 +247,7 @@ def _decode(raw: bytes) -> Event | Quarantined:
             UNKNOWN_VERSION,
             wire,
         )
-    try:
-        payload = decoder.decode(wire.data)
-    except msgspec.DecodeError as exc:
-        return _quarantine(raw, f"data: {exc}".replace("`$", "`$.data", 1), SCHEMA, wire)
-    payload = event_type.upcast(wire.schema_version, payload)
-    if wire.run_id is None and wire.type.startswith("runledger.") and wire.type != "runledger.annotation":
-        return _quarantine(raw, f"{wire.type} needs run_id", SCHEMA, wire)
-    envelope = Envelope(**(msgspec.structs.asdict(wire) | {"data": payload}))
-    # Canonical bytes come from the generic JSON value as produced, not from the typed structs
-    # (canonicalize_json(raw) == canonical_bytes(the decoded value), without a to_builtins pass).
-    try:
-        canonical = canonicalize_json(raw)
-    except msgspec.DecodeError as exc:  # e.g. a number out of range in a member no struct reads
-        return _quarantine(raw, f"json: {exc}", DECODE, wire)
-    return Event(envelope=envelope, canonical=canonical)
+    return None
 
 
 def nesting_depth(raw: bytes) -> int:
@@ -283,13 +313,9 @@ def _fits_utc(time: datetime) -> bool:
     return True
 
 
-def _envelope_rejected(raw: bytes, exc: msgspec.ValidationError) -> Quarantined:
-    """Valid JSON, or at least valid up to the field that failed: tell which, and keep the record's
+def _envelope_rejected(raw: bytes, value: Any, exc: msgspec.ValidationError) -> Quarantined:
+    """JSON that is not an envelope: tell which field failed, and keep the record's
     ``id``/``source``/``type``/``stream`` when they are readable strings (for finding who sent it)."""
-    try:
-        value = _generic_decoder.decode(raw)
-    except msgspec.DecodeError:
-        return _quarantine(raw, f"envelope: {exc}", DECODE)
     attrs: dict[str, str] = {}
     if isinstance(value, dict):
         for name in ("source", "id", "type", "stream"):
@@ -300,7 +326,7 @@ def _envelope_rejected(raw: bytes, exc: msgspec.ValidationError) -> Quarantined:
 
 
 def _quarantine(
-    raw: bytes, reason: str, code: str, wire: WireEnvelope | None = None, **attrs: str
+    raw: bytes, reason: str, code: str, wire: Envelope | WireEnvelope | None = None, **attrs: str
 ) -> Quarantined:
     if len(reason) > MAX_REASON_CHARS:
         reason = reason[: MAX_REASON_CHARS - 1] + "…"

@@ -187,3 +187,29 @@ def test_a_glance_names_the_key_the_full_decode_does() -> None:
     raw = _events(2)[1]
     value = json.loads(raw)
     assert record_key(raw) == seen_key(value["source"], value["id"])
+
+
+def test_a_new_ledgers_first_batch_is_not_glanced_at_yet_its_repeats_are_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty index holds no key: the first batch skips fetching them (``record_key`` on every
+    record), and still drops a repeat inside it and refuses a forged copy; the next batch asks."""
+    import ledger.store as store
+
+    glanced: list[bytes] = []
+
+    def counted(raw: bytes) -> bytes | None:
+        glanced.append(raw)
+        return record_key(raw)
+
+    monkeypatch.setattr(store, "record_key", counted)
+    raws = _events(4)
+    ledger = Ledger.create(tmp_path / "ledger")
+    first = _commit(ledger, "spool:a", [*raws, raws[2], _forged(raws[1])])
+    assert (first.accepted, first.duplicates) == (len(raws), 1)
+    [(_record, q)] = first.quarantined
+    assert q.code == CONFLICT
+    assert glanced == []
+    second = _commit(ledger, "spool:b", raws)
+    assert (second.accepted, second.duplicates) == (0, len(raws))
+    assert len(glanced) == len(raws)
