@@ -3,6 +3,7 @@ writers, racing and parallel writers, one snapshot per reader, maintenance under
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -10,13 +11,16 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ledger.lake import ORPHAN_MIN_AGE_S, LakeError, LakeReader, LakeTables, fence_table
+from ledger.duck import connect
+from ledger.lake import CATALOG_BLOCK_BYTES, ORPHAN_MIN_AGE_S, LakeError, LakeReader, LakeTables, fence_table
 from tests.lake.conftest import Backend
 from tests.lake.support import batch, spawn
 
@@ -337,3 +341,35 @@ def test_a_second_writer_on_a_duckdb_file_catalog_is_refused_in_one_line(backend
         proc.wait(timeout=30)
     with LakeTables(backend.catalog, backend.data) as after:
         assert after.positions()["s"] == ROWS
+
+
+def _block_bytes(catalog_file: Path) -> int:
+    with contextlib.closing(duckdb.connect()) as con:
+        con.execute(f"ATTACH '{catalog_file}' AS cat (READ_ONLY)")
+        row = con.execute(
+            "SELECT block_size FROM pragma_database_size() WHERE database_name = 'cat'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_new_duckdb_file_catalog_is_made_in_small_blocks_and_an_old_one_still_opens(tmp_path: Path) -> None:
+    """A new catalog file takes CATALOG_BLOCK_BYTES (a close writes every block of ~30 small tables:
+    256 KiB blocks made a new lake's file 3.1 MB); one made in DuckDB's default blocks (an older
+    ledger's) opens and commits as before, and the catalog's rewrite (``erase_deleted``) keeps them."""
+    new = tmp_path / "new.ducklake"
+    with LakeTables(f"duckdb:{new}", tmp_path / "new-data") as lake:
+        assert lake.commit(batch("s", 0, 3, 1), {"s": (0, 3)}, {}).ok
+    assert _block_bytes(new) == CATALOG_BLOCK_BYTES
+    assert new.stat().st_size < 1_000_000
+
+    old = tmp_path / "old.ducklake"
+    with contextlib.closing(connect(extensions=["ducklake"])) as con:  # as DuckLake makes one itself
+        con.execute(f"ATTACH 'ducklake:{old}' AS made (DATA_PATH '{tmp_path / 'old-data'}')")
+    assert _block_bytes(old) == 256 * 1024
+    with LakeTables(f"duckdb:{old}", tmp_path / "old-data") as lake:
+        assert lake.commit(batch("s", 0, 3, 1), {"s": (0, 3)}, {}).ok
+        lake._rewrite_catalog_file()
+        with lake.reader() as con:
+            assert _count(con, "SELECT count(*) FROM events") == 3
+    assert _block_bytes(old) == CATALOG_BLOCK_BYTES
