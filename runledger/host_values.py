@@ -32,12 +32,16 @@ def flatten(values: Mapping[str, Any], *, sep: str = "/") -> dict[str, Any]:
         if depth > MAX_DEPTH:
             raise ValueError(f"logged values nest deeper than {MAX_DEPTH} levels (at {prefix!r})")
         for key, value in mapping.items():
-            name = f"{prefix}{sep}{_text(key)}" if prefix else _text(key)
-            if isinstance(value, Mapping):
+            text = key if type(key) is str and key.isascii() else _text(key)  # (the usual key, as is)
+            name = f"{prefix}{sep}{text}" if prefix else text
+            if type(value) not in _NOT_MAPPINGS and isinstance(value, Mapping):  # (an ABC check: ~1 µs)
                 stack.append((name, value, depth + 1))
             else:
                 out[name] = value
     return out
+
+
+_NOT_MAPPINGS = frozenset({float, int, bool, str, type(None), np.float64, np.float32, np.int64, np.ndarray})
 
 
 def _text(key: Any) -> str:
@@ -58,7 +62,9 @@ def scalars(values: Mapping[str, Any]) -> tuple[dict[str, float | int | None], l
     skipped: list[str] = []
     tensors: dict[Any, list[tuple[str, Any]]] = {}  # device → (name, tensor)
     for name, value in values.items():
-        if value is None:
+        if type(value) is float:  # the usual value first
+            out[name] = value if math.isfinite(value) else None
+        elif value is None:
             out[name] = None  # a value known to be missing (a NaN turned null upstream) stays null
         elif isinstance(value, bool):
             out[name] = float(value)  # W&B keeps bools; as numbers they stay queryable (1.0 / 0.0)
