@@ -2,9 +2,9 @@
 
 pyarrow's Parquet writer and ``fsync`` release the GIL, so a commit that writes several files (one
 per table and partition value) spends about half the time on two threads: a commit of the peer
-workload (9 files) wrote them in 143 ms one after another. Two, not one per core: the files of a
-commit are already in memory as Arrow tables, and each writer in flight adds its row-group buffers
-to the ingest's peak.
+workload (9 files) wrote them in 143 ms one after another. Two, not one per core: this machine has
+two, three or four were no quicker here, and each writer in flight holds its own row-group buffers
+(two cost the full run's ingest no measurable memory: 998 MB against 1,030 MB with one).
 """
 
 from __future__ import annotations
