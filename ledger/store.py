@@ -57,7 +57,16 @@ import pyarrow.parquet as pq
 from ledger.admission import ADMISSION_REASONS, AdmissionRound, AdmissionState, admission_round
 from ledger.compaction import merge_parts, tail_to_merge
 from ledger.file_writes import write_all
-from ledger.lake import COMMIT_FENCE, ID_FENCE, ID_KEY, LAKE_MARKER, LakeError, LakeFolder, LakeTables
+from ledger.lake import (
+    COMMIT_FENCE,
+    ID_FENCE,
+    ID_KEY,
+    LAKE_MARKER,
+    Catalog,
+    LakeError,
+    LakeFolder,
+    LakeTables,
+)
 from ledger.merkle import CompactRange, leaf_hash
 from ledger.parquet_schemas import SALTS, SIDE_TABLES, TABLES, Table
 from ledger.projectors import FoldState, RowBuffer, rows_for_event
@@ -308,6 +317,7 @@ class Ledger:
 
     @classmethod
     def _open_lake(cls, root: Path, lake: LakeTables | None = None) -> Ledger:
+        folder: LakeFolder | None = None
         try:
             folder = LakeFolder.read(root)
             assert folder is not None
@@ -319,7 +329,7 @@ class Ledger:
         except (LakeError, duckdb.Error) as exc:
             if lake is not None:
                 lake.close()
-            raise LedgerError(f"{root}: {str(exc).strip().splitlines()[0]}") from None
+            raise LedgerError(_lake_problem(root, folder, exc)) from None
         (root / COMMITS).mkdir(exist_ok=True)
         ledger = cls(root)
         ledger.lake, ledger.lake_folder, ledger.ledger_id = lake, folder, folder.ledger_id
@@ -328,7 +338,7 @@ class Ledger:
             ledger.sync_lake_records()  # beside a writer in this folder: after its records
         except (LakeError, duckdb.Error) as exc:  # a damaged SQLite catalog loads, and fails here
             lake.close()
-            raise LedgerError(f"{root}: {str(exc).strip().splitlines()[0]}") from None
+            raise LedgerError(_lake_problem(root, folder, exc)) from None
         ledger._load_head()
         return ledger
 
@@ -962,6 +972,18 @@ def _lake_tables(tables: list[tuple[str, str, pa.Table]]) -> dict[str, pa.Table]
         column = pa.array([partition or "_"] * data.num_rows, pa.string())
         grouped.setdefault(name, []).append(data.append_column(table_spec(name).partition, column))
     return {name: pa.concat_tables(parts, promote_options="default") for name, parts in grouped.items()}
+
+
+def _lake_problem(root: Path, folder: LakeFolder | None, exc: BaseException) -> str:
+    """One line: the ledger folder, the catalog file when DuckDB's error came from it (a server's
+    DSN is not shown: it may hold a password), and the error's first line."""
+    where = str(root)
+    if isinstance(exc, duckdb.Error) and folder is not None:
+        with contextlib.suppress(LakeError):
+            catalog = Catalog.parse(folder.catalog)
+            if catalog.kind != "postgres":
+                where += f": lake catalog {catalog.target}"
+    return f"{where}: {str(exc).strip().splitlines()[0]}"
 
 
 def _lake_named(commit_id: str, snapshot: int, files: list[dict[str, Any]]) -> dict[str, Any]:

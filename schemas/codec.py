@@ -179,8 +179,8 @@ def decode_event(raw: bytes, *, max_bytes: int = MAX_EVENT_BYTES) -> Event | Qua
 
 def _decode(raw: bytes) -> Event | Quarantined:
     # The JSON is parsed once, to generic values: the canonical bytes are encoded from them, and the
-    # envelope and its payload are converted from them (three parses of a router event's floats were
-    # half the ingest's decoding).
+    # envelope and its payload are converted from them (the bytes were read three times: the typed
+    # envelope, its typed payload, the generic value; 4,004 peer events 222-241 -> 178-182 ms).
     try:
         value = _generic_decoder.decode(raw)
     except msgspec.DecodeError as exc:
@@ -198,7 +198,7 @@ def _decode(raw: bytes) -> Event | Quarantined:
     except msgspec.ValidationError as exc:
         return _quarantine(raw, f"data: {exc}".replace("`$", "`$.data", 1), SCHEMA, wire)
     payload = event_type.upcast(wire.schema_version, payload)
-    if wire.run_id is None and wire.type.startswith("runledger.") and wire.type != "runledger.annotation":
+    if _needs_run_id(wire):
         return _quarantine(raw, f"{wire.type} needs run_id", SCHEMA, wire)
     envelope = msgspec.structs.replace(wire, data=payload)
     # Canonical bytes come from the generic JSON value as produced, not from the typed structs
@@ -223,9 +223,14 @@ def _undecodable(raw: bytes, exc: msgspec.DecodeError) -> Quarantined:
         msgspec.json.decode(wire.data, type=_payload_types[(wire.type, wire.schema_version)])
     except msgspec.DecodeError as bad:
         return _quarantine(raw, f"data: {bad}".replace("`$", "`$.data", 1), SCHEMA, wire)
-    if wire.run_id is None and wire.type.startswith("runledger.") and wire.type != "runledger.annotation":
+    if _needs_run_id(wire):
         return _quarantine(raw, f"{wire.type} needs run_id", SCHEMA, wire)
     return _quarantine(raw, f"json: {exc}", DECODE, wire)
+
+
+def _needs_run_id(wire: Envelope | WireEnvelope) -> bool:
+    """A runledger event (not an annotation) that names no run."""
+    return wire.run_id is None and wire.type.startswith("runledger.") and wire.type != "runledger.annotation"
 
 
 def _envelope_refused(raw: bytes, wire: Envelope | WireEnvelope) -> Quarantined | None:

@@ -328,7 +328,7 @@ def test_a_damaged_catalog_is_one_line_for_redact_state_and_verify_and_loses_not
     ):
         code, out = invoke(*args, "--ledger", site.root)
         assert code == 1 and out.count("\n") == 1 and out.startswith("error: "), (args, out)
-        assert str(catalog) in out or str(site.root) in out, out
+        assert str(catalog) in out, out  # the file to restore, named
     catalog.write_bytes(good)  # the catalog restored from a copy: every event is there, and redact works
     assert site.one("SELECT count(*) FROM events") == events
     code, out = invoke(
