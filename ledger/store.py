@@ -979,10 +979,9 @@ def _lake_problem(root: Path, folder: LakeFolder | None, exc: BaseException) -> 
     DSN is not shown: it may hold a password), and the error's first line."""
     where = str(root)
     if isinstance(exc, duckdb.Error) and folder is not None:
-        with contextlib.suppress(LakeError):
-            catalog = Catalog.parse(folder.catalog)
-            if catalog.kind != "postgres":
-                where += f": lake catalog {catalog.target}"
+        catalog = Catalog.parse(folder.catalog)  # (``LakeFolder.read`` parsed it: it parses)
+        if catalog.kind != "postgres":
+            where += f": lake catalog {catalog.target}"
     return f"{where}: {str(exc).strip().splitlines()[0]}"
 
 
