@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from cli.merkle_cmd import DEFAULT_FETCH_TIMEOUT_S, FetchTimeoutOption, fetch_timeout_s
 from cli.output import (
     DEFAULT_LEDGER,
     AtCheckpointOption,
@@ -39,7 +40,45 @@ RunArgument = Annotated[
 ]
 
 
-def _reader(ledger: Path, snapshot: int | None = None, at_checkpoint: Path | None = None):
+# The limits one statement runs under (``ledger.sql_guard.QueryLimits``): `ledger query` and `ledger shell`.
+TimeoutOption = Annotated[
+    float | None,
+    typer.Option(
+        "--timeout",
+        help="Stop a statement after this many seconds (default 300).",
+        show_default=False,
+    ),
+]
+MemoryLimitOption = Annotated[
+    str | None,
+    typer.Option(
+        "--memory-limit",
+        help="DuckDB's memory for a statement, e.g. 512MB (default 2GiB or a quarter of the memory, "
+        "whichever is smaller); beyond it DuckDB spills to disk where it can.",
+        show_default=False,
+    ),
+]
+SpillLimitOption = Annotated[
+    str | None,
+    typer.Option(
+        "--spill-limit",
+        help="Disk a statement may spill to (the ledger's .tmp folder), e.g. 1GB (default 10GB).",
+        show_default=False,
+    ),
+]
+
+
+def query_limits(timeout: float | None, memory: str | None, spill: str | None) -> Any:
+    """The ``QueryLimits`` the options give, or a one-line usage error."""
+    from ledger.sql_guard import query_limits as limits_of
+
+    try:
+        return limits_of(timeout, memory, spill)
+    except ValueError as exc:
+        raise fail(str(exc), 2) from None
+
+
+def _reader(ledger: Path, snapshot: int | None = None, at_checkpoint: Path | None = None, limits: Any = None):
     """The ledger's reader; a ledger on DuckLake answers at one snapshot (the newest, ``snapshot``, or
     the one a signed checkpoint pins), named on stderr when one was asked for."""
     from ledger.query import Reader
@@ -50,7 +89,7 @@ def _reader(ledger: Path, snapshot: int | None = None, at_checkpoint: Path | Non
             text = at_checkpoint.read_text()
         except (OSError, UnicodeDecodeError) as exc:
             raise fail(f"--at-checkpoint {at_checkpoint}: {exc}") from None
-    reader = Reader(ledger, snapshot=snapshot, at_checkpoint=text)
+    reader = Reader(ledger, snapshot=snapshot, at_checkpoint=text, limits=limits)
     if reader.snapshot is not None and (snapshot is not None or at_checkpoint is not None):
         err_console.print(f"as of lake snapshot {reader.snapshot}", highlight=False)
     return reader
@@ -99,8 +138,13 @@ def query(
             "downloaded; their bytes are not checked against the signed SHA-256.",
         ),
     ] = False,
+    timeout: TimeoutOption = None,
+    memory_limit: MemoryLimitOption = None,
+    spill_limit: SpillLimitOption = None,
+    fetch_timeout: FetchTimeoutOption = DEFAULT_FETCH_TIMEOUT_S,
 ) -> None:
-    """Run SQL over the ledger's views. Statements that would write are refused.
+    """Run SQL over the ledger's views. Statements that would write are refused; each statement runs
+    under --timeout, --memory-limit and --spill-limit (one line and a non-zero exit when one stops it).
 
     With --remote URL --log-key VKEY: over a published copy; its signed manifest is checked, the data
     files it names are downloaded (only those not cached) and checked against their SHA-256, and the
@@ -112,18 +156,28 @@ def query(
     Example: ledger query "SELECT step, value FROM metrics WHERE name = 'loss' ORDER BY step" -o loss.csv
     """
     fmt = resolve_format(fmt, output)
+    limits = query_limits(timeout, memory_limit, spill_limit)
     if direct and remote is None:
         raise fail("--direct needs --remote URL", 2)
     if remote is not None:
-        result = _direct_sql(remote, log_key, sql) if direct else _remote_sql(remote, log_key, cache, sql)
+        deadline_s = fetch_timeout_s(fetch_timeout)
+        result = (
+            _direct_sql(remote, log_key, sql, limits, deadline_s)
+            if direct
+            else _remote_sql(remote, log_key, cache, sql, limits, deadline_s)
+        )
         print_rows(result.columns, result.rows, fmt, output, limit=limit, full=full)
         return
     with user_errors(ledger):
-        result = _reader(ledger, snapshot, at_checkpoint).sql(sql)
+        reader = _reader(ledger, snapshot, at_checkpoint, limits)
+        try:
+            result = reader.sql(sql)
+        finally:
+            reader.close()  # (its spill folder goes with it)
     print_rows(result.columns, result.rows, fmt, output, limit=limit, full=full)
 
 
-def _direct_sql(url: str, log_key: str | None, sql: str) -> Any:
+def _direct_sql(url: str, log_key: str | None, sql: str, limits: Any, deadline_s: float) -> Any:
     import base64
 
     from cli.merkle_cmd import _vkey
@@ -134,7 +188,7 @@ def _direct_sql(url: str, log_key: str | None, sql: str) -> Any:
     key = _vkey(log_key)
     with user_errors():
         try:
-            answer = query_direct(url, key, sql)
+            answer = query_direct(url, key, sql, deadline_s=deadline_s, limits=limits)
         except RemoteError as exc:
             raise fail(f"REFUSED {exc}") from None
     cp = answer.checkpoint
@@ -148,7 +202,7 @@ def _direct_sql(url: str, log_key: str | None, sql: str) -> Any:
     return answer.result
 
 
-def _remote_sql(url: str, log_key: str | None, cache: Path, sql: str) -> Any:
+def _remote_sql(url: str, log_key: str | None, cache: Path, sql: str, limits: Any, deadline_s: float) -> Any:
     import base64
 
     from cli.merkle_cmd import _vkey
@@ -159,10 +213,10 @@ def _remote_sql(url: str, log_key: str | None, cache: Path, sql: str) -> Any:
     key = _vkey(log_key)
     with user_errors():
         try:
-            copy = fetch_copy(url, key, cache)
+            copy = fetch_copy(url, key, cache, deadline_s=deadline_s)
         except RemoteError as exc:
             raise fail(f"REFUSED {exc}") from None
-        result = copy.sql(sql)
+        result = copy.sql(sql, limits=limits)
     cp = copy.checkpoint
     err_console.print(
         f"as of {cp.origin} checkpoint size {cp.size} root {base64.b64encode(cp.root).decode()} "

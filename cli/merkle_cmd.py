@@ -27,6 +27,22 @@ from cli.output import (
 
 DEFAULT_KEYS = Path(".runledger/keys")
 KeyDir = Annotated[Path, typer.Option("--keys", envvar="RUNLEDGER_KEYS", help="Key directory.")]
+DEFAULT_FETCH_TIMEOUT_S = 300.0  # ledger.monitor.DEFAULT_DEADLINE_S (not imported: the CLI loads lazily)
+# The total time one remote command may take (connections, every read, all files together).
+FetchTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        "--fetch-timeout",
+        help="With --remote: seconds the whole check may take (a server that stalls or drips is cut off).",
+    ),
+]
+
+
+def fetch_timeout_s(seconds: float) -> float:
+    """``--fetch-timeout`` checked: exit 2 with one line unless it is a positive number of seconds."""
+    if not seconds > 0 or seconds == float("inf"):
+        raise fail(f"--fetch-timeout {seconds}: give a number of seconds above 0", 2)
+    return seconds
 
 
 def _read_key(keys: Path, suffix: str) -> str:
@@ -142,12 +158,15 @@ def verify(
             help="With --remote: the last verified checkpoint (default under .runledger/remote-verify).",
         ),
     ] = None,
+    fetch_timeout: FetchTimeoutOption = DEFAULT_FETCH_TIMEOUT_S,
 ) -> None:
     """Check the whole ledger against its Merkle trees and latest log checkpoints; name every bad event.
 
     With --remote URL --log-key VKEY: check a copy published by `ledger publish` (signature, witness
     quorum, consistency with the last checkpoint verified from here, every new entry, every new data
-    file), in bounded memory and only what is new since the last run (state kept in --state). An
+    file), in bounded memory and only what is new since the last run (state kept in --state), all
+    within --fetch-timeout seconds (redirects followed only to the same server; each data file read no
+    further than the bytes the signed manifest gives it). An
     s3://bucket/prefix copy is read with the server and credentials of AWS_ENDPOINT_URL,
     AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION.
 
@@ -160,7 +179,7 @@ def verify(
     Example: ledger verify --public-key .runledger/demo/keys/demo.pub
     """
     if remote is not None:
-        _verify_remote(remote, log_key, witness or [], quorum, state)
+        _verify_remote(remote, log_key, witness or [], quorum, state, fetch_timeout_s(fetch_timeout))
         return
     from ledger.integrity import CHECKPOINTS, verify_ledger
 
@@ -234,7 +253,12 @@ def _vkey(text: str) -> str:
 
 
 def _verify_remote(
-    url: str, log_key: str | None, witnesses: list[str], quorum: int | None, state: Path | None
+    url: str,
+    log_key: str | None,
+    witnesses: list[str],
+    quorum: int | None,
+    state: Path | None,
+    timeout_s: float,
 ) -> None:
     from ledger.monitor import MonitorError
     from ledger.remote import default_state_path, verify_remote
@@ -253,6 +277,7 @@ def _verify_remote(
             state or default_state_path(url),
             witnesses=witnesses,
             quorum=len(witnesses) if quorum is None else quorum,
+            deadline_s=timeout_s,
         )
     except (MonitorError, CheckpointError) as exc:
         raise fail(f"FAILED {exc}") from None

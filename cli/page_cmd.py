@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from cli.merkle_cmd import DEFAULT_FETCH_TIMEOUT_S, fetch_timeout_s
 from cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, user_errors
 
 if TYPE_CHECKING:
@@ -49,6 +50,13 @@ def serve_page(
         int | None,
         typer.Option("--quorum", help="Valid cosignatures required of the --witness keys (default: all)."),
     ] = None,
+    fetch_timeout: Annotated[
+        float,
+        typer.Option(
+            "--fetch-timeout",
+            help="With --remote: seconds one look at the copy may take (its checkpoint, new entries and files).",
+        ),
+    ] = DEFAULT_FETCH_TIMEOUT_S,
 ) -> None:
     """Serve each run's page live: its curves, history, state and record, updated as the ledger commits.
 
@@ -58,7 +66,9 @@ def serve_page(
     files) reaches the open pages. One that does not verify is shown as "not verified" and stops updates.
     With --witness VKEY (repeat) [--quorum N]: the cosignatures on the checkpoint the page answers from
     are checked against those keys; the page shows which verified and whether the quorum holds (over
-    --remote, a checkpoint short of the quorum is not shown as current).
+    --remote, a checkpoint short of the quorum is not shown as current). With --remote, each look at
+    the copy (and the download after it) must end within --fetch-timeout seconds; one that does not is
+    "unreachable" and tried again.
     Example: ledger serve page --ledger .runledger/demo/ledger --port 8790
     Example: ledger serve page --remote https://example.org/log/ --log-key log.pub --witness w1.vkey --quorum 1
     """
@@ -73,7 +83,9 @@ def serve_page(
         raise fail(f"public key file not found: {public_key}", 2)
     witnesses = _witnesses(witness or [], quorum)
     if remote is not None:
-        _serve_remote(remote, log_key, cache, host, port, max_clients, witnesses)
+        _serve_remote(
+            remote, log_key, cache, host, port, max_clients, witnesses, fetch_timeout_s(fetch_timeout)
+        )
         return
     with user_errors(ledger):
         Ledger.open(ledger)  # a missing ledger is one line here, before listening
@@ -113,6 +125,7 @@ def _serve_remote(
     port: int,
     max_clients: int,
     witnesses: Witnesses,
+    timeout_s: float,
 ) -> None:
     from cli.merkle_cmd import _vkey
     from ledger.live_page import serve_published
@@ -126,6 +139,8 @@ def _serve_remote(
         f"live page over the published copy {url} at http://{host}:{port}/ (Ctrl-C stops)", highlight=False
     )
     try:
-        serve_published(url, key, cache, host, port, max_clients=max_clients, witnesses=witnesses)
+        serve_published(
+            url, key, cache, host, port, max_clients=max_clients, witnesses=witnesses, deadline_s=timeout_s
+        )
     except OSError as exc:
         raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

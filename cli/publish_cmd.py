@@ -12,7 +12,14 @@ from typing import Annotated
 
 import typer
 
-from cli.merkle_cmd import DEFAULT_KEYS, KeyDir, _log_signing_key
+from cli.merkle_cmd import (
+    DEFAULT_FETCH_TIMEOUT_S,
+    DEFAULT_KEYS,
+    FetchTimeoutOption,
+    KeyDir,
+    _log_signing_key,
+    fetch_timeout_s,
+)
 from cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, plural, user_errors
 
 
@@ -108,6 +115,7 @@ def monitor(
             "--entries", help="Also walk every new entry and check new data files against the manifest."
         ),
     ] = False,
+    fetch_timeout: FetchTimeoutOption = DEFAULT_FETCH_TIMEOUT_S,
 ) -> None:
     """Follow a published log: check each new checkpoint's signature and its consistency with the last one seen.
 
@@ -126,6 +134,7 @@ def monitor(
             parse_cosignature_key(vkey)
     except CheckpointError as exc:
         raise fail(f"bad key: {exc}", 2) from None
+    deadline_s = fetch_timeout_s(fetch_timeout)  # each look gets the whole budget
     done = 0
     while True:
         try:
@@ -136,6 +145,7 @@ def monitor(
                 witnesses=witness or [],
                 quorum=len(witness or []) if quorum is None else quorum,
                 entries=entries,
+                deadline_s=deadline_s,
             )
         except (MonitorError, CheckpointError) as exc:
             raise fail(f"REFUSED {exc}") from None

@@ -7,6 +7,9 @@ tables), but without the statement check: it can write into the ledger's table f
 and wherever its dot-commands are told to. Otherwise (or with
 ``--builtin``) a small read-only loop: statements end with ``;``, each printed as ``ledger query``
 prints a table; ``.tables`` lists the views, ``.quit`` (or Ctrl-D) leaves.
+
+Both run under ``--memory-limit`` and ``--spill-limit`` (set before the lock, which freezes them);
+``--timeout`` stops a statement of the built-in shell only (DuckDB's shell has no timer: Ctrl-C there).
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ import signal
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from cli.ledger_cmd import MemoryLimitOption, SpillLimitOption, TimeoutOption, query_limits
 from cli.output import (
     DEFAULT_LEDGER,
     Format,
@@ -29,6 +33,9 @@ from cli.output import (
     print_rows,
     user_errors,
 )
+
+if TYPE_CHECKING:
+    from ledger.sql_guard import QueryLimits
 
 PROMPT = "ledger> "
 MORE = "   ...> "  # a statement continues until a line ends with ";"
@@ -40,6 +47,9 @@ def shell(
     builtin: Annotated[
         bool, typer.Option("--builtin", help="The built-in read-only shell even when `duckdb` is on PATH.")
     ] = False,
+    timeout: TimeoutOption = None,
+    memory_limit: MemoryLimitOption = None,
+    spill_limit: SpillLimitOption = None,
 ) -> None:
     """An interactive SQL shell on the ledger's views: DuckDB's `duckdb` if on PATH, else a built-in one.
 
@@ -47,18 +57,24 @@ def shell(
     """
     from ledger.query import Reader
 
+    limits = query_limits(timeout, memory_limit, spill_limit)
     with user_errors(ledger):
-        reader = Reader(ledger)
+        reader = Reader(ledger, limits=limits)
     binary = None if builtin else shutil.which("duckdb")
     if binary is not None:
-        raise typer.Exit(_duckdb_shell(binary, reader.root))
-    _builtin_shell(reader)
+        reader.close()  # (a DuckDB-file lake catalog is held by one process: the shell's)
+        raise typer.Exit(_duckdb_shell(binary, reader.root, limits))
+    try:
+        _builtin_shell(reader)
+    finally:
+        reader.close()
 
 
-def init_sql(root: Path) -> str:
-    """DuckDB's shell's init file: the views, then the lock of ``ledger query``'s connection (SQL
-    reaches only the ledger's tables). DuckDB's shell has no statement check, and its dot-commands
-    (``.output``, ``.shell``) write where they are told: ``--builtin`` is the read-only one."""
+def init_sql(root: Path, *, limits: QueryLimits | None = None, spill: Path | None = None) -> str:
+    """DuckDB's shell's init file: the views, then the limits (``limits``, spilling into ``spill``)
+    and the lock of ``ledger query``'s connection (SQL reaches only the ledger's tables). DuckDB's
+    shell has no statement check, and its dot-commands (``.output``, ``.shell``) write where they
+    are told: ``--builtin`` is the read-only one."""
     from ledger.lake import LakeFolder
     from ledger.parquet_schemas import tables_of
     from ledger.sql_guard import lock_sql
@@ -67,15 +83,18 @@ def init_sql(root: Path) -> str:
     lake = LakeFolder.read(root)
     if lake is not None:  # the lake's data folder only (a remote data path: the lock allows no file)
         local = [Path(lake.data_path)] if "://" not in lake.data_path else []
-        return lake_init_sql(lake) + lock_sql(local)
-    lock = lock_sql([root / name for name in tables_of(root)])
+        return lake_init_sql(lake) + lock_sql(local, limits=limits, spill=spill)
+    lock = lock_sql([root / name for name in tables_of(root)], limits=limits, spill=spill)
     return "SET TimeZone = 'UTC';\n" + views_sql(root) + "\n" + lock
 
 
-def _duckdb_shell(binary: str, root: Path) -> int:
+def _duckdb_shell(binary: str, root: Path, limits: QueryLimits) -> int:
+    from ledger.query import SPILL_AREA, spill_folder
+
+    spill = spill_folder(root / SPILL_AREA)
     with tempfile.TemporaryDirectory(prefix="runledger-shell-") as tmp:
         init = Path(tmp) / "views.sql"
-        init.write_text(init_sql(root))
+        init.write_text(init_sql(root, limits=limits, spill=spill.path))
         # Ctrl-C belongs to DuckDB's shell (it cancels a query there); this process just waits.
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
@@ -86,6 +105,7 @@ def _duckdb_shell(binary: str, root: Path) -> int:
             ).returncode
         finally:
             signal.signal(signal.SIGINT, previous)
+            spill.remove()
 
 
 def _builtin_shell(reader) -> None:

@@ -10,10 +10,11 @@ Layout of a spool directory::
 
 A segment starts with the 8-byte magic ``RLSPOOL1``; then records, each
 ``u32 length | u32 crc32(length bytes ‖ payload) | payload`` (little-endian). A record's position
-is its index: the count of records before it in the whole spool. Writes are flushed and fsynced at
-a bounded interval (``fsync_interval_s``; the fsync itself in a background thread, off the caller's path)
-and on ``sync()``; a crash can lose at most that window,
-and a torn tail is never mistaken for a record: the CRC covers the length.
+is its index: the count of records before it in the whole spool. Each record goes to the OS whole as
+it is appended (no buffer of the process holds it: a full disk refuses it then, never later
+unseen). Writes are fsynced at a bounded interval (``fsync_interval_s``; the fsync itself in a
+background thread, off the caller's path) and on ``sync()``; a crash of the machine can lose at
+most that window, and a torn tail is never mistaken for a record: the CRC covers the length.
 
 Readers never crash on damage: bytes that do not parse as a record are returned as one corrupt
 record (with the reason) and reading resumes at the next valid record. An incomplete tail is
@@ -34,6 +35,7 @@ import contextlib
 import errno
 import fcntl
 import functools
+import hashlib
 import mmap
 import os
 import struct
@@ -45,7 +47,9 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Literal
+
+import msgspec
 
 from schemas.durable import fsync_dir, write_durably
 
@@ -349,10 +353,10 @@ class SpoolWriter:
         # A new segment on every open: never append after bytes that a crash may have torn. A
         # segment already named ``base`` holds no record (else the count would have passed it).
         path = _segment_path(self.directory, base)
-        self._file = open(path, "wb")  # noqa: SIM115 - closed by close()
-        self._file.write(MAGIC)
+        self._file = open(path, "wb", buffering=0)  # noqa: SIM115 - closed by close()
         self._segment_base = base
-        self._segment_size = len(MAGIC)
+        self._segment_size = 0
+        self._write_whole(MAGIC)
         self.sync()
         fsync_dir(self.directory)
 
@@ -363,17 +367,37 @@ class SpoolWriter:
             self.sync()
             self._file.close()
             self._open_segment(self.next_index)
-        self._file.write(record)
-        self._segment_size += len(record)
+        self._write_whole(record)
         index = self.next_index
         self.next_index += 1
         if time.monotonic() - self._last_sync >= self.fsync_interval_s:
             self._sync_in_background()
         return index
 
+    def _write_whole(self, data: bytes) -> None:
+        """``data`` into the segment whole (the OS has it), or none of it. Unbuffered on purpose: a
+        record ``append`` returned for is never held in a buffer of this process, where a disk that
+        fills up, then an exit, would lose it uncounted (the emitter counted it as on the bus). A
+        short write (the disk filled mid-record) is cut back off and raised as ENOSPC, so the
+        caller's retry appends after whole records only, never after a torn one."""
+        view = memoryview(data)
+        written = 0
+        try:
+            while written < len(view):
+                count = self._file.write(view[written:])
+                if not count:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                written += count
+        except BaseException:
+            if written:
+                os.ftruncate(self._file.fileno(), self._segment_size)
+                self._file.seek(self._segment_size)
+            raise
+        self._segment_size += written
+
     def _sync_in_background(self) -> None:
         """The interval's fsync, off the caller's path: an fsync can take hundreds of ms on a busy
-        disk, and ``append`` sits on a training loop's emit path. The bytes reach the OS here; a
+        disk, and ``append`` sits on a training loop's emit path. The bytes are with the OS already; a
         thread fsyncs a duplicate of the file descriptor (still valid if the segment is closed
         meanwhile). While one is in flight the next interval waits for it (at most one at a time)."""
         if self._syncing is not None and self._syncing.is_alive():
@@ -617,3 +641,143 @@ class SpoolReader:
 
 
 _BEYOND = "a record past the last position of its segment (never handed out by its writer)"
+
+
+# --- a producer's last drop count, kept beside the spool ------------------------------------------
+
+PENDING_DIR = "pending"  # <spool>/pending/<source>.<hash>.json, one file per producer source
+PENDING_BYTES = 4096  # one page, reserved at the producer's start and overwritten in place at its end
+STALE_RESERVATION_S = 60.0  # an unlocked reservation this old was left by a producer that died
+
+
+class PendingEvent(msgspec.Struct, kw_only=True):
+    """A pending file's content. ``reserved``: made at the producer's start, nothing to record.
+    ``pending``: ``event`` is an event the bus refused at the producer's end (its drop report),
+    exactly the bytes the bus would have taken (sealed, if the producer signs); ``spool_next``: the
+    spool's next position then (every record of that producer in the spool is below it)."""
+
+    version: int = 1
+    source: str
+    state: Literal["reserved", "pending"]
+    event: str | None = None
+    spool_next: int | None = None
+
+
+_pending_decoder = msgspec.json.Decoder(PendingEvent)
+
+
+def pending_path(directory: Path, source: str) -> Path:
+    """The pending file of ``source`` in the spool ``directory`` (readable name, hashed for uniqueness)."""
+    readable = "".join(c if c.isalnum() or c in "._-" else "_" for c in source)[:100]
+    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+    return Path(directory) / PENDING_DIR / f"{readable}.{digest}.json"
+
+
+def _padded(content: PendingEvent) -> bytes:
+    """The file's bytes: the JSON padded with spaces to ``PENDING_BYTES`` (longer: as it is)."""
+    text = msgspec.json.encode(content)
+    return text + b" " * (PENDING_BYTES - 1 - len(text)) + b"\n" if len(text) < PENDING_BYTES else text
+
+
+class PendingSlot:
+    """A producer's pending file: created full size at its start (while there is space), open and
+    locked (``flock``) for its life, so an ingester knows it is in use. At its end either ``release``
+    (nothing left to record: the file goes) or ``hold`` (the event the bus refused: written over the
+    reserved bytes in place, which needs no new block on a full disk, and fsynced)."""
+
+    def __init__(self, path: Path, source: str, fd: int | None = None) -> None:
+        self.path = path
+        self.source = source
+        self._fd: int | None = fd
+
+    @classmethod
+    def reserve(cls, directory: str | os.PathLike[str], source: str) -> PendingSlot:
+        """Create (or take over) ``source``'s file at full size; OSError if there is no room."""
+        path = pending_path(Path(directory), source)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_durably(path, _padded(PendingEvent(source=source, state="reserved")))
+        fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours alone: just created
+        return cls(path, source, fd)
+
+    def hold(self, event: bytes, spool_next: int | None) -> None:
+        """Keep ``event`` for the next ingest of the spool: in place when it fits the reservation,
+        else as a new file (which needs space). Durable when it returns; OSError if not written."""
+        content = PendingEvent(
+            source=self.source, state="pending", event=event.decode(), spool_next=spool_next
+        )
+        data = _padded(content)
+        try:
+            if self._fd is not None and len(data) == os.fstat(self._fd).st_size:
+                os.pwrite(self._fd, data, 0)
+                os.fsync(self._fd)
+            else:
+                write_durably(self.path, data)
+        finally:
+            self._close()  # unlocked: the ingester may take it now
+
+    def release(self) -> None:
+        """Nothing left to record: the file goes (removing needs no space)."""
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        self._close()
+        with contextlib.suppress(OSError):
+            fsync_dir(self.path.parent)
+
+    def _close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+@dataclass(frozen=True)
+class PendingFile:
+    """A pending file an ingester may take: its producer is gone (the file is not locked)."""
+
+    path: Path
+    raw: bytes  # the event's bytes, or the whole file's when it does not parse
+    spool_next: int | None = None
+    damaged: str | None = None  # why the file is not a readable pending event
+
+
+def pending_files(directory: str | os.PathLike[str]) -> list[PendingFile]:
+    """The spool's pending events whose producers are gone, oldest name first; files that do not
+    parse come back ``damaged`` (to be quarantined, not passed over); a reservation left unlocked
+    for ``STALE_RESERVATION_S`` (its producer died without an end) is removed here."""
+    found: list[PendingFile] = []
+    for path in sorted((Path(directory) / PENDING_DIR).glob("*.json")):
+        taken = _read_unlocked(path)
+        if taken is None:
+            continue  # in use, or gone meanwhile
+        data, age_s = taken
+        try:
+            content = _pending_decoder.decode(data)
+        except msgspec.DecodeError as exc:
+            found.append(PendingFile(path, data, damaged=f"pending file {path.name} does not parse: {exc}"))
+            continue
+        if content.state == "pending" and content.event is not None:
+            found.append(PendingFile(path, content.event.encode(), content.spool_next))
+        elif content.state == "reserved" and age_s > STALE_RESERVATION_S:
+            remove_pending(path)
+    return found
+
+
+def _read_unlocked(path: Path) -> tuple[bytes, float] | None:
+    """The file's bytes and age in seconds, if no producer holds its lock; None otherwise."""
+    try:
+        with open(path, "rb") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return None
+            return handle.read(), time.time() - os.fstat(handle.fileno()).st_mtime
+    except FileNotFoundError:
+        return None
+
+
+def remove_pending(path: Path) -> None:
+    """A pending file the ledger now holds (or a stale reservation): removed, durably."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    with contextlib.suppress(OSError):
+        fsync_dir(path.parent)

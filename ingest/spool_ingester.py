@@ -8,7 +8,15 @@ or damaged segment, or positions below the spool's high-water mark that no segme
 ``bus.positions_missing`` event (its count and range), committed at the stretch's last
 position together with the record after it, so it is recorded exactly once. An entry a closed
 segment holds past its last position (garbage or a record added to it) has no position: it is
-quarantined from ``spool:<spool id>:beyond``, at ``segment base << 32 | byte offset``."""
+quarantined from ``spool:<spool id>:beyond``, at ``segment base << 32 | byte offset``.
+
+A producer whose bus was still down when it ended keeps its drop report in the spool's ``pending/``
+folder (``ingest.spool.PendingSlot``). Once the spool is drained up to the producer's last position,
+each such event is committed from ``spool:<spool id>:pending`` at that source's next position, and
+its file is removed after the commit. The event is the producer's own (its source, seq, signature,
+chain), not one the ingester makes: admission checks it as it checks the producer's other events,
+and a second copy (the file found again after a crash before its removal, or the same report on
+the spool) is a duplicate of the same source and id. A file that does not parse is quarantined."""
 
 from __future__ import annotations
 
@@ -17,7 +25,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ingest.ingester import Ingester, IngestStats
-from ingest.spool import SpoolReader, SpoolRecord, raise_high_water
+from ingest.spool import (
+    PendingFile,
+    SpoolReader,
+    SpoolRecord,
+    pending_files,
+    raise_high_water,
+    remove_pending,
+    writer_alive,
+)
 from ledger.store import CommitResult, Ledger, SourceRecord
 from schemas import encode_event
 from schemas import payloads as p
@@ -46,6 +62,9 @@ class SpoolIngester(Ingester):
         self.reader = SpoolReader(spool_dir)  # one reader for the whole run: it remembers offsets
         self.source = f"spool:{self.reader.id}"
         self.beyond_source = f"{self.source}:beyond"
+        self.pending_source = f"{self.source}:pending"
+        self._pending_offered: set[Path] = set()  # each pending file is offered once per run
+        self._pending_in_batch: dict[int, Path] = {}  # position -> file, until the commit
         self.batch_size = batch_size
         self.missing = 0  # positions found missing (and recorded) by this ingester
 
@@ -83,7 +102,35 @@ class SpoolIngester(Ingester):
         elif expected > high_water and not raise_high_water(self.reader.directory, expected):
             # A dead writer's last records, and a writer started meanwhile: they wait for its mark.
             batch = [r for r in batch if r.source != self.source or r.position < high_water]
-        return batch or None  # drained: nothing after the ledger's position
+        if batch:
+            return batch
+        return self._pending_batch(start) or None  # drained: nothing after the ledger's position
+
+    def _pending_batch(self, spool_position: int) -> list[SourceRecord]:
+        """The pending events of producers whose every spool record the ledger holds (or whose
+        spool has no writer left), each at the next position of ``spool:<id>:pending``."""
+        ready = [f for f in pending_files(self.reader.directory) if f.path not in self._pending_offered]
+        ready = [f for f in ready if self._after_its_records(f, spool_position)]
+        position = self.ledger.positions().get(self.pending_source, 0)
+        batch: list[SourceRecord] = []
+        for offset, found in enumerate(ready):
+            self._pending_offered.add(found.path)
+            self._pending_in_batch[position + offset] = found.path
+            batch.append(SourceRecord(self.pending_source, position + offset, found.raw, found.damaged))
+        return batch
+
+    def _after_its_records(self, found: PendingFile, spool_position: int) -> bool:
+        if found.spool_next is None or spool_position >= found.spool_next:
+            return True
+        return not writer_alive(self.reader.directory)  # its last records are gone: they never come
+
+    def committed(self, batch: Sequence[SourceRecord], result: CommitResult) -> None:
+        """The pending files this commit recorded (stored, a duplicate or quarantined) are removed."""
+        for record in batch:
+            if record.source == self.pending_source:
+                path = self._pending_in_batch.pop(record.position, None)
+                if path is not None:
+                    remove_pending(path)
 
     def _missing(self, first: int, last: int, after: SpoolRecord | None) -> SourceRecord:
         """The record of positions ``first``..``last`` gone missing, at position ``last``: on the

@@ -50,7 +50,7 @@ from starlette.routing import Route
 from ledger.history import config_after, history_item
 from ledger.integrity import checkpoint_path
 from ledger.log_checkpoint import parse_and_verify_checkpoint, parse_checkpoint
-from ledger.monitor import MonitorError, check_quorum
+from ledger.monitor import DEFAULT_DEADLINE_S, MonitorError, check_quorum
 from ledger.query import QueryError, Reader
 from ledger.remote import RemoteError, default_state_path, fetch_copy, verify_remote
 from ledger.report import CURVES, MARKER_KINDS, asset, build_report, script_json
@@ -200,6 +200,10 @@ def _event_message(env: Envelope, config: dict[str, Any] | None) -> tuple[str, d
         known = [v for v in rates.values() if v is not None]
         mean = sum(known) / len(known) if known else None
         return "router", {**base, "mean_drop": mean, "layers": rates}
+    if env.type == c.LEDGER_INCIDENT:
+        # Not a marker: a producer whose seq skips on every event makes one per event, and the page
+        # would draw each; its reports and state show ingest's incidents folded per source.
+        return "other", base
     if env.type in STATE_TYPES and env.step is not None:
         item = history_item(env, config)
         marker = {"kind": item.kind, "step": item.step, "attempt": item.attempt, "time": base["time"]}
@@ -277,11 +281,16 @@ def _events_of_query(reader: Reader, stream: str, lo: int, hi: int) -> list[tupl
     return [(int(seq), text) for seq, text in rows]
 
 
+_CONFIG_TYPES = (c.RUN_STARTED, c.RUN_RESUMED, c.CONFIG_CHANGED)  # what ``config_after`` reads
+
+
 def _config_before(reader: Reader, run_id: str, seq: int) -> dict[str, Any] | None:
-    """The run's config as its leaves before ``seq`` left it (state events only: a small table)."""
+    """The run's config as its leaves before ``seq`` left it (its launches and config changes only:
+    a state event of another type, an incident of a flood among them, leaves the config as it was)."""
     rows = reader.sql(
-        "SELECT canonical FROM state_events WHERE run_id = ? AND stream = ? AND stream_seq < ? ORDER BY stream_seq",
-        [run_id, run_id, seq],
+        "SELECT canonical FROM state_events WHERE run_id = ? AND stream = ? AND stream_seq < ? "
+        "AND type IN (?, ?, ?) ORDER BY stream_seq",
+        [run_id, run_id, seq, *_CONFIG_TYPES],
     ).rows
     config: dict[str, Any] | None = None
     for (canonical,) in rows:
@@ -703,9 +712,11 @@ class PublishedWatch(LedgerWatch):
         *,
         poll_s: float = PUBLISHED_POLL_S,
         witnesses: Witnesses | None = None,
+        deadline_s: float = DEFAULT_DEADLINE_S,
     ) -> None:
         super().__init__(cache, poll_s=poll_s, witnesses=witnesses)
         self.url, self.log_key, self.cache = url, log_key, cache
+        self.deadline_s = deadline_s  # one look, and one download of the copy, each at most this long
         self.verified_state = default_state_path(url, under=cache)  # the monitor's last accepted checkpoint
         self.refused: str | None = None  # set once: a copy that failed verification is never followed again
         self.published: dict[str, Any] = {}  # the checkpoint the pages answer from
@@ -733,6 +744,7 @@ class PublishedWatch(LedgerWatch):
                 self.verified_state,
                 witnesses=self.witnesses.vkeys,
                 quorum=self.witnesses.quorum,
+                deadline_s=self.deadline_s,
             )
         except MonitorError as exc:
             if exc.kind == "unreachable":
@@ -746,7 +758,7 @@ class PublishedWatch(LedgerWatch):
         if self.reader is not None and report.size == self.commit:
             return False
         try:
-            copy = fetch_copy(self.url, self.log_key, self.cache)
+            copy = fetch_copy(self.url, self.log_key, self.cache, deadline_s=self.deadline_s)
         except RemoteError as exc:
             return self._copy_failed(exc)
         self.copy_failing_since = None
@@ -1259,10 +1271,14 @@ def serve(root: str | Path, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *
 
 def create_published_app(url: str, log_key: str, cache: str | Path, **options: Any) -> Starlette:
     """The live page's ASGI app over the published copy at ``url`` (verified with ``log_key``; its
-    data files downloaded into ``cache``). ``poll_s``: how often its checkpoint is fetched."""
+    data files downloaded into ``cache``). ``poll_s``: how often its checkpoint is fetched;
+    ``deadline_s``: how long one look (and one download) at the copy may take."""
     poll_s = float(options.pop("poll_s", PUBLISHED_POLL_S))
     witnesses = options.pop("witnesses", None)
-    watch = PublishedWatch(url, log_key, Path(cache), poll_s=poll_s, witnesses=witnesses)
+    deadline_s = float(options.pop("deadline_s", DEFAULT_DEADLINE_S))
+    watch = PublishedWatch(
+        url, log_key, Path(cache), poll_s=poll_s, witnesses=witnesses, deadline_s=deadline_s
+    )
     return LivePage(Path(cache), watch=watch, **options).app
 
 

@@ -8,6 +8,7 @@ The CLI is a thin shell over these functions; tests and other programs call them
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,7 +20,16 @@ import jsonpatch
 import msgspec
 import pyarrow as pa
 
-from ledger.fold import STATE_TYPES, RunState, attempts_of, fold_run, on_lineage
+from ledger import duck
+from ledger.fold import (
+    FOLD_TYPES,
+    STATE_TYPES,
+    RunState,
+    attempts_of,
+    fold_run,
+    on_lineage,
+    with_incident_ranges,
+)
 from ledger.history import (
     MISSING,
     HistoryItem,
@@ -27,31 +37,46 @@ from ledger.history import (
     github_item,
     history_item,
     history_range,
+    incident_items,
     op_text,
     value_at,
 )
 from ledger.lake import (
+    ALIAS,
     Catalog,
     LakeError,
     LakeFolder,
     MaintenanceLock,
     checkpoint_snapshot,
     is_s3,
+    lake_schema,
     open_snapshot,
     retry_locked,
     snapshot_files,
 )
 from ledger.parquet_schemas import tables_of
 from ledger.redaction import REDACTED_PREFIX, is_redacted, read_marker
-from ledger.sql_guard import RefusedStatement, lock_connection, lock_sql, read_only_statement
+from ledger.sql_guard import (
+    QueryLimits,
+    RefusedStatement,
+    SpillFolder,
+    StatementStopped,
+    limit_error,
+    lock_connection,
+    lock_sql,
+    read_only_statement,
+    run_limited,
+)
 from ledger.store import Ledger, LedgerError, settled_merges
-from ledger.views import connect, lake_views_sql
+from ledger.views import _DERIVED as DERIVED_TABLES
+from ledger.views import _empty_relation, connect, incident_range_facts, incident_ranges_query, lake_views_sql
 from schemas import Envelope, decode_event
 from schemas import catalogue as c
 from schemas.config_patch import ConfigPatchError, apply_config_patch
 
 _T = TypeVar("_T")
 _MERGE_RETRIES = 3  # a query that overlapped a compaction runs again, this many times at most
+SPILL_AREA = ".tmp"  # under a ledger's folder: its readers' spill folders (``ledger.sql_guard.SpillFolder``)
 
 
 class QueryError(LedgerError):
@@ -71,14 +96,21 @@ class Result:
 class Reader:
     """Read-only access to one ledger: a folder of part files, or a folder whose tables are in a
     DuckLake (``LAKE.json``, written by ``ledger migrate``), read at one snapshot (``snapshot``: that
-    one, default the newest when the reader opens)."""
+    one, default the newest when the reader opens). Every statement runs under ``limits`` (default
+    ``QueryLimits()``: 300 s, 2 GiB or a quarter of the memory, 10 GB of spill in ``<ledger>/.tmp``)."""
 
     def __init__(
-        self, root: str | Path, *, snapshot: int | None = None, at_checkpoint: str | None = None
+        self,
+        root: str | Path,
+        *,
+        snapshot: int | None = None,
+        at_checkpoint: str | None = None,
+        limits: QueryLimits | None = None,
     ) -> None:
         self.root = Path(root)
         self.snapshot: int | None = None  # the lake snapshot every statement sees (a lake only)
         self._ledger: Ledger | None = None
+        self.limits = limits if limits is not None else QueryLimits()
         try:
             lake = LakeFolder.read(self.root)
         except LakeError as exc:
@@ -93,10 +125,16 @@ class Reader:
                 "(`ledger migrate` puts it on DuckLake)"
             )
         self._ledger = Ledger.open(root)
+        self._spill = spill_folder(self.root / SPILL_AREA)
         self.con = connect(self.root)
         # DuckDB itself refuses to reach outside the ledger's tables, and nothing can undo that
         # (``ledger.sql_guard``); the statement check in ``_run`` is the second wall.
-        lock_connection(self.con, [self.root / name for name in tables_of(self.root)])
+        lock_connection(
+            self.con,
+            [self.root / name for name in tables_of(self.root)],
+            limits=self.limits,
+            spill=self._spill.path,
+        )
         # Commits from this number on may be compactions a query overlaps (only the newest can be
         # unfinished when the reader opens).
         self._watch = self._ledger.last_commit
@@ -104,9 +142,14 @@ class Reader:
         self._state_table = "state_events" in tables_of(self.root)
 
     def _open_lake(self, lake: LakeFolder, snapshot: int | None, at_checkpoint: str | None) -> None:
-        """Every view over the lake attached at one snapshot: no statement, and no two statements of
+        """Every view over the lake's files at one snapshot: no statement, and no two statements of
         this reader, see two moments; a commit that did not finish is not there. ``at_checkpoint``:
-        a signed stream checkpoint's text, answered as of the snapshot it pins."""
+        a signed stream checkpoint's text, answered as of the snapshot it pins.
+
+        The snapshot's file list is read on a connection of its own (the catalog attached through
+        DuckLake's extensions), closed before any statement runs: the statements' connection loads
+        no catalog scanner and no DuckLake (their functions open files with their own I/O, past
+        DuckDB's lock), only views over the listed Parquet files (and httpfs for S3)."""
         try:
             if at_checkpoint is not None:
                 if snapshot is not None:
@@ -116,31 +159,40 @@ class Reader:
                     snapshot = checkpoint_snapshot(newest, lake.ledger_id, at_checkpoint)
                 finally:
                     newest.close()
-            self.con, self.snapshot = open_snapshot(lake.catalog, lake.data_path, snapshot)
+            pinned, self.snapshot = open_snapshot(lake.catalog, lake.data_path, snapshot)
         except LakeError as exc:
             raise QueryError(str(exc)) from None
-        self.con.execute("SET TimeZone = 'UTC'")
-        self.con.execute("SET parquet_metadata_cache = true")  # (as over part files: names never reused)
         try:
-            files = snapshot_files(self.con, lake.data_path, self.snapshot)
-            self.con.execute(lake_views_sql(lake.tables, files=files))
+            views = _pinned_views(pinned, lake, self.snapshot)
         except (
             duckdb.Error
         ) as exc:  # a damaged SQLite catalog loads, and fails here (DuckDB's file: at attach)
-            self.con.close()
             raise QueryError(f"lake catalog {lake.catalog}: {str(exc).strip().splitlines()[0]}") from None
-        # Only the data files: the catalog is open already (its metadata is not the statements' to read).
+        finally:
+            pinned.close()
+        self._spill = spill_folder(self.root / SPILL_AREA)
+        self.con = _plain_connection(lake.data_path)
+        self.con.execute("SET TimeZone = 'UTC'")
+        self.con.execute("SET parquet_metadata_cache = true")  # (as over part files: names never reused)
+        self.con.execute(views)
+        # Only the data files.
         if is_s3(lake.data_path):
-            self.con.execute(_s3_lock_sql(lake.data_path))
+            self.con.execute(_s3_lock_sql(lake.data_path, self.limits, self._spill.path))
         else:
-            lock_connection(self.con, [Path(lake.data_path)] if "://" not in lake.data_path else [])
+            lock_connection(
+                self.con,
+                [Path(lake.data_path)] if "://" not in lake.data_path else [],
+                limits=self.limits,
+                spill=self._spill.path,
+            )
         self._watch = -1
         self._state_table = "state_events" in lake.tables
         self._maintenance = MaintenanceLock(Catalog.parse(lake.catalog))
 
     def close(self) -> None:
-        """Let go of the connection (and with it a DuckDB-file lake catalog, held by one process)."""
+        """Let go of the connection, and of its spill folder."""
         self.con.close()
+        self._spill.remove()
 
     @property
     def ledger(self) -> Ledger:
@@ -176,18 +228,34 @@ class Reader:
     def _run(
         self, statement: str, params: Sequence[Any] | None, fetch: Callable[[str, Sequence[Any] | None], _T]
     ) -> _T:
-        """One read-only statement, answered by ``fetch(query, params)``; run again if it overlapped
-        a compaction (the rows of the files it merged are briefly missing from a glob)."""
+        """One read-only statement, answered by ``fetch(query, params)`` under the reader's limits;
+        run again if it overlapped a compaction (the rows of the files it merged are briefly missing
+        from a glob)."""
         try:
             query = read_only_statement(self.con, statement)
         except RefusedStatement as exc:
             raise QueryError(str(exc)) from None
+
+        def bounded(query: str, params: Sequence[Any] | None) -> _T:
+            try:
+                return run_limited(self.con, self.limits.timeout_s, lambda: fetch(query, params))
+            finally:
+                self._spill.clear()  # (DuckDB deleted its spill files; nothing of a statement stays)
+
+        try:
+            return self._answer(query, params, bounded)
+        except StatementStopped as exc:
+            raise QueryError(str(exc)) from None
+
+    def _answer(
+        self, query: str, params: Sequence[Any] | None, fetch: Callable[[str, Sequence[Any] | None], _T]
+    ) -> _T:
         if self._ledger is None:  # a lake snapshot: nothing moves under it
             try:
                 with self._maintenance.shared():
                     return retry_locked(lambda: fetch(query, params))
             except duckdb.Error as exc:
-                raise QueryError(_duckdb_error(exc)) from None
+                raise QueryError(_duckdb_error(exc, self.limits)) from None
         watch, _ = settled_merges(self.root, self._watch)
         for _ in range(_MERGE_RETRIES):
             try:
@@ -202,7 +270,7 @@ class Reader:
                 break
             watch = self._watch
         if error is not None:
-            raise QueryError(_duckdb_error(error)) from None
+            raise QueryError(_duckdb_error(error, self.limits)) from None
         return answer
 
     def runs(self) -> Result:
@@ -228,7 +296,7 @@ class Reader:
             reason = read_marker(rows[0][0]).get("reason", "")
             raise QueryError(f"run {run_id!r}: its launch was redacted ({reason})")
 
-    def events(self, run_id: str, types: Sequence[str] = STATE_TYPES) -> list[Envelope]:
+    def events(self, run_id: str, types: Sequence[str] = FOLD_TYPES) -> list[Envelope]:
         """A run's events of the given types, in stream order.
 
         State events come from ``state_events`` (a few hundred rows for a run of millions of events),
@@ -313,9 +381,24 @@ class Reader:
             step = self.last_step(run_id)
         if github is None:
             github = self.github_rows(repository)
-        return fold_run(
+        state = fold_run(
             run_id, events, step=step, at=at, github=github, unauthenticated=self.unauthenticated(run_id)
         )
+        if state.attempt is not None and not any(e.type == c.LEDGER_INCIDENT for e in events):
+            ranges = self.incident_ranges(run_id, attempt=state.attempt, step=state.step, at=at)
+            state.incidents = with_incident_ranges(state.incidents, ranges)
+        return state
+
+    def incident_ranges(
+        self, run_id: str, *, attempt: int | None = None, step: int | None = None, at: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        """The run's ingest incidents (gaps, forks) folded per source and kind in one GROUP BY
+        (``ledger.views.incident_ranges_query``): as the state counts them at ``attempt``/``step``/
+        ``at``, or (none given) all of them."""
+        query, params = incident_ranges_query(
+            run_id, state_table=self._state_table, attempt=attempt, step=step, at=at
+        )
+        return incident_range_facts(self.sql(query, params).records())
 
     def _run_github(self, events: Sequence[Envelope]) -> list[dict[str, Any]]:
         """The GitHub rows of the repository the run's attempts name."""
@@ -501,6 +584,8 @@ class Reader:
                 item.text += " (unauthenticated)"
             items.append(item)
             config = config_after(e, config)
+        if not any(e.type == c.LEDGER_INCIDENT for e in events):  # read in summary: one line a source
+            items.extend(incident_items(self.incident_ranges(run_id)))
         if events:
             start, end = events[0].time, events[-1].time
             introducing = {row["pr_number"] for row in code.values() if row["pr_number"] is not None}
@@ -521,12 +606,12 @@ class Reader:
         return {row["attempt"]: row for row in rows}
 
 
-def _s3_lock_sql(data_path: str) -> str:
+def _s3_lock_sql(data_path: str, limits: QueryLimits, spill: Path) -> str:
     """``ledger.sql_guard``'s lock with the lake's ``s3://bucket/prefix/`` the one place DuckDB may
     read (objects under it; not another bucket or prefix, not a local file). A prefix, as the lake's
     files are many and change with every commit; DuckDB compares the text, so ``…/prefix/../x`` passes
     it and the server's key handling decides (versitygw refuses such a key)."""
-    lock = lock_sql([])
+    lock = lock_sql([], limits=limits, spill=spill)
     empty = "SET allowed_directories = [];"
     if empty not in lock:
         raise QueryError("internal: sql_guard.lock_sql changed its allowed_directories line")
@@ -534,8 +619,133 @@ def _s3_lock_sql(data_path: str) -> str:
     return lock.replace(empty, "SET allowed_directories = ['" + prefix.replace("'", "''") + "'];", 1)
 
 
-def _duckdb_error(error: duckdb.Error) -> str:
+def spill_folder(area: Path) -> SpillFolder:
+    """A reader's spill folder under ``area`` (a ledger's ``.tmp``), or under the system's temp
+    folder where ``area`` cannot be made (a ledger on a read-only mount)."""
+    try:
+        return SpillFolder.under(area)
+    except OSError:
+        return SpillFolder.under(Path(tempfile.gettempdir()) / "runledger-spill")
+
+
+def _plain_connection(data_path: str) -> duckdb.DuckDBPyConnection:
+    """The statements' connection over a lake's files: no extension, but httpfs and the S3 secret
+    for an ``s3://`` data path."""
+    if not is_s3(data_path):
+        return duck.connect()
+    from ledger.duck_s3 import create_s3_secret
+    from ledger.lake import S3_SECRET, _s3_config
+
+    try:
+        con = duck.connect(extensions=["httpfs"])
+    except duck.ExtensionMissing as exc:
+        raise QueryError(f"lake data {data_path}: {exc}") from None
+    try:
+        create_s3_secret(con, _s3_config(data_path), S3_SECRET)
+    except LakeError as exc:
+        con.close()
+        raise QueryError(str(exc)) from None
+    return con
+
+
+def _pinned_views(pinned: duckdb.DuckDBPyConnection, lake: LakeFolder, snapshot: int) -> str:
+    """The views over the lake's Parquet files at ``snapshot``, listed on ``pinned`` (the catalog
+    attached as ``lake``): each table's files by name; a table whose files carry deletions (a
+    redaction's, until its erasure ends) reads them without the deleted rows; a table with rows
+    inlined in the catalog (another writer's setting) refuses to be read rather than drop them."""
+    files = snapshot_files(pinned, lake.data_path, snapshot)
+    whole = {name: listed for name, listed in files.items() if listed is not None}
+    partial = sorted(name for name, listed in files.items() if listed is None)
+    views = [lake_views_sql(lake.tables, files=whole)]
+    deletions = _files_with_deletions(pinned, lake.data_path, snapshot, partial)
+    for name in partial:
+        target = f"_{name}" if name in DERIVED_TABLES else name
+        source = _without_deleted_rows(name, deletions[name]) if name in deletions else _refused_inlined(name)
+        views.append(f'CREATE OR REPLACE VIEW "{target}" AS {source};')
+    # ``lake.<table>`` names the stored table, as when the lake itself was attached as ``lake``.
+    views.append(f"CREATE SCHEMA IF NOT EXISTS {ALIAS};")
+    for name in lake.tables:
+        stored = f"_{name}" if name in DERIVED_TABLES else name
+        views.append(f'CREATE OR REPLACE VIEW {ALIAS}."{name}" AS SELECT * FROM main."{stored}";')
+    return "\n".join(views)
+
+
+def _files_with_deletions(
+    pinned: duckdb.DuckDBPyConnection, data_path: str, snapshot: int, tables: Sequence[str]
+) -> dict[str, list[tuple[str, list[str]]]]:
+    """Each of ``tables``' data files at ``snapshot`` with its delete files (full paths), read from
+    the catalog's own tables; a table with inlined rows is left out (``_pinned_views`` refuses it)."""
+    if not tables:
+        return {}
+    meta = f"__ducklake_metadata_{ALIAS}"
+
+    def live(alias: str) -> str:
+        return f"{alias}.begin_snapshot <= $snap AND ({alias}.end_snapshot IS NULL OR {alias}.end_snapshot > $snap)"
+
+    rows = pinned.execute(
+        f"SELECT t.table_name, s.path, s.path_is_relative, t.path, t.path_is_relative, f.path, "
+        f"f.path_is_relative, d.path, d.path_is_relative "
+        f"FROM {meta}.ducklake_data_file f "
+        f"JOIN {meta}.ducklake_table t ON t.table_id = f.table_id AND {live('t')} "
+        f"JOIN {meta}.ducklake_schema s ON s.schema_id = t.schema_id AND {live('s')} "
+        f"LEFT JOIN {meta}.ducklake_delete_file d ON d.data_file_id = f.data_file_id AND {live('d')} "
+        f"WHERE {live('f')} AND t.table_name IN (SELECT unnest($tables)) "
+        f"AND t.table_id NOT IN (SELECT table_id FROM {meta}.ducklake_inlined_data_tables) "
+        f"ORDER BY t.table_name, f.data_file_id, d.delete_file_id",
+        {"snap": int(snapshot), "tables": list(tables)},
+    ).fetchall()
+    out: dict[str, dict[str, list[str]]] = {}
+    for table, schema, schema_rel, folder, folder_rel, path, path_rel, deleted, deleted_rel in rows:
+        base = _lake_path(data_path, (schema, schema_rel), (folder, folder_rel))
+        deletes = out.setdefault(table, {}).setdefault(_lake_path(base, (path, path_rel)), [])
+        if deleted is not None:
+            deletes.append(_lake_path(base, (deleted, deleted_rel)))
+    return {table: list(files.items()) for table, files in out.items()}
+
+
+def _lake_path(base: str, *parts: tuple[str, bool]) -> str:
+    """A path DuckLake's catalog keeps in parts, each relative to the one before or not."""
+    full = base.rstrip("/") + "/"
+    for part, relative in parts:
+        full = full + part if relative else part
+    return full
+
+
+def _without_deleted_rows(name: str, files: Sequence[tuple[str, Sequence[str]]]) -> str:
+    """A table's rows from its files, less the positions its DuckLake delete files list (Parquet,
+    ``file_path``/``pos``: each delete file here belongs to one data file, by the catalog)."""
+    columns = ", ".join(f'"{c}"' for c in lake_schema(name).names)
+    parts = []
+    for path, deletes in files:
+        read = f"read_parquet({_quoted(path)}, hive_partitioning = false, file_row_number = true)"
+        if deletes:
+            gone = ", ".join(_quoted(d) for d in deletes)
+            parts.append(
+                f"SELECT {columns} FROM {read} WHERE file_row_number NOT IN "
+                f"(SELECT pos FROM read_parquet([{gone}]))"
+            )
+        else:
+            parts.append(f"SELECT {columns} FROM {read}")
+    return " UNION ALL ".join(parts) if parts else (_empty_relation(lake_schema(name)) or "SELECT 1 LIMIT 0")
+
+
+def _refused_inlined(name: str) -> str:
+    """A view that fails when read: the table's rows are inlined in the catalog, which the statements'
+    connection does not open (dropping them silently would answer wrong)."""
+    columns = ", ".join(f'CAST(NULL AS VARCHAR) AS "{c}"' for c in lake_schema(name).names)
+    message = f"table {name} has rows inlined in the lake catalog, which `ledger query` does not read"
+    return f"SELECT {columns} WHERE error({_quoted(message)}) IS NULL"
+
+
+def _quoted(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _duckdb_error(error: duckdb.Error, limits: QueryLimits | None = None) -> str:
     """A DuckDB error as the user reads it."""
+    stopped = limit_error(error, limits) if limits is not None else None
+    if stopped is not None:
+        return stopped
     if isinstance(error, duckdb.PermissionException) or "configuration has been locked" in str(error):
         # The first wall, DuckDB's own refusal: its first line says what was refused.
         reason = str(error).strip().splitlines()[0].split(" Error: ", 1)[-1]

@@ -29,7 +29,6 @@ import base64
 import hashlib
 import json
 import re
-import urllib.error
 import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
@@ -44,12 +43,33 @@ from ledger import duck
 from ledger.duck_s3 import create_s3_secret
 from ledger.log_checkpoint import Checkpoint, parse_and_verify_checkpoint
 from ledger.merkle import HASH_SIZE, ProofError, leaf_hash, verify_inclusion
-from ledger.monitor import MonitorError, MonitorReport, check_log
+from ledger.monitor import (
+    DEFAULT_DEADLINE_S,
+    Deadline,
+    ManifestFile,
+    MonitorError,
+    MonitorReport,
+    check_checkpoint,
+    check_log,
+    http_blocks,
+    manifest_entries,
+    open_within,
+    parse_manifest,
+)
 from ledger.parquet_schemas import TABLES, tables_of
 from ledger.publish import load_published
 from ledger.publish_dest import Dest, DestError, S3Dest, open_dest
 from ledger.query import QueryError, Result
-from ledger.sql_guard import RefusedStatement, lock_connection, read_only_statement
+from ledger.sql_guard import (
+    QueryLimits,
+    RefusedStatement,
+    StatementStopped,
+    limit_error,
+    limits_sql,
+    lock_connection,
+    read_only_statement,
+    run_limited,
+)
 from ledger.store import COMMITS, Ledger
 from ledger.tiles import (
     TILE_WIDTH,
@@ -85,9 +105,7 @@ __all__ = [
 
 TLOG_PROOF_HEADER = "c2sp.org/tlog-proof@v1"
 _DECIMAL = re.compile(r"0|[1-9][0-9]*")
-_TIMEOUT_S = 10
 _MAX_SMALL_BYTES = 16 << 20  # a manifest or its signature: far smaller
-_BLOCK_BYTES = 1 << 20
 
 
 class RemoteError(ValueError):
@@ -104,14 +122,23 @@ def default_state_path(url: str, under: Path = Path(".runledger/remote-verify"))
 
 
 def verify_remote(
-    url: str, log_key: str, state: Path, *, witnesses: Sequence[str] = (), quorum: int = 0
+    url: str,
+    log_key: str,
+    state: Path,
+    *,
+    witnesses: Sequence[str] = (),
+    quorum: int = 0,
+    deadline_s: float = DEFAULT_DEADLINE_S,
 ) -> MonitorReport:
     """Check what is new in the copy at ``url`` (HTTP or S3) since the last checkpoint verified
-    (state in ``state``). MonitorError (with its kind) on anything that does not match the signed log."""
+    (state in ``state``), all of it within ``deadline_s`` seconds. MonitorError (with its kind) on
+    anything that does not match the signed log."""
     if urlsplit(url).scheme != "s3":
-        return check_log(url, log_key, state, witnesses=witnesses, quorum=quorum, entries=True)
+        return check_log(
+            url, log_key, state, witnesses=witnesses, quorum=quorum, entries=True, deadline_s=deadline_s
+        )
     try:
-        files = _MonitorFiles(open_source(url))
+        files = _MonitorFiles(open_source(url, deadline_s=deadline_s))
     except RemoteError as exc:
         raise MonitorError("unreachable", str(exc)) from None
     return check_log(url, log_key, state, witnesses=witnesses, quorum=quorum, entries=True, files=files)
@@ -250,19 +277,31 @@ class Source(ABC):
                 raise RemoteError(f"{self.url_of(rel)} is larger than {max_bytes} bytes")
         return bytes(data)
 
-    def sha256(self, rel: str) -> str:
-        """The SHA-256 of a file, read in blocks (one in memory at a time)."""
+    def sha256(self, rel: str, max_bytes: int | None = None) -> str:
+        """The SHA-256 of a file, read in blocks (one in memory at a time); RemoteError past
+        ``max_bytes`` (when given)."""
         digest = hashlib.sha256()
-        for block in self.stream(rel):
+        for block in self.stream_at_most(rel, max_bytes):
             digest.update(block)
         return digest.hexdigest()
 
+    def stream_at_most(self, rel: str, max_bytes: int | None) -> Iterator[bytes]:
+        """``stream``, stopped with RemoteError before the block that would pass ``max_bytes``."""
+        total = 0
+        for block in self.stream(rel):
+            total += len(block)
+            if max_bytes is not None and total > max_bytes:
+                raise RemoteError(f"{self.url_of(rel)} is longer than {max_bytes} bytes")
+            yield block
+
 
 class HttpSource(Source):
-    """A copy served by any static HTTP server."""
+    """A copy served by any static HTTP server: every request within one deadline, redirects only
+    to the same origin."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, deadline: Deadline | None = None) -> None:
         self.base = _base(url)
+        self.deadline = deadline or Deadline(DEFAULT_DEADLINE_S)
 
     @property
     def name(self) -> str:
@@ -272,32 +311,35 @@ class HttpSource(Source):
         return self.base + rel
 
     def stream(self, rel: str) -> Iterator[bytes]:
-        url = self.url_of(rel)
+        return self.stream_at_most(rel, None)
+
+    def stream_at_most(self, rel: str, max_bytes: int | None) -> Iterator[bytes]:
         try:
-            with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as response:
-                yield from iter(lambda: response.read(_BLOCK_BYTES), b"")
-        except (urllib.error.URLError, OSError) as exc:
-            raise RemoteError(f"unreachable: {url}: {exc}") from None
+            yield from http_blocks(self.url_of(rel), self.deadline, max_bytes)
+        except MonitorError as exc:
+            raise RemoteError(str(exc)) from None
 
     def answers_ranges(self, rel: str) -> bool:
         """Whether the server answers a Range request with 206 and just those bytes."""
-        request = urllib.request.Request(self.url_of(rel), headers={"Range": "bytes=0-3"})
+        url = self.url_of(rel)
+        request = urllib.request.Request(url, headers={"Range": "bytes=0-3"})
         try:
-            with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:
+            with open_within(request, self.deadline) as response:
                 status, body = response.status, response.read(5)
-        except (urllib.error.URLError, OSError) as exc:
-            raise RemoteError(f"unreachable: {self.url_of(rel)}: {exc}") from None
+        except MonitorError as exc:
+            raise RemoteError(str(exc)) from None
         return bool(status == 206 and len(body) == 4)
 
 
 class S3Source(Source):
     """A copy in ``s3://bucket/prefix`` (server and credentials from the AWS_* variables)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, deadline: Deadline | None = None) -> None:
         try:
             self.dest = S3Dest(url)
         except DestError as exc:
             raise RemoteError(str(exc)) from None
+        self.deadline = deadline or Deadline(DEFAULT_DEADLINE_S)
 
     @property
     def name(self) -> str:
@@ -308,20 +350,26 @@ class S3Source(Source):
 
     def stream(self, rel: str) -> Iterator[bytes]:
         try:
-            yield from self.dest.stream(rel)
+            self.deadline.left_s(self.url_of(rel))
+            for block in self.dest.stream(rel):
+                yield block
+                self.deadline.left_s(self.url_of(rel))  # the S3 client's reads have their own timeouts
+        except MonitorError as exc:
+            raise RemoteError(str(exc)) from None
         except FileNotFoundError:
             raise RemoteError(f"{self.url_of(rel)}: no such object") from None
         except DestError as exc:
             raise RemoteError(str(exc)) from None
 
 
-def open_source(url: str) -> Source:
-    """The published copy at ``url``: ``http(s)://…`` or ``s3://bucket/prefix``."""
+def open_source(url: str, *, deadline_s: float = DEFAULT_DEADLINE_S) -> Source:
+    """The published copy at ``url``: ``http(s)://…`` or ``s3://bucket/prefix``, every read of it
+    within ``deadline_s`` seconds from now."""
     scheme = urlsplit(url).scheme
     if scheme in ("http", "https"):
-        return HttpSource(url)
+        return HttpSource(url, Deadline(deadline_s))
     if scheme == "s3":
-        return S3Source(url)
+        return S3Source(url, Deadline(deadline_s))
     raise RemoteError(f"--remote {url!r}: give an http://, https:// or s3://bucket/prefix address")
 
 
@@ -338,32 +386,41 @@ class _MonitorFiles:
         except RemoteError as exc:
             raise MonitorError("unreachable", str(exc)) from None
 
-    def sha256(self, rel: str) -> str:
+    def sha256(self, rel: str, max_bytes: int) -> str:
         try:
-            return self.source.sha256(rel)
+            return self.source.sha256(rel, max_bytes)
         except RemoteError as exc:
-            raise MonitorError("unreachable", str(exc)) from None
+            kind = "too-large" if "is longer than" in str(exc) else "unreachable"
+            raise MonitorError(kind, str(exc)) from None
 
 
 # ------------------------------------------------------------------------------- query --remote
 
 
-def _download(source: Source, rel: str, target: Path, sha256: str) -> None:
-    """``rel`` of ``source`` into ``target``, kept only if its bytes have the signed SHA-256."""
+def _download(source: Source, item: ManifestFile, target: Path) -> None:
+    """The file ``item`` names into ``target``, hashed as it streams and never written past the
+    manifest's byte count; kept only if its bytes have the signed SHA-256 (the ``.part`` file is
+    removed on any failure)."""
     part = target.with_name(target.name + ".part")
     part.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
+    written = 0
     try:
         with part.open("wb") as out:
-            for block in source.stream(rel):
+            for block in source.stream_at_most(item.path, item.size_bytes):
                 digest.update(block)
                 out.write(block)
-    except RemoteError:
+                written += len(block)
+    except RemoteError as exc:
         part.unlink(missing_ok=True)
+        if "is longer than" in str(exc):
+            raise RemoteError(
+                f"{source.url_of(item.path)} is longer than its {item.size_bytes} bytes in the signed manifest"
+            ) from None
         raise
-    if digest.hexdigest() != sha256:
+    if written != item.size_bytes or digest.hexdigest() != item.sha256:
         part.unlink(missing_ok=True)
-        raise RemoteError(f"{source.url_of(rel)} does not match its SHA-256 in the signed manifest")
+        raise RemoteError(f"{source.url_of(item.path)} does not match its SHA-256 in the signed manifest")
     part.replace(target)
 
 
@@ -383,32 +440,52 @@ class RemoteCopy:
     manifest_log_size: int
     downloaded: int  # files fetched this time (the rest were in the cache, their digests rechecked)
 
-    def sql(self, statement: str) -> Result:
-        """One read-only statement over the copy, through the views and walls of a local ledger."""
+    def sql(self, statement: str, limits: QueryLimits | None = None) -> Result:
+        """One read-only statement over the copy, through the views, walls and limits of a local
+        ledger (``limits``: default ``QueryLimits()``; spills in ``<cache>/.tmp``)."""
+        from ledger.query import SPILL_AREA, spill_folder
+
+        bounds = limits if limits is not None else QueryLimits()
+        spill = spill_folder(self.folder.parent / SPILL_AREA)
         con = connect(self.folder)
         try:
-            lock_connection(con, [self.folder / name for name in tables_of(self.folder)])
-            return _answer(con, statement)
+            tables = [self.folder / name for name in tables_of(self.folder)]
+            lock_connection(con, tables, limits=bounds, spill=spill.path)
+            return _answer(con, statement, bounds)
         finally:
             con.close()
+            spill.remove()
 
 
-def _answer(con: duckdb.DuckDBPyConnection, statement: str) -> Result:
+def _answer(con: duckdb.DuckDBPyConnection, statement: str, limits: QueryLimits | None = None) -> Result:
+    """One read-only statement on a locked ``con``, stopped after ``limits``' timeout (its memory and
+    spill limits are the connection's, set before its lock)."""
+    bounds = limits if limits is not None else QueryLimits()
     try:
         query = read_only_statement(con, statement)
     except RefusedStatement as exc:
         raise QueryError(str(exc)) from None
-    try:
+
+    def rows() -> Result:
         rel = con.execute(query)
         return Result([d[0] for d in rel.description or []], rel.fetchall())
-    except duckdb.Error as exc:  # outside the copy's folders included: one line, as locally
-        raise QueryError(str(exc).splitlines()[0]) from None
 
-
-def _signed_manifest(source: Source, log_key: str) -> tuple[Checkpoint, int, dict[str, Any]]:
-    """The verified checkpoint, the log size the manifest is signed at, and the manifest."""
     try:
-        checkpoint = parse_and_verify_checkpoint(source.read("checkpoint"), log_key)
+        return run_limited(con, bounds.timeout_s, rows)
+    except StatementStopped as exc:
+        raise QueryError(str(exc)) from None
+    except duckdb.Error as exc:  # outside the copy's folders included: one line, as locally
+        raise QueryError(limit_error(exc, bounds) or str(exc).splitlines()[0]) from None
+
+
+def _signed_manifest(
+    source: Source, log_key: str, checkpoint_text: bytes | None = None
+) -> tuple[Checkpoint, int, dict[str, Any]]:
+    """The verified checkpoint (``checkpoint_text``, or fetched), the log size the manifest is
+    signed at, and the manifest (its shape and every path checked)."""
+    text = source.read("checkpoint") if checkpoint_text is None else checkpoint_text
+    try:
+        checkpoint = parse_and_verify_checkpoint(text, log_key)
         signed = open_note(source.read("manifest.sig"), log_key).split("\n")
     except CheckpointError as exc:
         raise RemoteError(f"bad signature: {exc}") from None
@@ -418,41 +495,71 @@ def _signed_manifest(source: Source, log_key: str) -> tuple[Checkpoint, int, dic
         raise RemoteError("manifest.json is not the manifest signed in manifest.sig for this log")
     if not _DECIMAL.fullmatch(signed[1]) or int(signed[1]) > checkpoint.size:
         raise RemoteError("manifest.sig names a log size beyond the signed checkpoint")
-    doc = json.loads(manifest)
+    try:
+        doc, _ = parse_manifest(manifest)
+    except MonitorError as exc:
+        raise RemoteError(str(exc)) from None
     if doc.get("origin") != checkpoint.origin:
         raise RemoteError("manifest.json names another log's origin")
     return checkpoint, int(signed[1]), doc
 
 
+def _manifest_entries(manifest: dict[str, Any]) -> list[ManifestFile]:
+    """The files the manifest names, its shape and each path checked (``ledger.monitor``'s
+    allow-list: ``data/<known table>/<column>=<value>/<name>.parquet``), RemoteError otherwise."""
+    try:
+        return manifest_entries(manifest)
+    except MonitorError as exc:
+        raise RemoteError(str(exc)) from None
+
+
 def _manifest_files(manifest: dict[str, Any]) -> dict[str, str]:
     """path (``data/…``) -> SHA-256 of each file the manifest names, each path checked."""
-    files: dict[str, str] = {}
-    for item in manifest["files"]:
-        rel = str(item["path"])
-        if not rel.startswith("data/") or ".." in Path(rel).parts:
-            raise RemoteError(f"manifest path {rel!r} is not under data/")
-        files[rel] = str(item["sha256"])
-    return files
+    return {item.path: item.sha256 for item in _manifest_entries(manifest)}
+
+
+def _target_in(folder: Path, rel: str) -> Path:
+    """Where the file ``rel`` (``data/…``) goes in the copy's cache ``folder``: RemoteError unless
+    that resolves inside the folder (checked before anything is opened, symlinks followed)."""
+    target = folder / rel.removeprefix("data/")
+    if not target.resolve().is_relative_to(folder.resolve()):
+        raise RemoteError(f"manifest path {rel!r} is not a file inside the cache {folder}")
+    return target
 
 
 def _cache_key(name: str) -> str:
     return hashlib.sha256(name.encode()).hexdigest()[:16]
 
 
-def fetch_copy(url: str, log_key: str, cache: Path) -> RemoteCopy:
+TRUSTED_STATE = ".trusted-checkpoint.json"  # in a copy's cache folder: the last checkpoint taken
+
+
+def _check_trusted(source: Source, log_key: str, folder: Path, text: bytes) -> None:
+    """The checkpoint ``text`` against the last one this cache took from the copy (the monitor's
+    rollback, fork and consistency checks, ``ledger.monitor.check_checkpoint``); saved once taken."""
+    try:
+        check_checkpoint(_MonitorFiles(source), log_key, folder / TRUSTED_STATE, text)
+    except MonitorError as exc:
+        raise RemoteError(f"{exc} (against the checkpoint this cache last took from {source.name})") from None
+
+
+def fetch_copy(url: str, log_key: str, cache: Path, *, deadline_s: float = DEFAULT_DEADLINE_S) -> RemoteCopy:
     """Download (into ``cache``, only what it lacks) every data file the signed manifest of the copy
-    at ``url`` (HTTP or S3) names, each checked against its SHA-256; files no longer named are
-    removed from the cache, so the views see exactly the published snapshot."""
-    source = open_source(url)
-    checkpoint, manifest_size, manifest = _signed_manifest(source, log_key)
+    at ``url`` (HTTP or S3) names, each checked against its size and SHA-256; files no longer named
+    are removed from the cache, so the views see exactly the published snapshot. A checkpoint that
+    rolls back or forks the one this cache last took is refused; all within ``deadline_s`` seconds."""
+    source = open_source(url, deadline_s=deadline_s)
+    text = source.read("checkpoint")
+    checkpoint, manifest_size, manifest = _signed_manifest(source, log_key, text)
     folder = cache / _cache_key(source.name)
-    wanted = {
-        folder / rel.removeprefix("data/"): (rel, sha) for rel, sha in _manifest_files(manifest).items()
-    }
+    # Every target is checked to be inside the cache before any file is opened.
+    wanted = {_target_in(folder, item.path): item for item in _manifest_entries(manifest)}
+    folder.mkdir(parents=True, exist_ok=True)
+    _check_trusted(source, log_key, folder, text)
     downloaded = 0
-    for target, (rel, sha256) in wanted.items():
-        if _sha256(target) != sha256:
-            _download(source, rel, target, sha256)
+    for target, item in wanted.items():
+        if _sha256(target) != item.sha256:
+            _download(source, item, target)
             downloaded += 1
     for old in folder.rglob("*.parquet"):
         if old not in wanted:
@@ -502,11 +609,21 @@ def _direct_views(source: Source, files: Sequence[str]) -> str:
     return "\n".join(lines) + "\n" + DERIVED_VIEWS + "\n" + CODE_VIEWS
 
 
-def query_direct(url: str, log_key: str, statement: str) -> DirectAnswer:
+def query_direct(
+    url: str,
+    log_key: str,
+    statement: str,
+    *,
+    deadline_s: float = DEFAULT_DEADLINE_S,
+    limits: QueryLimits | None = None,
+) -> DirectAnswer:
     """One read-only statement run by DuckDB (httpfs) on the published Parquet files by URL, no
-    download. The checkpoint and manifest are verified; the data bytes are not (DuckDB reads only
-    the ranges it needs and cannot check them against the manifest's SHA-256)."""
-    source = open_source(url)
+    download. The checkpoint and manifest are verified (fetched within ``deadline_s`` seconds); the
+    data bytes are not (DuckDB reads only the ranges it needs and cannot check them against the
+    manifest's SHA-256). ``limits``: the statement's timeout and memory limit (nothing spills: no
+    local folder is allowed)."""
+    bounds = limits if limits is not None else QueryLimits()
+    source = open_source(url, deadline_s=deadline_s)
     checkpoint, manifest_size, manifest = _signed_manifest(source, log_key)
     files = sorted(_manifest_files(manifest))
     if not files:
@@ -526,8 +643,9 @@ def query_direct(url: str, log_key: str, statement: str) -> DirectAnswer:
             create_s3_secret(con, source.dest.config, "runledger_copy")
         con.execute("SET TimeZone = 'UTC'")
         con.execute(views)
+        con.execute(limits_sql(bounds, None) + "SET temp_directory = '';\n")
         con.execute(_lock_to([source.url_of(rel) for rel in files]))
-        return DirectAnswer(_answer(con, statement), checkpoint, manifest_size, len(files))
+        return DirectAnswer(_answer(con, statement, bounds), checkpoint, manifest_size, len(files))
     finally:
         con.close()
 

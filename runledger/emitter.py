@@ -16,8 +16,11 @@ Bounds on the caller (the training thread):
 
 Every event that does not reach the bus is counted (``dropped``) and reported by a
 ``runledger.producer.dropped`` event (count, first and last step and seq, why) as soon as the bus
-takes events again, or at ``close``; only a bus still down at ``close`` leaves the count unreported
-(one error line says so).
+takes events again, or at ``close``. A bus still down at ``close``: given ``pending_dir`` (the
+spool's folder), the report is kept in a pending file there, reserved full size at the start so that
+a full disk does not refuse it (``ingest.spool.PendingSlot``); the next emitter on that spool hands
+it to the bus, and the next ``ledger ingest spool`` records it, whichever comes first (the ledger
+keeps one: the same source and id). Without ``pending_dir`` only the error line says the count.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from typing import Any
 import msgspec
 
 from ingest.bus import EventSink
-from schemas import Envelope, make_event
+from ingest.spool import PendingSlot, pending_files, pending_path, remove_pending
+from schemas import Envelope, encode_event, make_event
 from schemas.envelope import utc_now
 from schemas.payloads import ProducerDropped
 from schemas.signing import Sealer
@@ -176,7 +180,8 @@ class Emitter:
 
     The drops are reported by a ``runledger.producer.dropped`` event (count, first and last step
     and seq, reasons), queued as soon as there is room and the bus takes events again, or at
-    ``close``.
+    ``close``; a report the bus still refuses then is kept in ``pending_dir`` (``kept_in``) for the
+    next ingest of that spool.
     """
 
     def __init__(
@@ -191,6 +196,7 @@ class Emitter:
         critical_timeout_s: float = 30.0,
         start_seq: int = 0,
         outage_wait_s: float = 1.0,
+        pending_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.sink = sink
         self.source = source
@@ -216,7 +222,25 @@ class Emitter:
         self._closing = threading.Event()  # close ran out of time: stop holding refused events
         self._thread = threading.Thread(target=self._run, name=f"emitter-{source}", daemon=True)
         self._closed = False
+        self.pending_dir = Path(pending_dir) if pending_dir is not None else None
+        self.kept_in: Path | None = None  # where the report the bus refused at close waits for ingest
+        self._slot = self._reserve_pending()
         self._thread.start()
+
+    def _reserve_pending(self) -> PendingSlot | None:
+        """The pending file, made now while the disk has room (None: no spool folder, or no room)."""
+        if self.pending_dir is None:
+            return None
+        try:
+            return PendingSlot.reserve(self.pending_dir, self.source)
+        except OSError as exc:
+            log.warning(
+                "runledger: cannot reserve a file in %s for a drop count at exit (%s); it is tried "
+                "again at exit if needed",
+                self.pending_dir,
+                _text(exc),
+            )
+            return None
 
     @property
     def bus_down(self) -> bool:
@@ -296,6 +320,7 @@ class Emitter:
     # -- the thread's side ------------------------------------------------------------------------
 
     def _run(self) -> None:
+        self._forward_kept_reports()
         while True:
             item = self._queue.get()
             try:
@@ -312,6 +337,24 @@ class Emitter:
             except Exception:  # a bug here must not kill the thread
                 self.errors += 1
                 log.exception("emitter: could not emit an event")
+
+    def _forward_kept_reports(self) -> None:
+        """Reports earlier producers of this spool kept at their end (the bus was down then), onto
+        the bus as they are (their own sealed events), each file removed once the bus synced it. A
+        report the bus refuses stays for the next ingest of the spool; one the ingest records too
+        is the same event (source and id): the ledger keeps it once."""
+        emit_raw = getattr(self.sink, "emit_raw", None)
+        if self.pending_dir is None or not callable(emit_raw):
+            return
+        try:
+            for kept in pending_files(self.pending_dir):
+                if kept.damaged is None:  # a damaged file is the ingest's to quarantine
+                    emit_raw(kept.raw)
+                    self.sink.sync()
+                    remove_pending(kept.path)
+                    log.info("runledger: a drop report kept in %s is on the bus now", kept.path)
+        except Exception as exc:  # the bus is down again: what is left waits for the ingest
+            log.info("runledger: kept drop reports stay for the next ingest (%s)", _text(exc))
 
     def _deliver(self, payload: PayloadLike, step: int | None, when: datetime, seq: int) -> None:
         try:
@@ -332,7 +375,9 @@ class Emitter:
         else:
             self._drop(step, seq, reason)
 
-    def _envelope(self, payload: msgspec.Struct, step: int | None, when: datetime, seq: int) -> Envelope:
+    def _envelope(
+        self, payload: msgspec.Struct, step: int | None, when: datetime, seq: int, id: str | None = None
+    ) -> Envelope:
         return make_event(
             payload,
             source=self.source,
@@ -342,6 +387,7 @@ class Emitter:
             attempt=self.attempt,
             step=step,
             time=when,
+            id=id,
         )
 
     def _hand_over(self, envelope: Envelope) -> bool:
@@ -397,22 +443,67 @@ class Emitter:
 
     def _final_report(self) -> None:
         """At close, behind everything else: report the drops not reported yet (closed: no submit
-        takes a seq any more, so the report's is the last one)."""
+        takes a seq any more, so the report's is the last one). Its id is made of its seq, so the
+        copy kept in the pending file and one that reached the bus after all are one event."""
         with self._tally_lock:
             drops, self._drops = self._drops, _Drops()
         if not drops.count:
+            self._release_pending()
             return
         report = drops.report()
-        envelope = self._envelope(report, drops.last_step, utc_now(), next(self._seq))
-        if not self._hand_over(envelope):
-            outage = self._outage
+        seq = next(self._seq)
+        envelope = self._envelope(report, drops.last_step, utc_now(), seq, id=f"dropped-at-close-{seq}")
+        if self._hand_over(envelope):
+            self._release_pending()
+            return
+        outage = self._outage
+        why = outage.reason if outage else "refused"
+        self.kept_in = self._keep_pending(envelope)
+        if self.kept_in is None:
             log.error(
                 "runledger: the bus is still down at close (%s): %d dropped events not reported in "
                 "the ledger (run.dropped = %d)",
-                outage.reason if outage else "refused",
+                why,
                 report.count,
                 self.dropped,
             )
+            return
+        log.error(
+            "runledger: the bus is still down at close (%s): %d dropped events not reported on the bus; "
+            "the report waits in %s for the next run on this spool or `ledger ingest spool` "
+            "(run.dropped = %d)",
+            why,
+            report.count,
+            self.kept_in,
+            self.dropped,
+        )
+
+    def _release_pending(self) -> None:
+        """Nothing left to report: the reserved file goes."""
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            try:
+                slot.release()
+            except OSError as exc:
+                log.warning("runledger: could not remove %s: %s", slot.path, _text(exc))
+
+    def _keep_pending(self, envelope: Envelope) -> Path | None:
+        """The report the bus refused, as the bus would have taken it (sealed by the sink's sealer,
+        if it signs), into the pending file; its path, or None without one (or when it fails)."""
+        if self.pending_dir is None:
+            return None
+        slot, self._slot = self._slot, None
+        if slot is None:  # not reserved at the start: a new file, which needs room
+            slot = PendingSlot(pending_path(self.pending_dir, self.source), self.source)
+        sealer = getattr(self.sink, "sealer", None)
+        sealed = sealer.seal(envelope) if isinstance(sealer, Sealer) else envelope
+        spool_next = getattr(getattr(self.sink, "writer", None), "next_index", None)
+        try:
+            slot.hold(encode_event(sealed), spool_next if isinstance(spool_next, int) else None)
+        except OSError as exc:
+            log.warning("runledger: could not keep the drop report in %s: %s", slot.path, _text(exc))
+            return None
+        return slot.path
 
     def _sync_quietly(self) -> None:
         try:

@@ -2,7 +2,9 @@
 test, which needs root; skipped with the reason otherwise). Every event that does not reach the bus
 is counted (``run.dropped``), ``log`` says False for it, one warning line says the bus is down, and
 a ``runledger.producer.dropped`` event reports the loss as soon as the bus takes events again: the
-ledger's ``history`` and ``state`` show it, with no producer key set."""
+ledger's ``history`` and ``state`` show it, with no producer key set. A disk still full at ``finish``
+leaves the report in the spool's ``pending/`` folder, and the next ingest records it (more in
+tests/client/test_exit_losses.py)."""
 
 from __future__ import annotations
 
@@ -160,15 +162,23 @@ def test_disk_full_until_finish_counts_every_refused_event_in_one_warning_and_on
     assert queued > 32 and run.dropped >= len(refused) + 1 + 32
     warning, error = bus_messages(caplog)
     assert warning.levelno == logging.WARNING and "No space left on device" in warning.getMessage()
-    assert (
-        error.levelno == logging.ERROR and f"{run.dropped} dropped events not reported" in error.getMessage()
-    )
+    said = error.getMessage()
+    assert error.levelno == logging.ERROR and f"{run.dropped} dropped events not reported on the bus" in said
+    assert f"the report waits in {run.emitter.kept_in}" in said and run.emitter.kept_in is not None
     assert not any(r.exc_info for r in caplog.records)
 
     filler.unlink()
     ledger = tmp_path / "ledger"
-    ingest_spool(Ledger.create(ledger), spool)  # what reached the disk (a torn tail stays unread)
-    assert not metric_steps(ledger, "disk-2") & refused  # a refused call was never recorded
+    stats = ingest_spool(Ledger.create(ledger), spool)  # what reached the disk, and the kept report
+    assert stats.quarantined == 0 and not run.emitter.kept_in.exists()
+    recorded = metric_steps(ledger, "disk-2")
+    assert not recorded & refused  # a refused call was never recorded
     assert cli_json(ledger, "query", "SELECT count(*) AS n FROM run_ends WHERE run_id = 'disk-2'") == [
         {"n": 0}
     ]
+    # The count the bus refused at close is in the ledger: with the steps there, every accepted call.
+    [lost] = [i for i in cli_json(ledger, "state", "disk-2")["incidents"] if i["kind"] == "dropped"]
+    assert lost["count"] == run.dropped
+    accepted = {s for s, yes in ok.items() if yes}
+    started = cli_json(ledger, "query", "SELECT count(*) AS n FROM runs WHERE run_id = 'disk-2'")[0]["n"]
+    assert lost["count"] == len(refused) + len(accepted - recorded) + 1 + (1 - started)  # + finish, launch
