@@ -3,7 +3,8 @@
 A thin shell: options → ``prepare_workdir`` and ``run_demo``; prints the progress bar and the attempts'
 endings while it runs (``_ConsoleObserver``), then the verification, the history, a few SQL answers
 and where the report is. Exit codes: 0; 2 for a refused work folder; 128 + the signal number (130 for
-Ctrl-C) when a signal stopped the run, the ledger holding what was spooled up to the stop.
+Ctrl-C, 143 for SIGTERM) when a signal stopped it, in any phase (``runledger.workflows.demo``: the
+ledger holds what was recorded up to the stop).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from cli.output import (
     print_rows,
     third_party_warnings,
 )
+from runledger import signals
 from runledger.workflows.demo import (
     DEMO_DIR,
     DEMO_OUTPUTS,
@@ -77,19 +79,25 @@ def demo(
     """
     from runledger.workflows.demo import run_demo
 
+    # The folder is made ready whole (only the demo's outputs removed): a signal waits for it.
+    with signals.deferred():
+        try:
+            prepare_workdir(workdir, force=force)
+        except DemoError as exc:
+            raise fail(str(exc), 2) from None
+    signals.check()
     try:
-        prepare_workdir(workdir, force=force)
         with third_party_warnings(verbose):
             result = run_demo(
                 workdir, steps=steps, crash_at=crash_at, change_at=change_at, observer=_ConsoleObserver()
             )
-    except DemoError as exc:
-        raise fail(str(exc), 2) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # a second signal while the spool was folded
+        signum = getattr(exc, "signum", signal.SIGINT)
         raise fail(
-            "interrupted (Ctrl-C); the ledger holds only whole commits. Fold the rest of the spool with "
-            f"`ledger ingest spool --spool {_q(workdir / 'spool')} --ledger {_q(workdir / 'ledger')}`",
-            INTERRUPTED_EXIT,
+            f"interrupted by {_signal_name(signum)}; the ledger holds only whole commits. Fold the rest "
+            f"of the spool with `ledger ingest spool --spool {_q(workdir / 'spool')} --ledger "
+            f"{_q(workdir / 'ledger')}`",
+            128 + signum,
         ) from None
     if result.stop is not None:
         message, code = _stopped(result, result.stop)
@@ -101,11 +109,7 @@ def _q(path: Path) -> str:
     return shlex.quote(str(path))
 
 
-def _signal_name(signum: int | None) -> str:
-    try:
-        return signal.Signals(signum).name if signum is not None else "a signal"
-    except ValueError:
-        return f"signal {signum}"
+_signal_name = signals.signal_name
 
 
 def _crash_note(result: TrainResult) -> str:
@@ -177,12 +181,20 @@ class _ConsoleObserver(DemoObserver):
 
 
 def _stopped(result: DemoResult, stop: DemoStop) -> tuple[str, int]:
-    """The one line and exit code of a demo a signal stopped."""
-    return (
-        f"interrupted by {_signal_name(stop.signum)} at {stop.where}: not resuming. The ledger holds the "
-        f"run up to the stop: `ledger history {result.run_id} --ledger {_q(result.ledger_dir)}`",
-        128 + stop.signum if stop.signum else INTERRUPTED_EXIT,
-    )
+    """The one line and exit code of a demo a signal stopped: what the ledger holds, by phase."""
+    said = f"interrupted by {_signal_name(stop.signum)} at {stop.where}"
+    code = 128 + stop.signum if stop.signum else INTERRUPTED_EXIT
+    ledger = _q(result.ledger_dir)
+    if result.ingested is None:
+        return f"{said}: nothing was recorded yet, so no ledger was made", code
+    if stop.training:
+        return (
+            f"{said}: not resuming. The ledger holds the run up to the stop: "
+            f"`ledger history {result.run_id} --ledger {ledger}`",
+            code,
+        )
+    key = f" --public-key {_q(result.public_key)}" if result.public_key is not None else ""
+    return f"{said}: the ledger holds the whole run: `ledger verify --ledger {ledger}{key}`", code
 
 
 def _print_result(result: DemoResult) -> None:

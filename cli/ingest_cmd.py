@@ -3,7 +3,9 @@
 ``spool`` and ``kafka`` fold the bus into the ledger. ``github`` and ``wandb`` are producers: they write
 events to the bus (``ingest.bus.open_sink``: the spool, or Kafka when configured), which
 ``ledger ingest spool`` (or ``kafka``) then folds in. For the producers a mistake a user can fix is one
-line on stderr and exit code 2; a failure outside their control (network, GitHub, W&B) exits 1. The
+line on stderr and exit code 2; a failure outside their control (network, GitHub, W&B) exits 1; events
+Kafka had not taken when they end (left in the outage spool) are one line naming the count, the spool
+and the `ledger kafka drain-spool` command that sends them, and exit 3. The
 producers sign their events with the key file named by ``RUNLEDGER_PRODUCER_KEY`` when it is set
 (``_open_sink``, the one way they get a sink). ``wandb`` takes an offline run directory or, when no
 such path exists, an online ``ENTITY/PROJECT[/RUN]`` (``ingest.wandb_online``).
@@ -28,6 +30,8 @@ from cli.kafka_cmd import (
     TopicOption,
     kafka_errors,
     stop_on_signals,
+    undelivered_exit,
+    undelivered_of,
 )
 from cli.output import (
     DEFAULT_LEDGER,
@@ -122,11 +126,24 @@ def ingest_kafka(
         bool, typer.Option("--create/--no-create", help="Create the ledger if it does not exist.")
     ] = True,
     connect_timeout: ConnectTimeoutOption = 15.0,
+    wait_for_topic: Annotated[
+        float,
+        typer.Option(
+            "--wait-for-topic",
+            min=0,
+            help="Seconds a missing (or unreadable) topic may take to appear; 0: it must exist now.",
+            metavar="SECONDS",
+        ),
+    ] = 0.0,
 ) -> None:
     """Consume Kafka into the ledger in a consumer group, exactly once, until SIGTERM/SIGINT.
 
+    A topic that does not exist, has no partitions or may not be read is one line and exit 1
+    (after --wait-for-topic SECONDS, if given).
+
     Example: ledger ingest kafka --bootstrap localhost:9092 --group runledger-ingest
     """
+    from ingest.kafka_config import TopicUnavailableError
     from ingest.kafka_ingester import run_ingester
 
     stop = threading.Event()
@@ -134,21 +151,27 @@ def ingest_kafka(
     with kafka_errors(), stop_on_signals(stop):
         if not create and not (ledger / "LEDGER.json").exists():
             raise fail(f"no ledger at {ledger} (drop --no-create to make one)")
-        stats = run_ingester(
-            ledger,
-            bootstrap,
-            group,
-            topic or None,
-            batch_max=batch_max,
-            poll_ms=poll_ms,
-            stop_event=stop,
-            idle_timeout_s=until_idle,
-            create=create,
-            deadletter=None if no_deadletter else (deadletter or ""),
-            session_timeout_ms=session_timeout_ms,
-            instance_id=instance_id,
-            connect_timeout_s=connect_timeout,
-        )
+        try:
+            stats = run_ingester(
+                ledger,
+                bootstrap,
+                group,
+                topic or None,
+                batch_max=batch_max,
+                poll_ms=poll_ms,
+                stop_event=stop,
+                idle_timeout_s=until_idle,
+                create=create,
+                deadletter=None if no_deadletter else (deadletter or ""),
+                session_timeout_ms=session_timeout_ms,
+                instance_id=instance_id,
+                connect_timeout_s=connect_timeout,
+                wait_for_topic_s=wait_for_topic,
+            )
+        except TopicUnavailableError as exc:
+            # A subscription to it would ingest nothing, silently: say so, with the way to wait.
+            hint = "" if wait_for_topic else "; --wait-for-topic SECONDS waits for it"
+            raise fail(f"{exc}{hint}") from None
     seconds = time.monotonic() - started
     console.print(
         f"ingested {plural(stats.accepted, 'event')} ({plural(stats.metric_values, 'metric value')}) in "
@@ -233,6 +256,9 @@ def ingest_github(
     finally:
         sink.close()
     print_json(stats.as_dict())
+    left = _undelivered_exit(sink, "backfill done")
+    if left is not None:
+        raise left
 
 
 def ingest_wandb(
@@ -309,6 +335,9 @@ def _ingest_wandb_offline(
             print_json(stats.as_dict())
     finally:
         sink.close()
+    left = _undelivered_exit(sink, "import done")
+    if left is not None:
+        raise left
 
 
 def _ingest_wandb_online(
@@ -337,8 +366,11 @@ def _ingest_wandb_online(
     for stats in result.runs:
         print_json(stats.as_dict())
     failed = [fail(line) for line in result.errors]  # each on its own line; the others were imported
+    left = _undelivered_exit(sink, "import done")
     if failed:
         raise failed[-1]
+    if left is not None:
+        raise left
 
 
 def _producer_sealer() -> Sealer | None:
@@ -371,6 +403,15 @@ def _open_sink(spool: Path | None, what: str = "") -> EventSink:
             raise disk_full_error(exc, [Path(where)]) from None
         raise fail(f"cannot open spool: {exc.strerror}: {exc.filename}", 2) from None
     return _ProgressSink(sink, what) if what else sink
+
+
+def _undelivered_exit(sink: EventSink, done: str) -> typer.Exit | None:
+    """After ``close()``: the events a Kafka sink left in its outage spool, said in one line (with
+    the command that sends them), and the exit 3 to raise; None when all are on the bus."""
+    undelivered = undelivered_of(sink.sink if isinstance(sink, _ProgressSink) else sink)
+    if undelivered is None or not undelivered.events:
+        return None
+    return undelivered_exit(done, undelivered)
 
 
 class _ProgressSink:

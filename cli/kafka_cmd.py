@@ -9,12 +9,15 @@ import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from cli.output import commits_counted, console, fail, plural, progress, user_errors
 from ingest.kafka_config import COMMIT_BATCH_MAX
+
+if TYPE_CHECKING:  # kafka-python is slow to import: the CLI loads it only for Kafka commands
+    from ingest.kafka_sink import Undelivered
 
 BootstrapOption = Annotated[
     str | None,
@@ -40,12 +43,12 @@ def kafka_errors() -> Iterator[None]:
     """Broker trouble as one line and a non-zero exit (on top of the ledger's own user errors)."""
     from kafka.errors import KafkaError
 
-    from ingest.kafka_config import BrokerUnavailableError
+    from ingest.kafka_config import BrokerUnavailableError, TopicUnavailableError
 
     with user_errors():
         try:
             yield
-        except BrokerUnavailableError as exc:
+        except (BrokerUnavailableError, TopicUnavailableError) as exc:
             raise fail(str(exc)) from None
         except KafkaError as exc:
             raise fail(f"kafka: {exc}") from None
@@ -132,10 +135,14 @@ def drain_spool(
 ) -> None:
     """Send what a dead producer left in its outage spool to Kafka (in order), then exit.
 
+    Safe to repeat, and after a kill: the spool keeps its acked position, so a second run sends only
+    what is left; what a kill re-sends, the ledger drops as duplicates. Exits 3 (as every process
+    that ends with events not on Kafka) when some are still in the spool after --timeout.
+
     Example: ledger kafka drain-spool --spool .runledger/spool --bootstrap localhost:9092
     """
     from ingest.kafka_sink import KafkaSink
-    from ingest.spool import SpoolLockedError
+    from ingest.spool import SpoolLockedError, pending_files, remove_pending
 
     if not spool.is_dir():
         raise fail(f"no spool at {spool}")
@@ -145,8 +152,36 @@ def drain_spool(
         except SpoolLockedError as exc:
             raise fail(f"{exc} (its producer is alive and drains it itself)") from None
         before = sink.pending()
+        # The drop reports producers kept beside the spool at their end (the bus was down then) go
+        # too, as they are; a damaged one is left for `ledger ingest spool` to quarantine.
+        kept = [report for report in pending_files(spool) if report.damaged is None]
+        for report in kept:
+            sink.emit_raw(report.raw)
         sink.close(timeout_s=timeout)
-    left = sink.left_in_spool
-    if left:
-        raise fail(f"{before - left} of {before} events sent; {left} still in {spool} (broker unreachable?)")
-    console.print(f"sent {plural(before, 'spooled event')} to {sink.topic}")
+    undelivered = sink.undelivered()
+    if undelivered.events:  # the kept reports stay too: sent again, the ledger keeps each once
+        raise undelivered_exit(f"{before - undelivered.events} of {before} spooled events sent", undelivered)
+    for report in kept:
+        remove_pending(report.path)
+    reports = f" and {plural(len(kept), 'kept drop report')}" if kept else ""
+    console.print(f"sent {plural(before, 'spooled event')}{reports} to {sink.topic}")
+
+
+def undelivered_of(sink: object) -> Undelivered | None:
+    """What a closed producer sink left off Kafka (in its outage spool); None for the spool bus,
+    where the spool is the bus and nothing waits off it."""
+    from ingest.bus import SpoolSink
+
+    if isinstance(sink, SpoolSink):  # spared kafka-python's import
+        return None
+    from ingest.kafka_sink import KafkaSink
+
+    return sink.undelivered() if isinstance(sink, KafkaSink) else None
+
+
+def undelivered_exit(done: str, undelivered: Undelivered) -> typer.Exit:
+    """The end of a process that leaves events off Kafka: what it did, how many wait where, and the
+    command that sends them, on one line; exit ``UNDELIVERED_EXIT_CODE`` (3). The caller raises it."""
+    from ingest.kafka_sink import UNDELIVERED_EXIT_CODE
+
+    return fail(f"{done}; {undelivered.line()}", UNDELIVERED_EXIT_CODE)

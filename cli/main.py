@@ -7,9 +7,13 @@ and its groups and registers every command, by name, below (and nowhere else). L
 
 from __future__ import annotations
 
+# First of all: SIGINT/SIGTERM follow the command's policy from its first moment (issue 42).
+from cli import startup  # noqa: F401
+
+# isort: split
 import logging
 import os
-from typing import Annotated, Protocol
+from typing import Annotated, Any, Protocol
 
 import typer
 import typer.rich_utils
@@ -35,7 +39,9 @@ from cli import (
     study_cmd,
     train_cmd,
 )
-from cli.output import DiskFullGroup, fail
+from cli.interrupts import InterruptibleGroup
+from cli.output import fail
+from runledger import signals
 
 
 def _usage_name(self: TyperArgument) -> str:
@@ -71,10 +77,22 @@ def _usage_error(self: _ClickError) -> None:  # the parameter's name is typer's,
 
 typer.rich_utils.rich_format_error = _usage_error  # typer's _main looks it up at each error
 
-app = typer.Typer(
+
+class _App(typer.Typer):
+    """The app. Called as the program (the ``ledger`` script, ``python -m cli.main``), it is still
+    starting until its command runs (typer builds the command, click parses): a signal until then
+    exits at once with 128 + N, nothing done. (Tests invoke it through click, not this call.)"""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        signals.install(starting=True)
+        return super().__call__(*args, **kwargs)
+
+
+app = _App(
     name="ledger",
     help="runledger: an append-only, verifiable, SQL-queryable record of a training run.",
-    cls=DiskFullGroup,  # a full disk in any command: one line naming where, not a traceback
+    # A full disk in any command: one line naming where, not a traceback; a signal: exit 128 + N.
+    cls=InterruptibleGroup,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     # typer's own: `ledger --install-completion` (bash, zsh, fish, PowerShell), `--show-completion`.
@@ -192,6 +210,9 @@ app.add_typer(prove_app, name="prove")
 prove_app.command("inclusion")(merkle_cmd.prove_inclusion)
 prove_app.command("consistency")(merkle_cmd.prove_consistency)
 
+# The imports are done; a test process that imported the app gets Ctrl-C as KeyboardInterrupt again
+# (``_App.__call__``: the program stays starting until its command runs).
+signals.started()
 
 if __name__ == "__main__":
     app()

@@ -2,7 +2,9 @@
 
 A producer, like `ledger train`: the events go to the bus (the spool, or Kafka with ``--bus kafka``),
 and `ledger ingest spool` (or `ledger ingest kafka`) folds them into a ledger. Prints what it emitted
-as JSON.
+as JSON, with ``undelivered``: the events Kafka did not take before the end, left in the outage spool
+(``undelivered_spool``) for ``deliver_with`` (`ledger kafka drain-spool …`); when there are any, it
+says so on stderr and exits 3.
 """
 
 from __future__ import annotations
@@ -10,12 +12,15 @@ from __future__ import annotations
 import enum
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.kafka_cmd import BootstrapOption, kafka_errors
+from cli.kafka_cmd import BootstrapOption, kafka_errors, undelivered_exit, undelivered_of
 from cli.output import SpoolOption, fail, print_json, progress
+
+if TYPE_CHECKING:  # imported where used: the bus is slow to import
+    from ingest.bus import EventSink
 
 
 class Scenario(enum.StrEnum):
@@ -55,8 +60,12 @@ def simulate(
     bootstrap: BootstrapOption = None,
 ) -> None:
     """Emit a faithful event stream of a reference training run (metrics, router stats, crashes,
-    resumes, config changes and the repository's GitHub activity) through the bus."""
-    from ingest.bus import EventSink, SpoolSink, default_spool_dir, open_sink
+    resumes, config changes and the repository's GitHub activity) through the bus.
+
+    With --bus kafka, events Kafka has not taken when the run ends stay in the outage spool: the
+    summary counts them (undelivered) and names the command that sends them, and the exit status is 3.
+    """
+    from ingest.bus import SpoolSink, default_spool_dir, open_sink
     from ingest.spool import SpoolLockedError
     from runledger.workflows.simulate import SimOptions
     from runledger.workflows.simulate import simulate as run_simulation
@@ -87,6 +96,7 @@ def simulate(
             stats = run_simulation(sink, options, progress=report)
         finally:
             sink.close()
+    undelivered = undelivered_of(sink)
     print_json(
         {
             "scenario": scenario.value,
@@ -101,5 +111,12 @@ def simulate(
             "switch_step": stats.switch_step,
             "by_type": stats.by_type,
             "seconds": round(time.perf_counter() - started, 3),
+            **(undelivered.summary() if undelivered else _NOTHING_UNDELIVERED),
         }
     )
+    if undelivered and undelivered.events:
+        raise undelivered_exit(f"simulated {stats.events} events", undelivered)
+
+
+# The spool bus is the bus itself: nothing waits off it.
+_NOTHING_UNDELIVERED = {"undelivered": 0, "undelivered_spool": None, "deliver_with": None}

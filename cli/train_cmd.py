@@ -12,7 +12,9 @@ so ``--resume`` continues the same W&B run; the launch event's ``external`` reco
 start, the run trains anyway and ``external`` holds ``wandb_error``.
 
 Exit status: 0 when the run completes or stops at ``--stop-at``; 1 on a crash (exception,
-non-finite loss, OOM); 128 + N after signal N (the checkpoint and crash event are written first).
+non-finite loss, OOM); 128 + N after signal N (the checkpoint and crash event are written first);
+3 when the run completed but events wait in the Kafka outage spool (the line says the command that
+sends them).
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ def train(
 
     Example: ledger train config.toml --steps 200 --set moe.capacity_factor=1.25
     """
+    from cli.kafka_cmd import undelivered_of
+    from runledger.emitter import rank_spool
     from trainer import loop
     from trainer.config import ConfigError
     from trainer.telemetry import StepReport, open_rank_sink
@@ -127,6 +131,7 @@ def train(
                 stop_at_step=stop_at,
                 progress=show,
                 mirror=mirror,
+                pending_dir=rank_spool(spool, rank),
             )
     except ConfigError as exc:
         raise fail(str(exc), 2) from None
@@ -145,6 +150,13 @@ def train(
     if mirror is not None:
         summary += "\n" + _wandb_line(result.external)
     err_console.print(summary, highlight=False, markup=False)
+    undelivered = undelivered_of(sink)
+    if undelivered is not None and undelivered.events:
+        from ingest.kafka_sink import UNDELIVERED_EXIT_CODE
+
+        err_console.print(undelivered.line(), highlight=False, markup=False)
+        if result.exit_code == 0:  # a crash's or a signal's own status says more
+            raise typer.Exit(UNDELIVERED_EXIT_CODE)
     raise typer.Exit(result.exit_code)
 
 
@@ -322,6 +334,10 @@ def _resume_value(value: str) -> Any:
 
 
 if __name__ == "__main__":  # what torchrun launches: this one command, without the rest of the CLI
+    from cli.interrupts import InterruptibleCommand
+    from runledger import signals
+
+    signals.install(starting=True)  # the command's signal policy, as `ledger train` has it (exit 128 + N)
     standalone = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    standalone.command("train")(train)
+    standalone.command("train", cls=InterruptibleCommand)(train)
     standalone()

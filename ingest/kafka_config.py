@@ -52,6 +52,11 @@ class BrokerUnavailableError(RuntimeError):
     """No broker answered within the bounded wait."""
 
 
+class TopicUnavailableError(RuntimeError):
+    """A topic to read does not exist, has no partitions, or may not be read (the message names the
+    topic and the broker)."""
+
+
 def _env(env: Mapping[str, str], name: str) -> str | None:
     value = env.get(name, "").strip()
     return value or None

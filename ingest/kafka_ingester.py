@@ -37,7 +37,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import errors as kafka_errors
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.errors import KafkaError, KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
@@ -46,6 +47,7 @@ from ingest.ingester import Ingester, IngestStats
 from ingest.kafka_config import (
     COMMIT_BATCH_MAX,
     BrokerUnavailableError,
+    TopicUnavailableError,
     client_kwargs,
     deadletter_topic,
     describe,
@@ -428,6 +430,81 @@ def open_consumer(
     return consumer, kwargs
 
 
+# Topic-level metadata errors that mean "cannot be read", whatever a wait would bring.
+_UNKNOWN_TOPIC = kafka_errors.UnknownTopicOrPartitionError.errno
+_TOPIC_DENIED = kafka_errors.TopicAuthorizationFailedError.errno
+
+
+def topic_problem(described: dict[str, Any]) -> str | None:
+    """Why a topic (one entry of ``KafkaAdminClient.describe_topics``) cannot be read, or None.
+
+    A retriable error (no leader elected yet, say) is not a problem: the consumer waits for it."""
+    code = int(described.get("error_code", 0))
+    if code == _UNKNOWN_TOPIC:
+        return "does not exist"
+    if code == _TOPIC_DENIED:
+        return "may not be described (not authorised)"
+    error = kafka_errors.for_code(code)
+    if code and not error.retriable:
+        return f"cannot be read ({error.__name__})"
+    if not code and not described.get("partitions"):
+        return "has no partitions"
+    operations = described.get("authorized_operations") or []
+    if operations and not {"READ", "ALL"} & set(operations):  # empty: the broker did not say
+        return "may not be read (not authorised)"
+    return None
+
+
+def _topic_problems(admin: KafkaAdminClient, topics: Sequence[str]) -> dict[str, str]:
+    """Each unreadable topic of ``topics`` with its problem (a metadata request, no auto-creation)."""
+    problems: dict[str, str] = {}
+    for described in admin.describe_topics(list(topics)):
+        problem = topic_problem(described)
+        if problem is not None:
+            problems[str(described.get("name"))] = problem
+    return problems
+
+
+def check_topics(
+    bootstrap: str | None,
+    topics: Sequence[str],
+    *,
+    wait_s: float = 0.0,
+    connect_timeout_s: float = 15.0,
+    interval_s: float = 0.5,
+) -> None:
+    """Return once every topic exists, has partitions and may be read; else, after ``wait_s``,
+    ``TopicUnavailableError`` naming the topic, its problem and the broker."""
+    kwargs = client_kwargs(bootstrap)
+    timeout_ms = int(connect_timeout_s * 1000)
+    try:
+        admin = KafkaAdminClient(
+            **kwargs,
+            bootstrap_timeout_ms=timeout_ms,
+            request_timeout_ms=timeout_ms,
+            client_id=f"runledger-topic-check-{os.getpid()}",
+        )
+    except KafkaTimeoutError:
+        raise BrokerUnavailableError(
+            f"no Kafka broker answered at {describe(kwargs)} within {connect_timeout_s:g} s"
+        ) from None
+    # Ask until the topics are readable or the bounded wait is over (one ask when not waiting).
+    deadline = time.monotonic() + max(0.0, wait_s)
+    try:
+        while True:
+            problems = _topic_problems(admin, topics)
+            if not problems or time.monotonic() >= deadline:
+                break
+            time.sleep(min(interval_s, max(0.0, deadline - time.monotonic())))
+    finally:
+        with contextlib.suppress(Exception):
+            admin.close()
+    if problems:
+        waited = f" (waited {wait_s:g} s)" if wait_s > 0 else ""
+        said = "; ".join(f"topic {topic} {problem}" for topic, problem in sorted(problems.items()))
+        raise TopicUnavailableError(f"{said} on {describe(kwargs)}{waited}")
+
+
 def run_ingester(
     ledger_path: str | Path,
     bootstrap: str | None,
@@ -446,6 +523,7 @@ def run_ingester(
     on_commit: Callable[[CommitResult], None] | None = None,
     max_event_bytes: int = MAX_EVENT_BYTES,
     group_lost_s: float = 10.0,
+    wait_for_topic_s: float = 0.0,
 ) -> IngestStats:
     """Consume ``topics`` in consumer group ``group`` into the ledger until ``stop_event`` is set
     (or nothing arrived for ``idle_timeout_s`` while partitions were assigned: joining the group and
@@ -458,8 +536,12 @@ def run_ingester(
     ``max_event_bytes``: longer records are quarantined (``too-large``) without being parsed.
     ``group_lost_s``: a consumer out of its group this long (no coordinator known, or no heartbeat
     answered) is closed and replaced by a new one (``stats.consumer_restarts``).
+    ``wait_for_topic_s``: how long a missing or unreadable topic may take to appear before
+    ``TopicUnavailableError`` (0: it must be there now); a subscription to a missing topic would
+    otherwise wait forever and ingest nothing.
     """
     topics = list(topics or [events_topic()])
+    check_topics(bootstrap, topics, wait_s=wait_for_topic_s, connect_timeout_s=connect_timeout_s)
     ledger = Ledger.create(ledger_path) if create else Ledger.open(ledger_path)
     name = f"kafka-ingest:{group}:{socket.gethostname()}:{os.getpid()}"
     config: dict[str, Any] = dict(

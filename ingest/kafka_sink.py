@@ -24,6 +24,11 @@ Delivery:
     spool directory, written after the broker acked. A crash in between re-sends a chunk: duplicates
     the ledger drops. The next ``KafkaSink`` on the same spool drains what is left before anything new.
 
+Undelivered events: whatever ``close()`` could not hand to Kafka in its time stays in the spool, and
+``undelivered()`` says how many, where, and the one command that sends them
+(``ledger kafka drain-spool --spool … --bootstrap … --topic …``); a process that ends with some
+exits ``UNDELIVERED_EXIT_CODE`` (3) after saying so, never 0.
+
 Bounds: ``emit`` never waits on the network except for the topic's metadata on the very first send
 (at most ``max_block_ms``, default 50 ms); otherwise it costs a buffer append, or a spool append
 (which fsyncs at most every ``fsync_interval_s``), or, once per outage, writing the unacked records
@@ -40,6 +45,7 @@ import itertools
 import json
 import logging
 import os
+import shlex
 import threading
 import time
 import weakref
@@ -63,6 +69,9 @@ from schemas.signing import Sealer
 log = logging.getLogger(__name__)
 
 DRAINED_FILE = "kafka-drained.json"
+# The exit status of a process that ends with events not on its bus (in the outage spool): not a
+# failure of its own work, not success either (as `ledger verify`'s 3 for what it could not check).
+UNDELIVERED_EXIT_CODE = 3
 CONTENT_TYPE = b"application/cloudevents+json; charset=UTF-8"
 # Headroom under max_request_size for the record batch framing, key and headers.
 RECORD_OVERHEAD = 4096
@@ -128,6 +137,53 @@ class SinkStats:
     recoveries: int = 0  # spooling → direct switches
     skipped_corrupt: int = 0  # torn spool records (a crash inside the fsync window) not sent
     last_outage_reason: str = ""
+
+
+@dataclass(frozen=True)
+class Undelivered:
+    """Events a sink holds in its outage spool, not (yet) on Kafka: how many, where, and the one
+    command that delivers them (``drain_command``)."""
+
+    events: int
+    spool_dir: Path
+    bootstrap: str
+    topic: str
+
+    @property
+    def drain_command(self) -> str:
+        """``ledger kafka drain-spool`` with this spool, broker and topic (the spool as an absolute
+        path, so the line works from any directory)."""
+        return shlex.join(
+            [
+                "ledger",
+                "kafka",
+                "drain-spool",
+                "--spool",
+                str(self.spool_dir.absolute()),
+                "--bootstrap",
+                self.bootstrap,
+                "--topic",
+                self.topic,
+            ]
+        )
+
+    def line(self) -> str:
+        """One line for stderr: the count, where they wait, and how to send them."""
+        noun = "event" if self.events == 1 else "events"
+        return (
+            f"{self.events} {noun} not on Kafka ({self.topic}): they wait in {self.spool_dir}; "
+            f"deliver them with: {self.drain_command}"
+        )
+
+    def summary(self) -> dict[str, object]:
+        """The fields a JSON summary carries: ``undelivered`` (count), ``undelivered_spool`` and
+        ``deliver_with`` (null when nothing is left)."""
+        left = self.events > 0
+        return {
+            "undelivered": self.events,
+            "undelivered_spool": str(self.spool_dir) if left else None,
+            "deliver_with": self.drain_command if left else None,
+        }
 
 
 def abort_producer(producer: KafkaProducer | None, join_s: float = 5.0) -> None:
@@ -202,6 +258,7 @@ class KafkaSink:
         self._stop = threading.Event()
         self._closed = False
         self.left_in_spool = 0  # after close(): events still in the spool, for the next start
+        self._counted = False  # close() has counted left_in_spool
         self._writer = SpoolWriter(self.spool_dir, fsync_interval_s=fsync_interval_s, segment_bytes=16 << 20)
         self._reader = SpoolReader(self.spool_dir)
         self._drained = self._load_drained()  # next spool index not yet sent on (in memory)
@@ -251,6 +308,13 @@ class KafkaSink:
         """Events not yet acked by Kafka (in memory or in the spool)."""
         with self._lock:
             return len(self._unacked) + self._writer.next_index - self._drained
+
+    def undelivered(self) -> Undelivered:
+        """Events not on Kafka: after ``close()``, those it left in the outage spool (to be sent by
+        ``Undelivered.drain_command`` or the next sink on this spool); before, ``pending()``."""
+        events = self.left_in_spool if self._counted else self.pending()
+        servers = ",".join(self._producer_kwargs["bootstrap_servers"])
+        return Undelivered(events, self.spool_dir, servers, self.topic)
 
     def emit(self, envelope: Envelope) -> None:
         if self.sealer is not None:
@@ -343,12 +407,11 @@ class KafkaSink:
                 self._producer.close(timeout=max(0.5, deadline - time.monotonic()))
         self._save_acked()
         left = self.left_in_spool = self._writer.next_index - self._saved
+        self._counted = True
         self._writer.close()
         atexit.unregister(self._atexit)
         if left:
-            log.warning(
-                "kafka sink closed with %d events in %s; the next start drains them", left, self.spool_dir
-            )
+            log.warning("kafka sink closed with %s", self.undelivered().line())
 
     def __enter__(self) -> KafkaSink:
         return self

@@ -16,6 +16,15 @@ What the record is missing is said too: a producer's ``producer.dropped`` report
 reached the bus: a full queue, a full disk) and ingest's ``ledger.incident`` (a gap or fork in a
 chained source) are the state's ``incidents`` (every attempt's, up to the step), whether or not the
 producer signs its events.
+
+Ingest's incidents are recorded one per event (the record), but read in summary: a source that skips
+its ``seq`` on every event makes one incident per event, and a state that listed each would cost every
+reader as much as the flood. So the incidents of one source and kind fold into one range
+(``fold_incidents``: how many, first..last seq, step and time), and of a kind with many sources the
+few with the most incidents stand apart and the rest fold into one: a state lists a few lines
+however many incidents or sources there are. A reader with SQL folds them where it reads them
+(``ledger.views.incident_ranges_query``) and decodes only ``FOLD_TYPES``; handed the incident events
+themselves, the fold folds them the same way.
 """
 
 from __future__ import annotations
@@ -49,6 +58,13 @@ STATE_TYPES = (
     c.BUS_POSITIONS_MISSING,  # bus positions that hold no record any more (a deleted segment)
     c.LEDGER_REDACTION,  # an event of the run whose payload was erased: the state says so
 )
+# The state events without ingest's incidents: what a reader decodes when it reads those in summary
+# (``ledger.views.incident_ranges_query``); ``STATE_TYPES`` is what the ``state_events`` table holds.
+FOLD_TYPES = tuple(t for t in STATE_TYPES if t != c.LEDGER_INCIDENT)
+# Ingest's incident kinds (``ledger.incident``), folded per (kind, source) into ranges; of a kind with
+# more sources than this, all but the ``SOURCES_APART - 1`` with the most incidents fold into one.
+RANGE_KINDS = frozenset({"gap", "fork", "duplicate-launch"})
+SOURCES_APART = 5
 # Facts of every attempt, not only of the lineage: a crash, and events that were lost.
 _INCIDENT_TYPES = (c.PRODUCER_DROPPED, c.LEDGER_INCIDENT, c.BUS_POSITIONS_MISSING, c.LEDGER_REDACTION)
 _ANY_ATTEMPT_TYPES = frozenset({c.RUN_CRASHED, *_INCIDENT_TYPES})
@@ -200,6 +216,7 @@ def fold_run(
             # state lists the redaction as an incident; its config is what the record still shows.
             if not (attempt in erased and e.step is not None and erased[attempt] <= e.step):
                 raise
+    state.incidents = fold_incidents(state.incidents)
     state.config = config
     state.config_hash = config_hash(config)
     state.github = [g for g in github if g["time"] <= cut_time]
@@ -330,7 +347,86 @@ def incident_fact(e: Envelope) -> dict[str, Any]:
         "last_seq": d.got_seq - 1 if gap else d.got_seq,
         "source": d.source,
         "reason": getattr(d, "detail", None),
+        "expected_seq": d.expected_seq,  # a fork's sentence names it
     }
+
+
+def fold_incidents(facts: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Incident facts (``incident_fact``, in stream order) with ingest's gaps and forks folded: one
+    range per (kind, source) (``range_fact``), and of a kind with more than ``SOURCES_APART`` sources,
+    the ``SOURCES_APART - 1`` with the most incidents apart and the rest as one range; in time order
+    (a range at its first incident's). ``ledger.views.incident_ranges_query`` folds them alike in SQL."""
+    per_source: dict[tuple[Any, Any], dict[str, Any]] = {}
+    out: list[dict[str, Any]] = []
+    for fact in facts:
+        if fact["kind"] not in RANGE_KINDS:
+            out.append(fact)
+        elif (fact["kind"], fact["source"]) in per_source:
+            _widen(per_source[(fact["kind"], fact["source"])], fact)
+        else:
+            per_source[(fact["kind"], fact["source"])] = range_fact(fact)
+    for kind in sorted({kind for kind, _ in per_source}):
+        # Their first seen first among equals: the order of ``per_source`` is the stream's.
+        ranges = sorted((r for (k, _), r in per_source.items() if k == kind), key=lambda r: -r["incidents"])
+        out += ranges[: SOURCES_APART - 1]
+        if ranges[SOURCES_APART - 1 :]:
+            out.append(_merged(ranges[SOURCES_APART - 1 :]))
+    return sorted(out, key=lambda fact: fact["time"])
+
+
+def range_fact(fact: dict[str, Any]) -> dict[str, Any]:
+    """One incident as a range of one: ``incidents`` (how many it folds), ``first_step``/``last_step``,
+    ``first_time``/``last_time`` and ``sources`` (how many, ``source``..``last_source`` by name) beside
+    the fact's own keys (``step``/``time``/``attempt``: the earliest)."""
+    return fact | {
+        "expected_seq": fact.get("expected_seq"),
+        "incidents": 1,
+        "first_step": fact["step"],
+        "last_step": fact["step"],
+        "first_time": fact["time"],
+        "last_time": fact["time"],
+        "sources": 1,
+        "last_source": fact["source"],
+    }
+
+
+def _widen(folded: dict[str, Any], fact: dict[str, Any]) -> None:
+    """``folded`` grown by one more incident, or range (``range_fact``), of its kind."""
+    other = fact if "incidents" in fact else range_fact(fact)
+    folded["incidents"] += other["incidents"]
+    folded["count"] += other["count"]
+    folded["expected_seq"] = None  # one incident's own: a range has none
+    folded["first_seq"] = min(folded["first_seq"], other["first_seq"])
+    folded["last_seq"] = max(folded["last_seq"], other["last_seq"])
+    steps = [
+        s
+        for s in (folded["first_step"], folded["last_step"], other["first_step"], other["last_step"])
+        if s is not None
+    ]
+    folded["first_step"], folded["last_step"] = (min(steps), max(steps)) if steps else (None, None)
+    folded["step"] = folded["first_step"]
+    folded["first_time"] = folded["time"] = min(folded["first_time"], other["first_time"])
+    folded["last_time"] = max(folded["last_time"], other["last_time"])
+    attempts = [a for a in (folded["attempt"], other["attempt"]) if a is not None]
+    folded["attempt"] = min(attempts) if attempts else None
+
+
+def _merged(ranges: list[dict[str, Any]]) -> dict[str, Any]:
+    """Ranges of one kind from many sources as one (``source``: the first name, ``last_source``: the last)."""
+    merged = dict(ranges[0])
+    for other in ranges[1:]:
+        _widen(merged, other)
+    names = sorted(r["source"] for r in ranges)
+    merged |= {"source": names[0], "last_source": names[-1], "sources": len(ranges)}
+    return merged
+
+
+def with_incident_ranges(
+    incidents: Iterable[dict[str, Any]], ranges: Iterable[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """A state's incidents (a fold handed no ``ledger.incident`` event) and ingest's incidents read
+    in summary (``ledger.views.incident_range_facts``), in time order."""
+    return sorted([*incidents, *ranges], key=lambda fact: fact["time"])
 
 
 def _change(e: Envelope, *, accepted: bool, authenticated: bool = True) -> dict[str, Any]:

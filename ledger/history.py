@@ -20,7 +20,7 @@ import jsonpatch
 import jsonpointer
 import msgspec
 
-from ledger.fold import incident_fact
+from ledger.fold import RANGE_KINDS, incident_fact
 from schemas import Envelope
 from schemas import catalogue as c
 from schemas.config_patch import ConfigPatchError, apply_config_patch
@@ -33,6 +33,7 @@ class HistoryItem:
     attempt: int | None
     kind: str
     text: str
+    count: int = 1  # the records the line tells of: a range of incidents tells of many
 
     @property
     def routine(self) -> bool:
@@ -147,7 +148,7 @@ def history_counts(items: Sequence[HistoryItem]) -> str:
         (kinds.count("run.crashed"), "crash"),
         (kinds.count("config.changed"), "config change"),
         (kinds.count("config.rejected"), "refused change"),
-        (kinds.count("producer.dropped") + kinds.count("ledger.incident"), "incident"),
+        (sum(i.count for i in items if i.kind in ("producer.dropped", "ledger.incident")), "incident"),
         (kinds.count("checkpoint.saved"), "checkpoint"),
         (kinds.count("github"), "GitHub event"),
     ]
@@ -203,7 +204,7 @@ def history_item(
     elif t == c.ANNOTATION:
         text = f"note by {d.author}: {d.text}"
     elif t in (c.PRODUCER_DROPPED, c.LEDGER_INCIDENT, c.BUS_POSITIONS_MISSING):
-        text = incident_text(_incident_fact(e))
+        text = incident_text(incident_fact(e))
     elif t == c.LEDGER_REDACTION:
         text = f"REDACTED {d.event_type} {d.event_id} (#{d.stream_seq}) by {d.actor}: {d.reason}"
     else:
@@ -211,12 +212,20 @@ def history_item(
     return HistoryItem(e.time, e.step, e.attempt, t.removeprefix("runledger."), text)
 
 
-def _incident_fact(e: Envelope) -> dict[str, Any]:
-    """The fold's fact of an incident event, with the seq a gap or fork expected (its sentence names it)."""
-    fact = incident_fact(e)
-    if e.type == c.LEDGER_INCIDENT:
-        fact["expected_seq"] = e.data.expected_seq
-    return fact
+def incident_items(ranges: Sequence[Mapping[str, Any]]) -> list[HistoryItem]:
+    """Ingest's incidents read in summary (``ledger.views.incident_range_facts``) as history lines:
+    one per source and kind, at its first incident, counting the incidents it folds."""
+    return [
+        HistoryItem(
+            fact["first_time"],
+            fact["first_step"],
+            fact["attempt"],
+            c.LEDGER_INCIDENT,
+            incident_text(fact),
+            fact["incidents"],
+        )
+        for fact in ranges
+    ]
 
 
 # ``ledger state``'s words for each kind of incident (``incident_text(fact, brief=True)``); another
@@ -236,9 +245,12 @@ def incident_text(fact: Mapping[str, Any], *, brief: bool = False) -> str:
     (expected 5)``; or ``brief``, as ``ledger state`` lists it: ``8 events lost by the producer
     (trainer/r/a1, steps 3..10): queue full``."""
     kind, count, source, reason = fact["kind"], fact["count"], fact["source"], fact.get("reason")
+    if fact.get("incidents", 1) > 1 or fact.get("sources", 1) > 1:
+        return _range_text(fact, brief=brief)
     if brief:
         first, last = fact.get("first_step"), fact.get("last_step")
-        steps = f", steps {first}..{last}" if first is not None and last is not None else ""
+        stepped = first is not None and last is not None and kind not in RANGE_KINDS  # a gap: its seq
+        steps = f", steps {first}..{last}" if stepped else ""
         noun = "event" if count == 1 else "events"
         why = f": {reason}" if reason else ""
         return f"{count} {noun} {_BRIEF_WORDS.get(kind, kind)} ({source}{steps}){why}"
@@ -254,13 +266,43 @@ def incident_text(fact: Mapping[str, Any], *, brief: bool = False) -> str:
     if kind == "positions-missing":
         return f"{count:,} records missing from {source} (positions {_span(first_seq, last_seq)}): {reason}"
     if kind == "gap":
-        return f"gap in {source}: {count:,} events missing (seq {_span(first_seq, last_seq)})"
+        noun = "event" if count == 1 else "events"
+        return f"gap in {source}: {count:,} {noun} missing (seq {_span(first_seq, last_seq)})"
     expected = fact.get("expected_seq")
     return (
         f"{kind} in {source} at seq {first_seq:,}"
         + (f" (expected {expected:,})" if expected is not None else "")
         + (f": {reason}" if reason else "")
     )
+
+
+# A range of ingest's incidents (``ledger.fold.range_fact``), ``ledger state``'s words and history's.
+_RANGE_BRIEF = {"gap": "missing", "fork": "forked", "duplicate-launch": "launched twice"}
+_RANGE_NOUNS = {"gap": "gaps", "fork": "forks", "duplicate-launch": "duplicate launches"}
+
+
+def _range_text(fact: Mapping[str, Any], *, brief: bool) -> str:
+    """Many incidents of one kind, from one source or (``sources`` > 1) many: ``39 gaps in
+    trainer/r/a1/rank7: 30,849 events missing (seq 2–30,888; steps 2,000–40,000)``; ``30,537 gaps in
+    788 sources (trainer/r/a1/rank10 … trainer/r/a1/rank99): …``; ``brief``: ``30849 events missing
+    (39 gaps) (trainer/r/a1/rank7, steps 2000..40000, seq 2..30888)``."""
+    kind, count, incidents = fact["kind"], fact["count"], fact["incidents"]
+    nouns = _RANGE_NOUNS.get(kind, f"{kind} incidents") if incidents != 1 else kind
+    sources = fact.get("sources", 1)
+    source = (
+        fact["source"] if sources == 1 else f"{sources:,} sources ({fact['source']} … {fact['last_source']})"
+    )
+    first_step, last_step = fact.get("first_step"), fact.get("last_step")
+    noun = "event" if count == 1 else "events"
+    if brief:
+        steps = f", steps {first_step}..{last_step}" if first_step is not None else ""
+        what = f"{count} {noun} {_RANGE_BRIEF.get(kind, kind)} ({incidents:,} {nouns})"
+        return f"{what} ({source}{steps}, seq {fact['first_seq']}..{fact['last_seq']})"
+    where = [f"seq {_span(fact['first_seq'], fact['last_seq'])}"]
+    if first_step is not None:
+        where.append(f"steps {_span(first_step, last_step)}")
+    events = f": {count:,} {noun} missing" if kind == "gap" else ""
+    return f"{incidents:,} {nouns} in {source}{events} ({'; '.join(where)})"
 
 
 def _span(first: int, last: int | None) -> str:

@@ -16,13 +16,17 @@ run id): each launch is stored (admission records the second launch of an attemp
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 
 from ledger import duck
+from ledger.fold import SOURCES_APART
 from ledger.parquet_schemas import TABLES, tables_of
+from ledger.redaction import REDACTED_PREFIX
+from schemas import catalogue as c
 from schemas.durable import write_durably
 
 if TYPE_CHECKING:
@@ -246,3 +250,112 @@ def lake_init_sql(lake: LakeFolder, *, relative: bool = False) -> str:
 
 def _sql_text(text: str) -> str:
     return text.replace("'", "''")
+
+
+# -- ingest's incidents, read in summary ---------------------------------------------------------
+# One ``ledger.incident`` is recorded per event whose source skipped or repeated its seq (the record),
+# so a producer that skips on every event makes one per event. Readers fold them here, as
+# ``ledger.fold.fold_incidents`` folds the decoded events: one range per (kind, source), and of a kind
+# with many sources the ``SOURCES_APART - 1`` with the most incidents apart and the rest in one range.
+# A state or a history then lists the same few lines with 30,000 incidents as with 3, and costs one
+# scan of their rows in DuckDB, not a decode of each in Python.
+# The phases: each incident's row, its JSON parsed once (``incident``, ``typed``); one range per source
+# (``per_source``); the sources of a kind ranked by incidents, those past ``SOURCES_APART - 1`` sharing
+# the last place (``ranked``); one row per place.
+_INCIDENT_FIELDS = (
+    "['$.data.kind', '$.data.source', '$.data.expected_seq', '$.data.got_seq', '$.data.missing']"
+)
+_INCIDENT_RANGES = """
+WITH incident AS (
+  SELECT attempt, step, time, stream_seq, json_extract_string(canonical, {fields}) AS d
+  FROM {table}
+  WHERE {where}
+), typed AS (
+  SELECT attempt, step, time, stream_seq, d[1] AS kind, d[2] AS source,
+         CAST(d[3] AS BIGINT) AS expected_seq, CAST(d[4] AS BIGINT) AS got_seq,
+         CAST(d[5] AS BIGINT) AS missing
+  FROM incident
+), per_source AS (
+  SELECT kind, source, min(attempt) AS attempt, count(*) AS incidents,
+         sum(CASE WHEN kind = 'gap' THEN missing ELSE 1 END) AS count,
+         min(CASE WHEN kind = 'gap' THEN expected_seq ELSE got_seq END) AS first_seq,
+         max(CASE WHEN kind = 'gap' THEN got_seq - 1 ELSE got_seq END) AS last_seq,
+         min(step) AS first_step, max(step) AS last_step,
+         min(time) AS first_time, max(time) AS last_time, min(stream_seq) AS first_stream_seq,
+         min(expected_seq) AS expected_seq
+  FROM typed
+  GROUP BY kind, source
+), ranked AS (
+  SELECT *, least({apart}, row_number() OVER (
+           PARTITION BY kind ORDER BY incidents DESC, first_stream_seq)) AS place
+  FROM per_source
+)
+SELECT kind, min(source) AS source, max(source) AS last_source, count(*) AS sources,
+       min(attempt) AS attempt, sum(incidents) AS incidents, sum(count) AS count,
+       min(first_seq) AS first_seq, max(last_seq) AS last_seq,
+       min(first_step) AS first_step, max(last_step) AS last_step,
+       min(first_time) AS first_time, max(last_time) AS last_time,
+       min(first_stream_seq) AS first_stream_seq,
+       CASE WHEN sum(incidents) = 1 THEN min(expected_seq) END AS expected_seq
+FROM ranked
+GROUP BY kind, place
+ORDER BY first_time, first_stream_seq
+"""
+
+
+def incident_ranges_query(
+    run_id: str,
+    *,
+    state_table: bool,
+    attempt: int | None = None,
+    step: int | None = None,
+    at: datetime | None = None,
+) -> tuple[str, list[Any]]:
+    """The statement (and its parameters) that folds run ``run_id``'s ingest incidents into ranges,
+    read from ``state_events`` (``state_table``: the ledger keeps it) or else ``events``. With
+    ``attempt`` (the state's live attempt): as ``ledger.fold.fold_run`` counts them, every earlier
+    attempt's, the live one's up to ``step``, none of a later one; with ``at``, those up to that time.
+    Without: every incident of the run (its history). Redacted ones are left to their redaction."""
+    where = ["stream = ?", "type = ?", "NOT starts_with(canonical, ?)"]
+    params: list[Any] = [run_id, c.LEDGER_INCIDENT, REDACTED_PREFIX]
+    if state_table:  # the run's partition (and run-less events on its stream) only
+        where.insert(0, "run_id IN (?, '_')")
+        params.insert(0, run_id)
+    if attempt is not None:
+        live = "coalesce(attempt, 1) = ?" + ("" if step is None else " AND (step IS NULL OR step <= ?)")
+        where.append(f"(coalesce(attempt, 1) < ? OR ({live}))")
+        params += [attempt, attempt] + ([] if step is None else [step])
+    if at is not None:
+        where.append("time <= ?")
+        params.append(at)
+    table = "state_events" if state_table else "events"
+    query = _INCIDENT_RANGES.format(
+        fields=_INCIDENT_FIELDS, table=table, where=" AND ".join(where), apart=SOURCES_APART
+    )
+    return query, params
+
+
+def incident_range_facts(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``incident_ranges_query``'s rows as the state lists incidents (``ledger.fold.range_fact``)."""
+    return [
+        {
+            "step": row["first_step"],
+            "attempt": row["attempt"],
+            "time": row["first_time"],
+            "kind": row["kind"],
+            "count": int(row["count"]),
+            "first_seq": row["first_seq"],
+            "last_seq": row["last_seq"],
+            "source": row["source"],
+            "reason": None,  # a gap or fork says no more than its numbers
+            "expected_seq": row["expected_seq"],  # one incident's own (a fork's sentence names it)
+            "incidents": row["incidents"],
+            "first_step": row["first_step"],
+            "last_step": row["last_step"],
+            "first_time": row["first_time"],
+            "last_time": row["last_time"],
+            "sources": row["sources"],
+            "last_source": row["last_source"],
+        }
+        for row in rows
+    ]

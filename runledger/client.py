@@ -57,7 +57,7 @@ from runledger import attempts as attempts_lib
 from runledger import host_values, provenance
 from runledger import signals as signals_lib
 from runledger.crashes import CrashKind, NonFinite, cause_of, crashed
-from runledger.emitter import Emitter, open_rank_sink
+from runledger.emitter import Emitter, open_rank_sink, rank_spool
 from runledger.step_payloads import layer_stats_from_arrays, metrics_from_values
 from schemas import config_hash
 from schemas.envelope import RunId
@@ -265,8 +265,20 @@ class Run:
     def dropped(self) -> int:
         """Events that did not reach the bus: dropped on a full queue, while the bus was down, or
         still queued when ``finish`` found it down. Each used its ``seq`` and is reported by a
-        ``producer.dropped`` event once the bus takes events again."""
+        ``producer.dropped`` event once the bus takes events again; a bus still down at the end
+        leaves that report in the spool's ``pending/`` folder for the next ``ledger ingest spool``."""
         return self.emitter.dropped
+
+    @property
+    def undelivered(self) -> int:
+        """Events the bus took but that are not on Kafka yet: they wait in the Kafka sink's outage
+        spool (its close warning names the ``ledger kafka drain-spool`` command that sends them). 0 on
+        the spool bus, where the spool is the bus. A script may exit 3 when this is not 0, as the CLI does."""
+        if "ingest.kafka_sink" not in sys.modules:  # no Kafka sink was ever made: nothing to ask
+            return 0
+        from ingest.kafka_sink import KafkaSink
+
+        return self.sink.undelivered().events if isinstance(self.sink, KafkaSink) else 0
 
     # -- steps
 
@@ -781,6 +793,9 @@ def init(
         queue_size=queue_size,
         critical_timeout_s=critical_timeout_s,
         outage_wait_s=outage_wait_s,
+        # Our own sink's spool folder (Kafka's outage spool with Kafka): where a drop report the
+        # bus still refuses at exit waits for the next ``ledger ingest spool`` of that spool.
+        pending_dir=rank_spool(spool, placement.rank) if owns_sink else None,
     )
     start_step = 0 if resume_from_step is None else resume_from_step + 1
     run = Run(

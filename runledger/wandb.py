@@ -28,6 +28,14 @@ Each call runs W&B's own code first, then tells a ``runledger`` run (``runledger
   ``run.summary`` updates ``run.summary`` (every explicitly set key so far)
   ``wandb.finish``        the pending row, then ``run.finished`` (exit code 0: completed, else failed)
 
+**Every way out.** The row being assembled and the row held for its eval row reach the ledger run
+before it ends, whichever way it ends: ``wandb.finish``, interpreter exit without it (the Hugging
+Face Trainer and Lightning's ``WandbLogger`` never call it; the ``runledger`` client's atexit hook
+finishes the run), SIGTERM, Ctrl-C and an uncaught exception (the client's crash capture), or
+``untee``. The bridge flushes inside the ledger run's own ``finish`` and ``crash``, so the order of
+W&B's, the client's and anyone's exit hooks does not matter, and ``run.finished``'s ``final_step``
+is the last row's step.
+
 The bridge never breaks the W&B script: a failure on the ledger side is logged (once per kind) and
 counted in ``Tee.errors``. ``untee()`` puts every wrapped function back and ends the ledger side of
 runs still open (status "stopped").
@@ -121,10 +129,37 @@ class _TeedRun:
         snapshot = dict(self.summary)
         self.ledger.log_summary(snapshot)
 
-    def finish(self, exit_code: int | None) -> None:
+    def flush(self) -> None:
+        """The row being assembled and the pending one, to the ledger run (while it is still open)."""
         self.commit()
         self.send()
+
+    def finish(self, exit_code: int | None) -> None:
+        self.flush()
         self.ledger.finish("completed" if not exit_code else "failed")
+
+    def flush_before_every_end(self, guard: Callable[[str, Callable[[], None]], None]) -> None:
+        """Make the ledger run flush this W&B run's rows before it ends, however it ends (a failure
+        goes to ``guard``: logged and counted, never in the way of the end itself).
+
+        Every end of a ``runledger`` run goes through its ``finish`` or ``crash``: ``wandb.finish``
+        here, the client's atexit hook (interpreter exit without ``wandb.finish``), its excepthook
+        (an uncaught exception) and its SIGTERM/SIGINT handler. Wrapping those two on this one run
+        puts the rows in first whatever order the exit hooks run in (atexit is LIFO, and W&B's, the
+        client's and the script's are registered in an order the bridge does not choose)."""
+        for name in ("finish", "crash"):
+            setattr(self.ledger, name, self._flushing(getattr(self.ledger, name), guard))
+
+    def _flushing(
+        self, end: Callable[..., None], guard: Callable[[str, Callable[[], None]], None]
+    ) -> Callable[..., None]:
+        @functools.wraps(end)
+        def flushed_then_ended(*args: Any, **kwargs: Any) -> None:
+            if not self.ledger.ended:
+                guard("the last W&B row", self.flush)  # the rows first, while the run is open
+            end(*args, **kwargs)
+
+        return flushed_then_ended
 
 
 def _user_config(config: Any) -> dict[str, Any]:
@@ -188,6 +223,7 @@ class Tee:
         config = _user_config(run.config)
         ledger = client.init(ledger_id, config=config, name=run.name or None, external=external, **kwargs)
         teed = _TeedRun(ledger=ledger, step=starting)
+        teed.flush_before_every_end(self.guard)
         self.runs[id(run)] = teed
         self.by_config[id(run.config)] = teed
         self.by_summary[id(run.summary)] = teed
@@ -316,8 +352,7 @@ def untee() -> None:
     bridge.restore()
     for teed in list(bridge.runs.values()):
         with contextlib.suppress(Exception):
-            teed.commit()
-            teed.send()
+            teed.flush()
             teed.ledger.finish("stopped")
     bridge.runs.clear()
     bridge.by_config.clear()

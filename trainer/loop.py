@@ -132,7 +132,8 @@ class TrainResult:
 class _StopFlag:
     """SIGTERM/SIGINT handler: the first asks the loop to stop at the next step boundary (with a
     checkpoint); a second one stops at once. Once the attempt's end is being recorded, further
-    signals change nothing: raising then would interrupt that record's flush and record the end twice."""
+    signals change nothing here: raising then would interrupt that record's flush and record the end
+    twice; they are left to the command running the attempt (``runledger.signals.note``)."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -141,11 +142,17 @@ class _StopFlag:
 
     def __call__(self, signum: int, frame: object) -> None:
         if self.ending:
+            signals_lib.note(signum)  # not this attempt's any more: the command running it acts on it
             return
         if self.signum is not None:
             self.forced = signum
             raise SignalStop(signum)
         self.signum = signum
+
+    def take_over(self, signum: int | None) -> None:
+        """A signal that came before this flag was installed (``runledger.signals.take``): asked."""
+        if signum is not None and self.signum is None:
+            self.signum = signum
 
     @property
     def requested(self) -> bool:
@@ -249,6 +256,7 @@ def train(
     watch: str | Path | None = None,
     mirror: mirror_lib.Mirror | None = None,
     on_model: Callable[[torch.nn.Module], None] | None = None,
+    pending_dir: Path | None = None,
 ) -> TrainResult:
     """Train (or resume) one run and emit its events to ``sink``; returns how the attempt ended.
 
@@ -260,8 +268,43 @@ def train(
     ``mirror``: an experiment tracker to mirror the run to (``trainer.mirror.Mirror``), used on rank 0.
     ``on_model``: called with the model once it is built (and restored), before the first step, on
     every rank: a study's own hooks (``runledger.workflows.study``) go on here.
+    ``pending_dir``: the rank's spool folder, where a loss report the bus still refuses at the end is
+    kept for the next start or ingest (``runledger.emitter``); None: such a report is only on stderr.
     """
     started = time.perf_counter()
+    # The set-up (config, process groups, the attempt's register entry, the emitter) defers a signal
+    # (inside a command: runledger.signals): the stop flag takes it over and the first step boundary
+    # honours it, so no attempt is left registered without its events.
+    with signals_lib.deferred(enabled=handle_signals):
+        ctx = _set_up(
+            config,
+            sink,
+            overrides=overrides,
+            resume_from=resume_from,
+            stop_at_step=stop_at_step,
+            progress=progress,
+            watch=watch,
+            mirror=mirror,
+            on_model=on_model,
+            pending_dir=pending_dir,
+        )
+        return _attempt(ctx, started, handle_signals=handle_signals)
+
+
+def _set_up(
+    config: TrainConfig | str | Path,
+    sink: EventSink,
+    *,
+    overrides: Sequence[str],
+    resume_from: ResumeFrom,
+    stop_at_step: int | None,
+    progress: Progress | None,
+    watch: str | Path | None,
+    mirror: mirror_lib.Mirror | None,
+    on_model: Callable[[torch.nn.Module], None] | None,
+    pending_dir: Path | None,
+) -> RunContext:
+    """The process, the launch (attempt and resume point, durable before any event) and the emitter."""
     cfg, source = _open_config(config, overrides, watch)
     env = _start_process(cfg)
 
@@ -285,6 +328,7 @@ def train(
         attempt=launch.attempt,
         queue_size=cfg.telemetry.queue_size,
         critical_timeout_s=cfg.telemetry.critical_timeout_s,
+        pending_dir=pending_dir,
     )
     result = TrainResult(
         run_id=run_id,
@@ -298,7 +342,7 @@ def train(
         last_checkpoint=ckpt_path,
         config=cfg,
     )
-    ctx = RunContext(
+    return RunContext(
         env=env,
         emitter=emitter,
         result=result,
@@ -312,9 +356,16 @@ def train(
         mirror=mirror if env.is_main else None,
         on_model=on_model,
     )
+
+
+def _attempt(ctx: RunContext, started: float, *, handle_signals: bool) -> TrainResult:
+    """The attempt under the stop flag, the queue drained; the mirror told how it ended."""
+    result, emitter, cfg = ctx.result, ctx.emitter, ctx.cfg
     escaped = False
     try:
         with signals_lib.handling(ctx.flag, enabled=handle_signals):
+            if handle_signals:
+                ctx.flag.take_over(signals_lib.take())  # one that came during the set-up
             try:
                 _run(ctx)
             finally:
@@ -324,6 +375,10 @@ def train(
                 result.events_dropped = emitter.dropped
                 emitter.close(timeout=cfg.telemetry.critical_timeout_s * 2)
                 result.events_emitted = emitter.emitted
+            if ctx.flag.requested and result.status != "signal":
+                # Asked after the last step boundary (the attempt completed or crashed first): the
+                # command running it still honours it, e.g. the demo does not resume.
+                signals_lib.note(ctx.flag.signum or signal.SIGTERM)
     except BaseException:
         escaped = True  # not a recorded crash (those return): the mirror still learns it failed
         raise

@@ -11,11 +11,14 @@ folder, or takes an empty one, and marks it with ``MARKER``; a rerun reuses a ma
 non-empty folder it did not make is refused unless ``force``; the current folder, any folder above
 it, $HOME and / are always refused (``prepare_workdir``, ``DemoError``).
 
-SIGINT or SIGTERM: the trainer stops at the next step boundary and records the stop; the demo folds
-what was spooled into the ledger (commits are atomic, so a second signal leaves it consistent too),
-does not resume, and returns with ``DemoResult.stop`` set. A signal that lands while the trainer's
-own handlers are not installed is deferred (``SignalDeferral``, the demo's only signal code) and
-acted on at the next safe point the same way.
+SIGINT or SIGTERM (``runledger.signals``: the command's policy, or one ``run_demo`` installs for its
+call), in every phase, ends the demo with ``DemoResult.stop`` set, never by raising: during the
+start-up (the trainer's imports) before anything is recorded (no ledger is made); during training the
+trainer stops at the next step boundary and records the stop, and the demo folds what was spooled
+into the ledger and does not resume; during the fold, the signing, the verification, the questions or
+the report, the ledger holds the whole run. Writing files (the set-up, the fold, the signatures)
+defers a signal to the end of that write; a second signal there stops at once (commits are atomic,
+so the ledger stays consistent).
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runledger import signals as signals_lib
+from runledger import signals
+from runledger.crashes import SignalStop
+from runledger.signals import Interrupted
 
 if TYPE_CHECKING:
     from ingest.bus import SpoolSink
@@ -105,30 +110,6 @@ def prepare_workdir(workdir: Path, *, force: bool = False) -> None:
     )
 
 
-# --- signals -----------------------------------------------------------------------------------
-
-
-class SignalDeferral:
-    """SIGINT/SIGTERM outside the trainer's own handlers: remembered (``signum``, the first one), not
-    raised, and acted on by the demo at its next safe point. The demo's only signal code.
-
-    The trainer installs its own handlers while it trains and puts these back when it returns, so a
-    second Ctrl-C that lands after the trainer stopped is remembered here instead of tearing the demo
-    down half-way through folding the spool."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-
-    def __call__(self, signum: int, frame: object) -> None:
-        if self.signum is None:
-            self.signum = signum
-
-    def deferring(self) -> contextlib.AbstractContextManager[signals_lib.Handlers | None]:
-        """This object as the SIGINT/SIGTERM handler inside the block (``runledger.signals``: main
-        thread only, the previous handlers put back after)."""
-        return signals_lib.handling(self)
-
-
 # --- what the demo reports and returns ---------------------------------------------------------
 
 
@@ -158,22 +139,25 @@ class DemoObserver:
 
 @dataclass(frozen=True)
 class DemoStop:
-    """A signal stopped the demo: which (None: unknown) and where (``step 12 of attempt 1``)."""
+    """A signal stopped the demo: which (None: unknown), where (``step 12 of attempt 1``, ``the
+    report``) and whether during training (the run was not resumed, nor its ledger signed)."""
 
     signum: int | None
     where: str
+    training: bool = True
 
 
 @dataclass
 class DemoResult:
-    """What a demo did. On a ``stop`` it ends after the fold: no signature, verification, answers or
-    report."""
+    """What a demo did. A ``stop`` ends it where it came: before training nothing is recorded
+    (``ingested`` None: no ledger); during training it ends after the fold (no signature,
+    verification, answers or report); later, what was done by then is here."""
 
     run_id: str
     workdir: Path
     ledger_dir: Path
-    attempts: list[TrainResult]
-    ingested: IngestStats
+    attempts: list[TrainResult] = field(default_factory=list)
+    ingested: IngestStats | None = None
     stop: DemoStop | None = None
     verify: Report | None = None
     public_key: Path | None = None  # the log key the checkpoints are signed with
@@ -208,10 +192,14 @@ def _write_config(workdir: Path, run_id: str, *, steps: int, crash_at: int) -> P
 
 
 def _signal_stop(result: TrainResult, attempt: str) -> DemoStop | None:
-    """The trainer's recorded signal stop of ``result``, if it was one (``attempt``: which, in words)."""
-    if result.status != "signal":
-        return None
-    return DemoStop(result.crash.signal if result.crash else None, f"step {result.final_step} of {attempt}")
+    """How ``result`` was stopped by a signal, if it was: the trainer's recorded stop, or one that
+    came after its last step boundary or after it returned (``attempt``: which, in words)."""
+    if result.status == "signal":
+        return DemoStop(
+            result.crash.signal if result.crash else None, f"step {result.final_step} of {attempt}"
+        )
+    signum = signals.take()
+    return DemoStop(signum, f"step {result.final_step} of {attempt}") if signum is not None else None
 
 
 def _train(
@@ -221,11 +209,11 @@ def _train(
     steps: int,
     change_at: int,
     observer: DemoObserver,
-    deferral: SignalDeferral,
 ) -> tuple[list[TrainResult], DemoStop | None]:
     """Attempt 1 (its config file edited after ``change_at``, crashing as configured), then attempt 2
     resumed from the last checkpoint, unless a signal stopped the run."""
-    from trainer.loop import SignalStop, train
+    with signals.interruptible():  # torch, slow to import; nothing is recorded yet
+        from trainer.loop import train
 
     attempts: list[TrainResult] = []
     stop: DemoStop | None = None
@@ -241,46 +229,47 @@ def _train(
             edited = True
 
     try:
-        with deferral.deferring(), observer.training(steps):
+        # The trainer takes a signal over at its set-up; between the attempts it is acted on here,
+        # before a resume.
+        with observer.training(steps):
             first = train(config_path, sink, progress=on_step)
             attempts.append(first)
             observer.attempt_ended(first, resumed=False)
             stop = _signal_stop(first, "attempt 1")
-            if stop is None and deferral.signum is not None:  # between the trainer's handlers: do not resume
-                stop = DemoStop(deferral.signum, f"step {first.final_step} of attempt 1")
             if stop is None:
                 observer.resuming()
                 second = train(config_path, sink, resume_from="latest", progress=on_step)
                 attempts.append(second)
                 observer.attempt_ended(second, resumed=True)
                 stop = _signal_stop(second, f"attempt {second.attempt}")
-    except SignalStop as exc:  # a second signal while the trainer was recording the first
-        stop = DemoStop(exc.signum, "a step boundary")
+    except (SignalStop, Interrupted) as exc:  # a second signal while the first was being honoured
+        signals.take()
+        stop = DemoStop(exc.signum, f"the start or end of attempt {len(attempts) + 1}")
     return attempts, stop
 
 
-def _fold(workdir: Path, producer_pub: Path, deferral: SignalDeferral, run_id: str) -> IngestStats:
-    """A fresh ledger that admits the trainer's key for this run only, and the whole spool folded into it."""
+def _fold(workdir: Path, producer_pub: Path, run_id: str) -> IngestStats:
+    """A fresh ledger that admits the trainer's key for this run only, and the whole spool folded into
+    it (deferred, as all of the demo: a second signal stops it between whole commits)."""
     from ingest.spool_ingester import ingest_spool
     from ledger.registry import register_producer
     from ledger.store import Ledger
     from schemas.payloads import run_scope
 
-    with deferral.deferring():  # the fold is short and leaves whole commits: let it finish
-        ledger = Ledger.create(workdir / "ledger")
-        # Scoped to its run (sources trainer/<run>, stream <run>): the key cannot write another run.
-        register_producer(ledger, PRODUCER, producer_pub.read_text(), run_scope(run_id))
-        return ingest_spool(ledger, workdir / "spool")
+    ledger = Ledger.create(workdir / "ledger")
+    # Scoped to its run (sources trainer/<run>, stream <run>): the key cannot write another run.
+    register_producer(ledger, PRODUCER, producer_pub.read_text(), run_scope(run_id))
+    return ingest_spool(ledger, workdir / "spool")
 
 
-def _sign_and_verify(workdir: Path, ledger_dir: Path) -> tuple[Report, Path]:
-    """Every stream's checkpoint signed with a fresh log key; the ledger verified with it."""
-    from ledger.integrity import sign_checkpoints, verify_ledger
+def _sign(workdir: Path, ledger_dir: Path) -> Path:
+    """Every stream's checkpoint signed with a fresh log key; its public key."""
+    from ledger.integrity import sign_checkpoints
     from schemas.note import write_keypair
 
     private, public = write_keypair(workdir / "keys", "demo")
     sign_checkpoints(ledger_dir, private.read_text().strip())
-    return verify_ledger(ledger_dir, public.read_text().strip()), public
+    return public
 
 
 def demo_questions(run_id: str, *, change_at: int, crash_at: int) -> list[tuple[str, str]]:
@@ -324,41 +313,77 @@ def run_demo(
     observer: DemoObserver | None = None,
 ) -> DemoResult:
     """The demo in ``workdir`` (made ready by ``prepare_workdir``). A signal stop does not raise: the
-    result's ``stop`` says which and where, and the ledger holds the run up to it."""
+    result's ``stop`` says which and where, and the ledger holds what was recorded up to it."""
+    # The command's signal policy (or one for this call): every signal is recorded until acted on,
+    # and waits for the next safe point, but in the windows that write nothing (``interruptible``).
+    with signals.listening(), signals.deferred():
+        observer = observer or DemoObserver()
+        started = time.perf_counter()
+        workdir.mkdir(parents=True, exist_ok=True)
+        result = DemoResult(f"demo-{time.strftime('%Y%m%d-%H%M%S')}", workdir, workdir / "ledger")
+        _record(result, steps=steps, crash_at=crash_at, change_at=change_at, observer=observer)
+        if result.attempts or result.stop is None:  # else nothing was recorded: no ledger to make
+            result.ingested = _fold(workdir, workdir / "keys" / f"{PRODUCER}.pub", result.run_id)
+            observer.folded(result.ingested, result.ledger_dir)
+            signum = signals.take()
+            if result.stop is None and signum is not None:
+                result.stop = DemoStop(signum, "the fold", training=False)
+        if result.stop is None:
+            _conclude(result, change_at=change_at, crash_at=crash_at)
+        result.elapsed_s = time.perf_counter() - started
+        return result
+
+
+def _record(result: DemoResult, *, steps: int, crash_at: int, change_at: int, observer: DemoObserver) -> None:
+    """The set-up (config, keys, spool), then both attempts into the spool; ``result.stop`` on a signal."""
+    workdir = result.workdir
+    sink: SpoolSink | None = None
+    try:
+        sink, config_path = _set_up(workdir, result.run_id, steps=steps, crash_at=crash_at)
+        signals.check()
+        observer.started(result.run_id, steps)
+        result.attempts, result.stop = _train(
+            config_path, sink, steps=steps, change_at=change_at, observer=observer
+        )
+    except Interrupted as exc:  # before the trainer recorded anything (its imports are slow)
+        signals.take()
+        result.stop = DemoStop(exc.signum, "the start-up")
+    finally:
+        if sink is not None:
+            sink.close()
+
+
+def _set_up(workdir: Path, run_id: str, *, steps: int, crash_at: int) -> tuple[SpoolSink, Path]:
+    """The run's config file, the trainer's producer key and the spool it writes to."""
     from ingest.bus import SpoolSink
-    from ledger.query import Reader
-    from ledger.report import write_report
     from schemas.note import write_keypair
     from schemas.signing import Sealer
 
-    observer = observer or DemoObserver()
-    started = time.perf_counter()
-    workdir.mkdir(parents=True, exist_ok=True)
-    ledger_dir = workdir / "ledger"
-    run_id = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     config_path = _write_config(workdir, run_id, steps=steps, crash_at=crash_at)
     # The trainer signs (and chains) its events with its own producer key; the ledger registers it.
-    producer_key, producer_pub = write_keypair(workdir / "keys", PRODUCER)
-    sink = SpoolSink(workdir / "spool", sealer=Sealer(producer_key.read_text()))
-    observer.started(run_id, steps)
+    producer_key, _ = write_keypair(workdir / "keys", PRODUCER)
+    return SpoolSink(workdir / "spool", sealer=Sealer(producer_key.read_text())), config_path
 
-    deferral = SignalDeferral()
+
+def _conclude(result: DemoResult, *, change_at: int, crash_at: int) -> None:
+    """Sign (deferred: whole files), then verify, ask and report, where a signal stops at once (the
+    ledger holds the whole run by then)."""
+    ledger_dir, phase = result.ledger_dir, "the signing"
     try:
-        attempts, stop = _train(
-            config_path, sink, steps=steps, change_at=change_at, observer=observer, deferral=deferral
-        )
-    finally:
-        sink.close()
-    stats = _fold(workdir, producer_pub, deferral, run_id)
-    if stop is None and deferral.signum is not None:
-        stop = DemoStop(deferral.signum, "the end of training")
-    observer.folded(stats, ledger_dir)
-    result = DemoResult(run_id, workdir, ledger_dir, attempts, stats, stop=stop)
-    if stop is None:
-        result.verify, result.public_key = _sign_and_verify(workdir, ledger_dir)
-        _ask(Reader(ledger_dir), result, change_at=change_at, crash_at=crash_at)
-        result.report, _ = write_report(
-            ledger_dir, [run_id], workdir / "report.html", public_key_path=result.public_key
-        )
-    result.elapsed_s = time.perf_counter() - started
-    return result
+        result.public_key = _sign(result.workdir, ledger_dir)
+        with signals.interruptible():
+            from ledger.integrity import verify_ledger
+            from ledger.query import Reader
+            from ledger.report import write_report
+
+            phase = "the verification"
+            result.verify = verify_ledger(ledger_dir, result.public_key.read_text().strip())
+            phase = "the questions"
+            _ask(Reader(ledger_dir), result, change_at=change_at, crash_at=crash_at)
+            phase = "the report"  # written whole (schemas.durable), or not at all
+            result.report, _ = write_report(
+                ledger_dir, [result.run_id], result.workdir / "report.html", public_key_path=result.public_key
+            )
+    except Interrupted as exc:
+        signals.take()
+        result.stop = DemoStop(exc.signum, phase, training=False)

@@ -40,7 +40,7 @@ def _wandb_run(
     summary: dict[str, Any] = {}
     exit_code = None
     for record in read_records(wandb_file):
-        kind = record.get("type")
+        kind = str(record.get("type"))
         body = record.get(kind) or {}
         if kind == "run":
             config = {k: v for k, v in (body.get("config", {}).get("update") or {}).items() if k != "_wandb"}
@@ -125,7 +125,7 @@ def test_every_logged_value_lands_in_the_ledger(
     ]
     assert nan_step.loss is None and 17 not in series["loss"]  # the event says null; the view has no row
     assert series["router/aux_loss"][5] == rows[5]["router/aux_loss"] and "aux_loss" not in series
-    assert series["nested.a.b"][7] == 7.0 and series["router/layer0/token_drop_rate"][3] > 0
+    assert series["nested.a.b"][7] == 7.0 and (series["router/layer0/token_drop_rate"][3] or 0) > 0
     # Every ledger value is one W&B recorded: nothing extra (no invented ``tokens = 0`` a step).
     recorded = sum(len(v) for v in series.values())
     assert recorded == compared and "tokens" not in series
@@ -184,3 +184,31 @@ def test_untee_restores_wandb(wandb_dir: Path, client_env: dict[str, str]) -> No
     wandb.finish()
     assert not Path(client_env["RUNLEDGER_SPOOL"]).exists()
     assert run.id
+
+
+@pytest.mark.parametrize("end", ["finish", "crash"])
+def test_the_ledger_runs_own_end_sends_the_rows_it_holds(
+    end: str, teed: bridge.Tee, wandb_dir: Path, client_env: dict[str, str]
+) -> None:
+    """What the client's atexit hook (``finish``) and its excepthook and signal handler (``crash``)
+    call when the script never calls ``wandb.finish``: the held rows go first, at their steps."""
+    run = wandb.init(project="bridge", config={"a": 1})
+    wandb.define_metric("eval/*", step_metric="train/global_step")
+    wandb.log({"train/loss": 2.0, "train/global_step": 1}, step=1)
+    wandb.log({"eval/loss": 3.0, "train/global_step": 1})  # commits row 1: held for more eval
+    wandb.log({"train/loss": 1.0, "train/global_step": 2}, step=2)  # not committed by W&B yet
+    [side] = teed.runs.values()
+    if end == "finish":
+        side.ledger.finish("completed")
+    else:
+        side.ledger.crash(RuntimeError("the script failed"))
+    wandb.finish()
+    assert teed.errors == 0
+    spool = Path(client_env["RUNLEDGER_SPOOL"])
+    rows = [(e.step, e.data.scalars) for e in of_type(spool, "step.metrics")]
+    assert rows == [
+        (1, {"train/loss": 2.0, "train/global_step": 1.0, "eval/loss": 3.0}),
+        (2, {"train/loss": 1.0, "train/global_step": 2.0}),
+    ]
+    [ended] = of_type(spool, "run.finished") + of_type(spool, "run.crashed")
+    assert ended.step == 2 and run.id == ended.run_id

@@ -1,0 +1,269 @@
+"""A flood of incidents cannot slow every question (issue 42): ingest records one ``ledger.incident``
+per event whose source skipped its ``seq`` (the record, kept), but ``ledger state`` and ``ledger
+history`` read them in summary: one range per source and kind (how many, first..last seq, step and
+time), and of a kind with many sources the few with the most incidents apart and the rest as one.
+
+* A flood: 40 ranks numbered from one counter, so every rank event after a rank's first is a gap
+  (2,360 incidents), on a ledger of part files and on a DuckLake lake: the state and the history show
+  at most ``SOURCES_APART`` lines, whose counts and ranges are the incidents' raw rows (read with
+  ``ledger query``) folded here, also as of an earlier step.
+* A few incidents read as before: one gap of one source is the same line it always was; two gaps of
+  one source are one range that counts both.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from ingest.bus import SpoolSink
+from ingest.spool_ingester import ingest_spool
+from ledger.fold import SOURCES_APART, STATE_TYPES
+from ledger.history import history_counts
+from ledger.live_page import RunFeed, _config_before
+from ledger.query import Reader
+from ledger.store import Ledger
+from ledger.views import incident_range_facts, incident_ranges_query
+from schemas import Envelope, config_hash, make_event
+from schemas.launch import Provenance, launch_event, launch_fields
+from schemas.payloads import RankStats, StepMetrics
+
+RUN = "flood"
+MAIN = f"trainer/{RUN}/a1/rank0"
+RANKS, STEPS = 40, 60  # each rank reports every step from its start (step 1, 2 or 3)
+GAPS = sum(STEPS - 1 - rank % 3 for rank in range(RANKS))  # each rank's events but its first: 2,321
+runner = CliRunner()
+
+
+def launch() -> Envelope:
+    fields = launch_fields(
+        config={"lr": 0.1},
+        config_hash=config_hash({"lr": 0.1}),
+        provenance=Provenance(host="h", git_commit=None, software={}),
+        repository=None,
+        world_size=RANKS,
+        external={},
+    )
+    payload, _ = launch_event(fields, attempt=1)
+    return make_event(payload, source=MAIN, stream=RUN, run_id=RUN, attempt=1, step=0, seq=0, id="start")
+
+
+def metric(step: int, seq: int) -> Envelope:
+    return make_event(
+        StepMetrics(loss=1.0 / step), source=MAIN, stream=RUN, run_id=RUN, attempt=1, step=step, seq=seq
+    )
+
+
+def rank_event(rank: int, step: int, seq: int) -> Envelope:
+    stats = RankStats(rank=rank, host=f"node-{rank}", step_time_s=1.0)
+    source = f"trainer/{RUN}/a1/ranks/{rank:02d}"
+    return make_event(stats, source=source, stream=RUN, run_id=RUN, attempt=1, step=step, seq=seq)
+
+
+def flood_events() -> list[Envelope]:
+    """Every step: the main source's metric, and one event of each rank that has started (rank r from
+    step 1 + r % 3: so ranks differ in how many gaps they have), all ranks numbered from one shared
+    counter (a rank's seq skips on every event after its first: one gap each)."""
+    events, shared = [launch()], 0
+    for step in range(1, STEPS + 1):
+        events.append(metric(step, step))
+        for rank in range(RANKS):
+            if step >= 1 + rank % 3:
+                shared += 1
+                events.append(rank_event(rank, step, shared))
+    return events
+
+
+def ledger_of(where: Path, events: Sequence[Envelope], *, lake: bool) -> Path:
+    """``events`` through a real spool into a new ledger of part files, or on a DuckLake lake."""
+    sink = SpoolSink(where / "spool")
+    for envelope in events:
+        sink.emit(envelope)
+    sink.close()
+    root = where / "ledger"
+    if lake:
+        Ledger.create_on_lake(root, f"sqlite:{where / 'catalog.sqlite'}").close()
+        ingest_spool(Ledger.open(root), where / "spool")
+    else:
+        ingest_spool(Ledger.create(root), where / "spool")
+    return root
+
+
+@pytest.fixture(scope="module", params=["parts", "lake"])
+def flood(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ledger_of(
+        tmp_path_factory.mktemp(f"flood-{request.param}"), flood_events(), lake=request.param == "lake"
+    )
+
+
+def cli(ledger: Path, *args: str) -> str:
+    result = runner.invoke(app, [*args, "--ledger", str(ledger)], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def raw_incidents(ledger: Path, max_step: int | None = None) -> list[dict[str, Any]]:
+    """The incidents as stored, one row per ``ledger.incident`` event (``ledger query``), decoded here."""
+    where = "" if max_step is None else f" AND step <= {max_step}"
+    rows = json.loads(
+        cli(
+            ledger,
+            "query",
+            f"SELECT step, time, canonical FROM events WHERE stream = '{RUN}' "
+            f"AND type = 'ledger.incident'{where} ORDER BY stream_seq",
+            "-f",
+            "json",
+            "--limit",
+            "100000",
+        )
+    )
+    return [{"step": r["step"], "time": r["time"], **json.loads(r["canonical"])["data"]} for r in rows]
+
+
+def folded_here(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The raw gaps folded as the summary should: per source (in first-seen order, the most incidents
+    first), the first ``SOURCES_APART - 1`` apart and the rest as one."""
+    per: dict[str, list[dict[str, Any]]] = {}
+    for row in raw:
+        assert row["kind"] == "gap"
+        per.setdefault(row["source"], []).append(row)
+    ranked = sorted(per.values(), key=lambda rows: -len(rows))
+    groups = [*([rows] for rows in ranked[: SOURCES_APART - 1]), ranked[SOURCES_APART - 1 :]]
+    out = []
+    for group in groups:
+        rows = [row for rows in group for row in rows]
+        out.append(
+            {
+                "sources": len(group),
+                "source": min(rows[0]["source"] for rows in group),
+                "last_source": max(rows[0]["source"] for rows in group),
+                "incidents": len(rows),
+                "count": sum(row["missing"] for row in rows),
+                "first_seq": min(row["expected_seq"] for row in rows),
+                "last_seq": max(row["got_seq"] - 1 for row in rows),
+                "first_step": min(row["step"] for row in rows),
+                "last_step": max(row["step"] for row in rows),
+            }
+        )
+    return sorted(out, key=lambda fact: (fact["first_step"], fact["source"]))
+
+
+def summary_of(facts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    keys = ("sources", "source", "last_source", "incidents", "count", "first_seq", "last_seq")
+    picked = [{k: f[k] for k in (*keys, "first_step", "last_step")} for f in facts if f["kind"] == "gap"]
+    return sorted(picked, key=lambda fact: (fact["first_step"], fact["source"]))
+
+
+def brief_line(fact: dict[str, Any]) -> str:
+    """``ledger state``'s line for a range of many gaps (``folded_here``'s)."""
+    where = fact["source"]
+    if fact["sources"] > 1:
+        where = f"{fact['sources']} sources ({fact['source']} … {fact['last_source']})"
+    return (
+        f"  incident: {fact['count']} events missing ({fact['incidents']:,} gaps) ({where}, steps "
+        f"{fact['first_step']}..{fact['last_step']}, seq {fact['first_seq']}..{fact['last_seq']})"
+    )
+
+
+def history_line(fact: dict[str, Any]) -> str:
+    """``ledger history``'s line for a range of many gaps (``folded_here``'s)."""
+    where = fact["source"]
+    if fact["sources"] > 1:
+        where = f"{fact['sources']} sources ({fact['source']} … {fact['last_source']})"
+    return (
+        f"{fact['incidents']:,} gaps in {where}: {fact['count']:,} events missing "
+        f"(seq {fact['first_seq']:,}–{fact['last_seq']:,}; steps {fact['first_step']:,}–{fact['last_step']:,})"
+    )
+
+
+def test_the_state_folds_thousands_of_gaps_into_a_few_ranges(flood: Path) -> None:
+    raw = raw_incidents(flood)
+    assert len(raw) == GAPS  # recorded one per event: the record is kept
+    expected = folded_here(raw)
+    # The ranks that started at step 1 have the most gaps: the first four of them stand apart.
+    assert [f["source"] for f in expected if f["sources"] == 1] == [
+        f"trainer/{RUN}/a1/ranks/{rank:02d}" for rank in (0, 3, 6, 9)
+    ]
+    state = json.loads(cli(flood, "state", RUN, "-f", "json"))
+    assert summary_of(state["incidents"]) == expected
+    assert len(state["incidents"]) == SOURCES_APART
+    lines = [line for line in cli(flood, "state", RUN).splitlines() if line.startswith("  incident: ")]
+    assert sorted(lines) == sorted(brief_line(fact) for fact in expected)
+
+
+def test_an_earlier_step_counts_only_the_gaps_up_to_it(flood: Path) -> None:
+    state = json.loads(cli(flood, "state", RUN, "--step", "30", "-f", "json"))
+    assert summary_of(state["incidents"]) == folded_here(raw_incidents(flood, max_step=30))
+    assert sum(f["incidents"] for f in state["incidents"]) == sum(30 - 1 - rank % 3 for rank in range(RANKS))
+
+
+def test_the_history_tells_each_range_once(flood: Path) -> None:
+    rows = json.loads(cli(flood, "history", RUN, "--all", "-f", "json"))
+    told = [row["what"] for row in rows if row["kind"] == "ledger.incident"]
+    assert sorted(told) == sorted(history_line(fact) for fact in folded_here(raw_incidents(flood)))
+    reader = Reader(flood)
+    try:  # a summarised history's title counts the incidents, not the lines that tell them
+        assert history_counts(reader.history(RUN)) == f"1 attempt, {GAPS:,} incidents"
+    finally:
+        reader.close()
+
+
+def test_the_sql_summary_is_the_fold_of_every_incident_decoded(flood: Path) -> None:
+    """The Reader's state (incidents read in summary) equals the fold handed every incident event
+    (``Reader.events`` with ``STATE_TYPES``), and so do the ranges read from the events table."""
+    reader = Reader(flood)
+    try:
+        every = reader._state(RUN, reader.events(RUN, STATE_TYPES), step=40)
+        assert reader.state(RUN, step=40).incidents == every.incidents
+        # A ledger from before the state_events table: the same ranges from the events table.
+        query, params = incident_ranges_query(RUN, state_table=False, attempt=1, step=40)
+        assert incident_range_facts(reader.sql(query, params).records()) == every.incidents
+    finally:
+        reader.close()
+
+
+def test_a_few_incidents_read_as_before(tmp_path: Path) -> None:
+    other = f"trainer/{RUN}/a1/ranks/07"
+    events = [
+        launch(),
+        *(metric(step, seq) for step, seq in [(1, 1), (2, 2), (3, 8), (4, 9), (5, 12)]),
+        rank_event(7, 1, 0),
+        rank_event(7, 4, 3),
+    ]
+    ledger = ledger_of(tmp_path, events, lake=False)
+    table = cli(ledger, "state", RUN)
+    # One gap of one source: the line it always was; two of one source: one range counting both.
+    assert f"  incident: 2 events missing (a gap) ({other})\n" in table
+    assert f"  incident: 7 events missing (2 gaps) ({MAIN}, steps 3..5, seq 3..11)\n" in table
+    rows = json.loads(cli(ledger, "history", RUN, "--all", "-f", "json"))
+    told = [row["what"] for row in rows if row["kind"] == "ledger.incident"]
+    assert told == [
+        f"2 gaps in {MAIN}: 7 events missing (seq 3–11; steps 3–5)",
+        f"gap in {other}: 2 events missing (seq 1–2)",
+    ]
+
+
+def test_the_live_page_draws_no_marker_per_incident(flood: Path) -> None:
+    """Each leaf of the stream is still one message (its ids stay contiguous), but an incident's is no
+    marker: a flood would put one on the page's charts per event."""
+    reader = Reader(flood)
+    try:
+        rows = reader.sql(
+            "SELECT stream_seq, type, canonical FROM events WHERE stream = ? AND stream_seq < 200 "
+            "ORDER BY stream_seq",
+            [RUN],
+        ).rows
+        feed = RunFeed(RUN, _config_before(reader, RUN, 0), 0)
+        kinds = {kind: feed.message(seq, canonical).text.split("\n")[1] for seq, kind, canonical in rows}
+        assert _config_before(reader, RUN, 10**9) == {"lr": 0.1}  # past every incident of the run
+    finally:
+        reader.close()
+    assert kinds["ledger.incident"] == "event: other"
+    assert kinds["runledger.run.started"] == "event: marker"
+    assert feed.config == {"lr": 0.1}  # the launch's config, the incidents read past
