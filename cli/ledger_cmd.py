@@ -62,7 +62,7 @@ SpillLimitOption = Annotated[
     str | None,
     typer.Option(
         "--spill-limit",
-        help="Disk a statement may spill to (the ledger's .tmp folder), e.g. 1GB (default 10GB).",
+        help="Disk a statement may spill to (the ledger's .spill folder), e.g. 1GB (default 10GB).",
         show_default=False,
     ),
 ]

@@ -12,6 +12,16 @@ second) is kept for ever, so enough idle sockets use up the file descriptors and
   connection that is waiting for a request (idle) is closed to make room; when every one is busy
   with a request, the newcomer gets ``503`` with ``Retry-After`` and is closed.
 
+Two rules of HTTP/1.1 that h11 (as uvicorn drives it) does not keep are added too (``SmugglingSafe``):
+
+- a request head carrying both ``Transfer-Encoding`` and ``Content-Length`` is refused with ``400``
+  and its connection closed (RFC 9112 §6.3: such a request may be a smuggling attempt, and the
+  connection must not be reused after it; h11 lets the Transfer-Encoding win and reads the next
+  request from what a front end would have taken for this one's body);
+- a malformed message that arrives while its request is already in the app's hands (a bad chunk
+  size in a body) gets uvicorn's ``400`` and a close, and the app's own answer is dropped, instead
+  of the app writing a response h11 can no longer send (an "Exception in ASGI application").
+
 ``UnverifiedBudget`` is the receiver's: the bytes of bodies being read before their signature is
 checked, together, stay under a bound (a body that would cross it is refused with 503 before it is
 read, by its ``Content-Length``, or as its chunks arrive).
@@ -26,7 +36,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import h11
+from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.server import ServerState
 
 log = logging.getLogger("runledger.github_webhook")
 
@@ -71,10 +83,55 @@ _FULL_RESPONSE = (
 )
 
 
+class SmugglingSafeConnection(h11.Connection):
+    """h11's server side, refusing a request head that carries both Transfer-Encoding and
+    Content-Length (uvicorn answers the ``RemoteProtocolError`` with 400 and closes)."""
+
+    def next_event(self) -> Any:
+        event = super().next_event()
+        if isinstance(event, h11.Request):
+            names = {name.lower() for name, _ in event.headers}
+            if b"transfer-encoding" in names and b"content-length" in names:
+                raise h11.RemoteProtocolError("both Transfer-Encoding and Content-Length", 400)
+        return event
+
+
+def smuggling_safe_connection(config: Config) -> SmugglingSafeConnection:
+    """The h11 connection uvicorn would make for ``config``, as a ``SmugglingSafeConnection``."""
+    max_size = config.h11_max_incomplete_event_size
+    if max_size is None:
+        return SmugglingSafeConnection(h11.SERVER)
+    return SmugglingSafeConnection(h11.SERVER, max_size)
+
+
 class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a header deadline and a connection cap (``limits``)."""
+    """uvicorn's h11 protocol with a header deadline and a connection cap (``limits``), refusing
+    smuggling-shaped requests (``SmugglingSafeConnection``)."""
 
     limits: ConnectionLimits = ConnectionLimits()
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.conn = smuggling_safe_connection(config)
+
+    def send_400_response(self, msg: str) -> None:
+        # A malformed body of a request already in the app's hands: the app's answer is dropped
+        # (its cycle is disconnected), uvicorn's 400 goes out, or just a close where the app's
+        # response has already begun.
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()
+            if cycle.response_started:
+                self.transport.close()
+                return
+        super().send_400_response(msg)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)

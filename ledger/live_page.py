@@ -73,6 +73,7 @@ PAGE_MAX_AGE_S = 30.0  # a kept page is served this long; its stream brings it u
 CATCH_UP_CHUNK = 2000  # leaves read per query when a client resumes from far back
 STATE_EVERY_S = 1.0  # the state panel's refresh, at most, per run
 KEEPALIVE_S = 15.0  # a comment line on an idle stream, so proxies keep it open
+HEADER_TIMEOUT_S = 5.0  # a connection that has not sent a whole request head by then is closed
 RETRY_MS = 1000  # the browser's reconnect delay (SSE `retry:`)
 STATE_TYPES = frozenset(f"runledger.{kind}" for kind in MARKER_KINDS if not kind.startswith("github."))
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # schemas.envelope.RunId: nothing else is a run
@@ -1258,15 +1259,126 @@ def create_app(root: str | Path, **options: Any) -> Starlette:
     return LivePage(Path(root), **options).app
 
 
-def serve(root: str | Path, host: str = "127.0.0.1", port: int = DEFAULT_PORT, **options: Any) -> None:
-    """Serve the live page until interrupted (`ledger serve page`)."""
+def _guarded_protocol(header_timeout_s: float) -> type[Any]:
+    """uvicorn's h11 protocol with the rules of HTTP/1.1 it does not keep by itself:
+
+    - a deadline for each request head: uvicorn keeps a connection that sends nothing, or one header
+      byte a second (slowloris), for ever (its keep-alive timer is re-armed by every byte). A
+      connection without a whole request head within ``header_timeout_s`` of opening (or of its last
+      response) is closed; a request being answered (an event stream included) is not bounded by it;
+    - a request head with both Transfer-Encoding and Content-Length is refused (400, and a close:
+      RFC 9112 §6.3; h11 would let the Transfer-Encoding win and read on, so a front end that took
+      the Content-Length would see a smuggled request answered);
+    - a malformed body of a request already in the app's hands gets uvicorn's 400 and a close, and
+      the app's own answer is dropped (instead of an "Exception in ASGI application").
+
+    The webhook receiver's ``ingest.github_webhook_limits`` keeps the same rules (the ledger may not
+    import a source)."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class SmugglingSafeConnection(h11.Connection):
+        def next_event(self) -> Any:
+            event = super().next_event()
+            if isinstance(event, h11.Request):
+                names = {name.lower() for name, _ in event.headers}
+                if b"transfer-encoding" in names and b"content-length" in names:
+                    raise h11.RemoteProtocolError("both Transfer-Encoding and Content-Length", 400)
+            return event
+
+    class GuardedH11(H11Protocol):
+        _head_deadline: asyncio.TimerHandle | None = None
+
+        def __init__(
+            self, config: Any, server_state: Any, app_state: dict[str, Any], _loop: Any = None
+        ) -> None:
+            super().__init__(config, server_state, app_state, _loop)
+            max_size = config.h11_max_incomplete_event_size
+            self.conn = (
+                SmugglingSafeConnection(h11.SERVER)
+                if max_size is None
+                else SmugglingSafeConnection(h11.SERVER, max_size)
+            )
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm_head_deadline()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm_head_deadline()  # waiting for the next request head (keep-alive)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            super().connection_lost(exc)
+            self._cancel_head_deadline()
+
+        def send_400_response(self, msg: str) -> None:
+            # A malformed body of a request in the app's hands: drop the app's answer (its cycle is
+            # disconnected); uvicorn's 400, or just a close where the app's response has begun.
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
+                if cycle.response_started:
+                    self.transport.close()
+                    return
+            super().send_400_response(msg)
+
+        def _arm_head_deadline(self) -> None:
+            self._cancel_head_deadline()
+            self._head_deadline = self.loop.call_later(header_timeout_s, self._on_head_deadline)
+
+        def _cancel_head_deadline(self) -> None:
+            if self._head_deadline is not None:
+                self._head_deadline.cancel()
+                self._head_deadline = None
+
+        def _on_head_deadline(self) -> None:
+            self._head_deadline = None
+            if self.transport.is_closing():
+                return
+            # Still no whole request head, or the tail of a body whose request was already answered.
+            waiting = self.conn.their_state is h11.IDLE or (
+                self.conn.our_state in (h11.DONE, h11.MUST_CLOSE) and self.conn.their_state is h11.SEND_BODY
+            )
+            if waiting:
+                log.info(
+                    "live page: closed a connection that sent no request within %.1f s", header_timeout_s
+                )
+                self.transport.close()
+
+    return GuardedH11
+
+
+def page_server(app: Starlette, host: str, port: int, *, header_timeout_s: float = HEADER_TIMEOUT_S) -> Any:
+    """uvicorn (a ``uvicorn.Server``) for the page ``app``, as ``ledger serve page`` runs it: h11
+    with a request-head deadline and smuggling-shaped requests refused (``_guarded_protocol``); open event streams never end by themselves, so a stop waits at
+    most 2 s for them."""
     import uvicorn
 
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=2,
+        http=_guarded_protocol(header_timeout_s),
+    )
+    return uvicorn.Server(config)
+
+
+def serve(root: str | Path, host: str = "127.0.0.1", port: int = DEFAULT_PORT, **options: Any) -> None:
+    """Serve the live page until interrupted (`ledger serve page`)."""
     started = time.monotonic()
     app = create_app(root, **options)
     log.info("live page over %s ready in %.2fs", root, time.monotonic() - started)
-    # Open event streams never end by themselves: a stop waits at most this long for them.
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
+    _run(page_server(app, host, port))
+
+
+def _run(server: Any) -> None:
+    server.run()
+    if not server.started:  # uvicorn said why (a port in use); exit as `uvicorn.run` does
+        raise SystemExit(3)
 
 
 def create_published_app(url: str, log_key: str, cache: str | Path, **options: Any) -> Starlette:
@@ -1291,7 +1403,5 @@ def serve_published(
     **options: Any,
 ) -> None:
     """Serve the live page over a published copy until interrupted (`ledger serve page --remote`)."""
-    import uvicorn
-
     app = create_published_app(url, log_key, cache, **options)
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
+    _run(page_server(app, host, port))

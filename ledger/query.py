@@ -76,7 +76,9 @@ from schemas.config_patch import ConfigPatchError, apply_config_patch
 
 _T = TypeVar("_T")
 _MERGE_RETRIES = 3  # a query that overlapped a compaction runs again, this many times at most
-SPILL_AREA = ".tmp"  # under a ledger's folder: its readers' spill folders (``ledger.sql_guard.SpillFolder``)
+SPILL_AREA = (
+    ".spill"  # under a ledger's folder: its readers' spill folders (``ledger.sql_guard.SpillFolder``)
+)
 
 
 class QueryError(LedgerError):
@@ -97,7 +99,7 @@ class Reader:
     """Read-only access to one ledger: a folder of part files, or a folder whose tables are in a
     DuckLake (``LAKE.json``, written by ``ledger migrate``), read at one snapshot (``snapshot``: that
     one, default the newest when the reader opens). Every statement runs under ``limits`` (default
-    ``QueryLimits()``: 300 s, 2 GiB or a quarter of the memory, 10 GB of spill in ``<ledger>/.tmp``)."""
+    ``QueryLimits()``: 300 s, 2 GiB or a quarter of the memory, 10 GB of spill in ``<ledger>/.spill``)."""
 
     def __init__(
         self,
@@ -620,7 +622,7 @@ def _s3_lock_sql(data_path: str, limits: QueryLimits, spill: Path) -> str:
 
 
 def spill_folder(area: Path) -> SpillFolder:
-    """A reader's spill folder under ``area`` (a ledger's ``.tmp``), or under the system's temp
+    """A reader's spill folder under ``area`` (a ledger's ``.spill``), or under the system's temp
     folder where ``area`` cannot be made (a ledger on a read-only mount)."""
     try:
         return SpillFolder.under(area)

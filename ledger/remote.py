@@ -442,7 +442,7 @@ class RemoteCopy:
 
     def sql(self, statement: str, limits: QueryLimits | None = None) -> Result:
         """One read-only statement over the copy, through the views, walls and limits of a local
-        ledger (``limits``: default ``QueryLimits()``; spills in ``<cache>/.tmp``)."""
+        ledger (``limits``: default ``QueryLimits()``; spills in ``<cache>/.spill``)."""
         from ledger.query import SPILL_AREA, spill_folder
 
         bounds = limits if limits is not None else QueryLimits()

@@ -869,4 +869,12 @@ def _agree_attempt(
         "from_step": resume_from_step or 0,
         "config_hash": config_hash(tree),
     }
-    return attempts_lib.register(state, run_id, record)
+    attempt, before_n = attempts_lib.register(state, run_id, record)
+    if resume_from_step is None and before_n:
+        # Two processes launched this run id at once: both found no attempt above, and the other
+        # registered first. It is the run; this one refuses, as it would have a moment later.
+        raise RunExistsError(
+            f"run {run_id!r} was launched at the same moment by another process (registered in "
+            f"{state}); pass resume_from_step= to resume it as a new attempt, or choose another run_id"
+        )
+    return attempt, before_n
