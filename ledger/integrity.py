@@ -375,6 +375,11 @@ def _report_lake_files(stored: StoredFiles, report: Report) -> None:
         report.problems.append(Problem("?", "modified", detail))
     for shown in check.deletions:
         report.problems.append(Problem("?", "removed", f"{shown}: rows deleted from the lake's table"))
+    for named in check.outside:
+        detail = (
+            f"{named}: the lake catalog names a file that is not a plain file under the data path (not read)"
+        )
+        report.problems.append(Problem("?", "modified", detail))
     if check.unrecorded:
         report.warnings.append(
             f"lake snapshot {check.snapshot}: {len(check.unrecorded)} of {check.files} data files were "

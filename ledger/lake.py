@@ -691,6 +691,23 @@ def _catalog_snapshots(
     return int(row[0]), bool(row[1])
 
 
+# A catalog's file path must be plain: no glob (DuckDB would expand it) and no control character.
+_UNPLAIN_PATH_CHARS = re.compile(r"[*?\[\]{}\\\x00-\x1f\x7f]")
+
+
+def plain_file_under(data_path: str, path: str) -> bool:
+    """Whether ``path`` (a data or delete file's full path, joined from the catalog's rows) is a plain
+    file under ``data_path`` (a folder or an ``s3://`` prefix): no ``.``/``..``/empty folder, no glob
+    or control character. The catalog's operator is not trusted: readers and verify read nothing else."""
+    prefix = data_path.rstrip("/") + "/"
+    if not path.startswith(prefix):
+        return False
+    rest = path[len(prefix) :]
+    return not any(part in ("", ".", "..") for part in rest.split("/")) and not _UNPLAIN_PATH_CHARS.search(
+        rest
+    )
+
+
 def _joined(data_path: str, *parts: tuple[str, bool]) -> str:
     """A path DuckLake's catalog keeps in parts, each relative to the one before or not
     (``path_is_relative``): the data path, then the schema's folder, the table's, a file's."""

@@ -51,10 +51,11 @@ from ledger.lake import (
     is_s3,
     lake_schema,
     open_snapshot,
+    plain_file_under,
     retry_locked,
     snapshot_files,
 )
-from ledger.parquet_schemas import tables_of
+from ledger.parquet_schemas import SIDE_TABLES, TABLES, tables_of
 from ledger.redaction import REDACTED_PREFIX, is_redacted, read_marker
 from ledger.sql_guard import (
     QueryLimits,
@@ -176,7 +177,12 @@ class Reader:
         self.con = _plain_connection(lake.data_path)
         self.con.execute("SET TimeZone = 'UTC'")
         self.con.execute("SET parquet_metadata_cache = true")  # (as over part files: names never reused)
-        self.con.execute(views)
+        try:  # (a listed file missing or not Parquet fails here: binding a view opens its files)
+            self.con.execute(views)
+        except duckdb.Error as exc:
+            self.con.close()
+            self._spill.remove()
+            raise QueryError(f"lake snapshot {self.snapshot}: {str(exc).strip().splitlines()[0]}") from None
         # Only the data files.
         if is_s3(lake.data_path):
             self.con.execute(_s3_lock_sql(lake.data_path, self.limits, self._spill.path))
@@ -657,9 +663,22 @@ def _pinned_views(pinned: duckdb.DuckDBPyConnection, lake: LakeFolder, snapshot:
     inlined in the catalog (another writer's setting) refuses to be read rather than drop them."""
     files = snapshot_files(pinned, lake.data_path, snapshot)
     whole = {name: listed for name, listed in files.items() if listed is not None}
-    partial = sorted(name for name, listed in files.items() if listed is None)
-    views = [lake_views_sql(lake.tables, files=whole)]
+    # Only the ledger's own table names become views: a name is the catalog's text, not ours.
+    partial = sorted(
+        name for name, listed in files.items() if listed is None and (name in TABLES or name in SIDE_TABLES)
+    )
     deletions = _files_with_deletions(pinned, lake.data_path, snapshot, partial)
+    # Every path is the catalog's text: each must name one file inside the data path before any view
+    # opens it (views are bound, so their files opened, before the connection is locked).
+    for name, listed in whole.items():
+        for path in listed.paths:
+            _check_lake_file(lake.data_path, snapshot, name, "ducklake_data_file", path)
+    for name, pairs in deletions.items():
+        for path, deletes in pairs:
+            _check_lake_file(lake.data_path, snapshot, name, "ducklake_data_file", path)
+            for deleted in deletes:
+                _check_lake_file(lake.data_path, snapshot, name, "ducklake_delete_file", deleted)
+    views = [lake_views_sql(lake.tables, files=whole)]
     for name in partial:
         target = f"_{name}" if name in DERIVED_TABLES else name
         source = _without_deleted_rows(name, deletions[name]) if name in deletions else _refused_inlined(name)
@@ -670,6 +689,18 @@ def _pinned_views(pinned: duckdb.DuckDBPyConnection, lake: LakeFolder, snapshot:
         stored = f"_{name}" if name in DERIVED_TABLES else name
         views.append(f'CREATE OR REPLACE VIEW {ALIAS}."{name}" AS SELECT * FROM main."{stored}";')
     return "\n".join(views)
+
+
+# Characters a path read by read_parquet must not hold: glob patterns DuckDB expands, and controls.
+def _check_lake_file(data_path: str, snapshot: int, table: str, catalog_table: str, path: str) -> None:
+    """Refuse the snapshot unless ``path`` (a data or delete file's full path, joined from the
+    catalog's rows) is a plain path under ``data_path`` (a local folder or an ``s3://`` prefix): no
+    ``.``/``..``/empty folder, no glob or control character. The catalog's operator is not trusted."""
+    if not plain_file_under(data_path, path):
+        raise QueryError(
+            f"lake catalog, snapshot {snapshot}: a {catalog_table} row of table {table!r} names "
+            f"{path!r}, not a plain file under the data path {data_path}; refusing to read it"
+        )
 
 
 def _files_with_deletions(

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from ledger.lake import MERGED_PREFIX, LakeError, fetch_object, is_s3
+from ledger.lake import MERGED_PREFIX, LakeError, fetch_object, is_s3, plain_file_under
 from ledger.parquet_schemas import SIDE_TABLES, TABLES, tables_of
 
 if TYPE_CHECKING:
@@ -47,6 +47,7 @@ class LakeFileCheck:
     altered: list[str] = field(default_factory=list)
     deletions: list[str] = field(default_factory=list)
     unrecorded: list[str] = field(default_factory=list)
+    outside: list[str] = field(default_factory=list)  # catalog rows naming a file off the data path: not read
 
 
 class StoredFiles:
@@ -108,6 +109,12 @@ class StoredFiles:
             for table in [*self.tables, *SIDE_TABLES]:
                 files = self._lake_files[table] = []
                 for data_file, delete_file in lake_file_list(lake, con, table):
+                    strays = [
+                        p for p in (data_file, delete_file) if p and not plain_file_under(lake.data_path, p)
+                    ]
+                    if strays:  # the catalog's operator is not trusted: such a file is named, never read
+                        check.outside += [f"{table}: {p!r}" for p in strays]
+                        continue
                     name = PurePosixPath(data_file).name
                     shown = shown_as(data_file)
                     if fetched is not None:
