@@ -742,7 +742,9 @@ def tamper(data: st.DataObject, root: Path, how: str) -> Tampered:
         order[a], order[b] = order[b], order[a]
         pq.write_table(table.take(order), path)
         stream, seq = table.column("stream")[a].as_py(), table.column("stream_seq")[a].as_py()
-        return Tampered("reordered", stream, seq, ids[(stream, seq)], only=True)
+        # Not the only problem when the pair changes a fold (two config events swapped): the
+        # partner's typed rows then differ from the reordered events too (found by a CI run).
+        return Tampered("reordered", stream, seq, ids[(stream, seq)], only=False)
     path = data.draw(st.sampled_from(files), label="file")
     table = pq.read_table(path)
     row = data.draw(st.integers(0, table.num_rows - 1), label="row")
