@@ -708,6 +708,13 @@ def plain_file_under(data_path: str, path: str) -> bool:
     )
 
 
+def live_at_snap(alias: str) -> str:
+    """SQL: the catalog row ``alias`` is live at the snapshot bound as ``$snap``."""
+    return (
+        f"{alias}.begin_snapshot <= $snap AND ({alias}.end_snapshot IS NULL OR {alias}.end_snapshot > $snap)"
+    )
+
+
 def _joined(data_path: str, *parts: tuple[str, bool]) -> str:
     """A path DuckLake's catalog keeps in parts, each relative to the one before or not
     (``path_is_relative``): the data path, then the schema's folder, the table's, a file's."""
@@ -750,26 +757,23 @@ def snapshot_files(
     are inlined in the catalog (another writer's setting; the ledger's writer inlines none)."""
     meta = f"__ducklake_metadata_{ALIAS}"
 
-    def live(alias: str) -> str:
-        return f"{alias}.begin_snapshot <= $snap AND ({alias}.end_snapshot IS NULL OR {alias}.end_snapshot > $snap)"
-
     rows = con.execute(
         f"SELECT t.table_name, s.path, s.path_is_relative, t.path, t.path_is_relative, f.path, "
         f"f.path_is_relative, EXISTS (SELECT 1 FROM {meta}.ducklake_delete_file d "
-        f"WHERE d.data_file_id = f.data_file_id AND {live('d')}), v.partition_value "
+        f"WHERE d.data_file_id = f.data_file_id AND {live_at_snap('d')}), v.partition_value "
         f"FROM {meta}.ducklake_data_file f "
-        f"JOIN {meta}.ducklake_table t ON t.table_id = f.table_id AND {live('t')} "
-        f"JOIN {meta}.ducklake_schema s ON s.schema_id = t.schema_id AND {live('s')} "
+        f"JOIN {meta}.ducklake_table t ON t.table_id = f.table_id AND {live_at_snap('t')} "
+        f"JOIN {meta}.ducklake_schema s ON s.schema_id = t.schema_id AND {live_at_snap('s')} "
         f"LEFT JOIN {meta}.ducklake_file_partition_value v "
         f"ON v.data_file_id = f.data_file_id AND v.partition_key_index = 0 "
-        f"WHERE {live('f')} ORDER BY t.table_name, f.data_file_id",
+        f"WHERE {live_at_snap('f')} ORDER BY t.table_name, f.data_file_id",
         {"snap": int(snapshot)},
     ).fetchall()
     inlined = {
         name
         for (name,) in con.execute(
             f"SELECT t.table_name FROM {meta}.ducklake_inlined_data_tables i "
-            f"JOIN {meta}.ducklake_table t ON t.table_id = i.table_id AND {live('t')}",
+            f"JOIN {meta}.ducklake_table t ON t.table_id = i.table_id AND {live_at_snap('t')}",
             {"snap": int(snapshot)},
         ).fetchall()
     }

@@ -50,6 +50,7 @@ from ledger.lake import (
     checkpoint_snapshot,
     is_s3,
     lake_schema,
+    live_at_snap,
     open_snapshot,
     plain_file_under,
     retry_locked,
@@ -712,17 +713,14 @@ def _files_with_deletions(
         return {}
     meta = f"__ducklake_metadata_{ALIAS}"
 
-    def live(alias: str) -> str:
-        return f"{alias}.begin_snapshot <= $snap AND ({alias}.end_snapshot IS NULL OR {alias}.end_snapshot > $snap)"
-
     rows = pinned.execute(
         f"SELECT t.table_name, s.path, s.path_is_relative, t.path, t.path_is_relative, f.path, "
         f"f.path_is_relative, d.path, d.path_is_relative "
         f"FROM {meta}.ducklake_data_file f "
-        f"JOIN {meta}.ducklake_table t ON t.table_id = f.table_id AND {live('t')} "
-        f"JOIN {meta}.ducklake_schema s ON s.schema_id = t.schema_id AND {live('s')} "
-        f"LEFT JOIN {meta}.ducklake_delete_file d ON d.data_file_id = f.data_file_id AND {live('d')} "
-        f"WHERE {live('f')} AND t.table_name IN (SELECT unnest($tables)) "
+        f"JOIN {meta}.ducklake_table t ON t.table_id = f.table_id AND {live_at_snap('t')} "
+        f"JOIN {meta}.ducklake_schema s ON s.schema_id = t.schema_id AND {live_at_snap('s')} "
+        f"LEFT JOIN {meta}.ducklake_delete_file d ON d.data_file_id = f.data_file_id AND {live_at_snap('d')} "
+        f"WHERE {live_at_snap('f')} AND t.table_name IN (SELECT unnest($tables)) "
         f"AND t.table_id NOT IN (SELECT table_id FROM {meta}.ducklake_inlined_data_tables) "
         f"ORDER BY t.table_name, f.data_file_id, d.delete_file_id",
         {"snap": int(snapshot), "tables": list(tables)},
