@@ -2,10 +2,10 @@
 
 1. The same batches: a `ledger simulate` spool ingested by today's store (``--batch-size`` events per
    commit), then each of its commits written again, with identical rows, as one LakeTables commit
-   (``ledger.lake_migrate``) on a DuckDB-file catalog: events/s of the whole of today's ingest, of its
+   (``ledger.lake_migrate``) on a SQLite catalog: events/s of the whole of today's ingest, of its
    part-file writing alone (``Ledger._write_files``, timed), and of the lake commits alone.
 2. Writers: LakeTables commits of synthetic batches (events + one metric each) by 1, 2 and 4 writer
-   processes, one source each, on a PostgreSQL catalog (and 1 on a DuckDB file, which one process holds).
+   processes, one source each, on a PostgreSQL catalog (and 1 on a SQLite file).
 3. A `metrics`-style join (metrics ⋈ events) on the same rows: today's ``Reader.sql`` vs a lake reader
    pinned at one snapshot.
 
@@ -82,6 +82,7 @@ def _same_answers(a: list[tuple[Any, ...]], b: list[tuple[Any, ...]]) -> bool:
 def same_batches(work: Path, steps: int, batch_size: int) -> dict[str, float]:
     spool, old = work / "spool", work / "ledger"
     _cli("simulate", "reference-535b", "--spool", spool, "--steps", str(steps))
+    Ledger.create_part_files(old)  # today's store, the baseline (`ingest` on a new folder makes a lake)
     writes: list[float] = []
     merges: list[float] = []
     undo = [_timed(Ledger, "_write_files", writes), _timed(Ledger, "_compact_tails", merges)]
@@ -94,7 +95,7 @@ def same_batches(work: Path, steps: int, batch_size: int) -> dict[str, float]:
     ingest_s = time.perf_counter() - started
     events = Reader(old).sql("SELECT count(*) FROM events").rows[0][0]
     commits: list[float] = []
-    with LakeTables(f"duckdb:{work / 'lake' / 'c.ducklake'}", work / "lake" / "data") as lake:
+    with LakeTables(f"sqlite:{work / 'lake' / 'c.sqlite'}", work / "lake" / "data") as lake:
         undo_commit = _timed(lake, "commit", commits)
         try:
             done = migrate(old, lake)
@@ -136,10 +137,10 @@ def _writers(catalog: str, data: Path, writers: int, batches: int, rows: int) ->
 
 def writers(work: Path, batches: int, rows: int) -> dict[str, float]:
     figures: dict[str, float] = {}
-    with LakeTables(f"duckdb:{work / 'd' / 'c.ducklake'}", work / "d" / "data") as lake:
+    with LakeTables(f"sqlite:{work / 'd' / 'c.sqlite'}", work / "d" / "data") as lake:
         started = time.monotonic()
         commit_batches(lake, "src0", batches, rows)
-        figures["duckdb_1_writer_events_per_s"] = round(batches * rows / (time.monotonic() - started))
+        figures["sqlite_1_writer_events_per_s"] = round(batches * rows / (time.monotonic() - started))
     pg = Postgres(work / "pg")
     try:
         for n in (1, 2, 4):

@@ -2,8 +2,8 @@
 
 1. Ingest: one `ledger simulate` spool per size, ingested by `ledger ingest spool` (a subprocess each,
    wall time and peak RSS by GNU time, ``bench.measure``) into a ledger of part files and into
-   ledgers on DuckLake with a DuckDB-file, a SQLite and (when scripts/postgres.sh can start one) a
-   PostgreSQL catalog. Every ledger must hold the same events (checked; `DIFFERENT` otherwise).
+   ledgers on DuckLake with a SQLite and (when scripts/postgres.sh can start one) a PostgreSQL
+   catalog. Every ledger must hold the same events (checked; `DIFFERENT` otherwise).
 2. Questions (docs/scale.md's kind) through the CLI on the largest size: state, history, a metric
    series, the config blame; each a subprocess, the median of 3.
 3. Writers: 1, 2 and 4 ingesters in separate folders, each with its own spool (its own run), on
@@ -14,7 +14,7 @@
 The full reference run (docs/scale.md: 390,000 steps, 1.1M events with rank stats and expert counts),
 part files beside the embedded lake only:
 
-    .venv/bin/python -m bench.bench_lake_ledger --steps 390000 --reference --lakes duckdb --writer-steps 0
+    .venv/bin/python -m bench.bench_lake_ledger --steps 390000 --reference --lakes sqlite --writer-steps 0
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _run(*args: str | Path) -> str:
 
 
 REFERENCE = False  # --reference: the simulator's whole stream (rank stats, expert counts), not SMALL
-LAKES = ("duckdb", "sqlite", "postgres")  # --lakes
+LAKES = ("sqlite", "postgres")  # --lakes
 
 
 def _spool(work: Path, steps: int, run_id: str = "moe-535b") -> Path:
@@ -64,9 +64,7 @@ def _spool(work: Path, steps: int, run_id: str = "moe-535b") -> Path:
 def _targets(work: Path, postgres: Postgres | None, tag: str) -> dict[str, Path]:
     """A fresh ledger folder per kind (part files, lakes)."""
     out = {"part files": work / f"files-{tag}"}
-    if "duckdb" in LAKES:
-        Ledger.create_on_lake(work / f"duckdb-{tag}", f"duckdb:{work / f'duckdb-{tag}.ducklake'}").close()
-        out["lake, DuckDB file"] = work / f"duckdb-{tag}"
+    Ledger.create_part_files(out["part files"])  # the baseline (`ingest` on a new folder makes a lake)
     if "sqlite" in LAKES:
         Ledger.create_on_lake(work / f"sqlite-{tag}", f"sqlite:{work / f'sqlite-{tag}.sqlite'}").close()
         out["lake, SQLite"] = work / f"sqlite-{tag}"
@@ -83,7 +81,7 @@ def _events(ledger: Path) -> list[tuple[object, ...]]:
             "SELECT count(*), count(DISTINCT (stream, stream_seq)), sum(hash(canonical)::HUGEINT) FROM events"
         ).rows
     finally:
-        reader.close()  # a DuckDB-file catalog: the next subprocess needs it
+        reader.close()
 
 
 def ingest(
@@ -247,7 +245,7 @@ def main() -> None:
         "--reference", action="store_true", help="the whole simulated stream (1.1M events at 390,000 steps)"
     )
     parser.add_argument(
-        "--lakes", default=",".join(LAKES), help="catalogs beside part files: duckdb,sqlite,postgres"
+        "--lakes", default=",".join(LAKES), help="catalogs beside part files: sqlite,postgres"
     )
     args = parser.parse_args()
     REFERENCE, LAKES = args.reference, tuple(args.lakes.split(","))

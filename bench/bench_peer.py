@@ -12,32 +12,46 @@ expert counts, a 60-key config changed twice), written the way a user writes it:
     run.finish()
     ingest_spool(Ledger.create(ledger), spool)          # what `ledger ingest spool` does
 
-End to end is ``init`` → the last event queryable in the ledger. Three stores: part files (the
-ingest makes the ledger); a lake made in the timed span (``Ledger.create_on_lake``); and a lake made
-before it, as ``ledger init --catalog`` makes one once for every run (the span opens it as
-``ledger ingest spool`` does: ``Ledger.create``). The baseline is
-``bench_ledger.pyarrow_ceiling`` over the same values (no envelope, validation, hashing, durability),
-timed in the same process right after. Each size is run ``--repeat`` times; medians are printed.
+End to end is ``init`` → the last event queryable in the ledger. Stores: a new ledger as
+``ledger ingest spool`` makes one today (``Ledger.create``: a lake with its SQLite catalog in the
+folder, made in the timed span; the default), part files (``Ledger.create_part_files``, the format
+before DuckLake, made in the span), and with ``--lake`` a lake on a catalog named by hand made in the
+span (``Ledger.create_on_lake``) and before it, as ``ledger init --catalog`` makes one once for every
+run. The baseline is ``bench_ledger.pyarrow_ceiling`` over the same values (no envelope, validation,
+hashing, durability), timed in the same process right after. Each size is run ``--repeat`` times;
+medians are printed.
 
-    python -m bench.bench_peer [--steps 500 1000 2000] [--repeat 3] [--profile FILE]
+``max_load`` (the fifth router stat of issue 39) has no ``log_router`` field
+(``runledger.client.Run.log_router``), so a user logs it as 48 named scalars a step
+(``router/max_load/L00`` … ``L47``, in the step's ``run.log``). ``--max-load on`` measures that way,
+with the same 48 values a step in the pyarrow baseline's per-layer table (a ``max_load`` column) and
+in its events' JSON; ``both`` (the default) measures with and without them.
+
+    python -m bench.bench_peer [--steps 500 1000 2000] [--repeat 3] [--max-load off|on|both]
+                               [--stores new files] [--lake] [--profile FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import tempfile
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from bench.bench_ledger import EXPERTS, LAYERS, TOP_K, Workload, _config, make_workload, pyarrow_ceiling
 
 TOKENS = 4096
+MAX_LOAD_NAMES = [f"router/max_load/L{layer:02d}" for layer in range(LAYERS)]  # the workaround's scalars
 
 
 @dataclass
@@ -47,6 +61,16 @@ class PeerSteps:
     scalars: list[dict[str, float]]
     router: list[dict[str, np.ndarray]]
     lr_changes: dict[int, float]  # step → the new lr (the config changes twice)
+    max_load: list[list[float]]  # steps × layers: the busiest expert's load over the mean load
+
+
+def max_loads(w: Workload, seed: int = 1) -> list[list[float]]:
+    """A max/mean expert load per step and layer that follows the layer's drop rate (a busier
+    expert drops more), with noise: realistic values, not a constant that compresses to nothing."""
+    rng = np.random.default_rng(seed)
+    drop = np.asarray(w.drop_rate)
+    loads: list[list[float]] = (1.0 + 4.0 * drop + rng.uniform(0.0, 0.05, drop.shape)).tolist()
+    return loads
 
 
 def peer_steps(w: Workload) -> PeerSteps:
@@ -88,7 +112,7 @@ def peer_steps(w: Workload) -> PeerSteps:
         if counts is not None:
             arrays["counts"] = np.asarray(counts)
         router.append(arrays)
-    return PeerSteps(scalars, router, changes)
+    return PeerSteps(scalars, router, changes, max_loads(w))
 
 
 @dataclass
@@ -105,22 +129,43 @@ class PeerTimes:
 
 
 PART_FILES, LAKE, LAKE_MADE_BEFORE = "part files", "lake", "lake, made before"
+NEW_LEDGER = "new ledger (lake)"  # Ledger.create on a new folder: the embedded SQLite-catalog lake
+STORE_CHOICES = {"new": NEW_LEDGER, "files": PART_FILES}  # --stores
+
+
+def step_scalars(steps: PeerSteps, max_load: bool) -> list[dict[str, float]]:
+    """Each step's ``run.log`` dict; with ``max_load`` its 48 per-layer values as named scalars."""
+    if not max_load:
+        return steps.scalars
+    return [
+        values | dict(zip(MAX_LOAD_NAMES, loads, strict=True))
+        for values, loads in zip(steps.scalars, steps.max_load, strict=True)
+    ]
 
 
 def run_peer(
-    work: Path, steps: PeerSteps, run_id: str = "peer-run", batch_size: int = 5000, *, store: str = PART_FILES
+    work: Path,
+    steps: PeerSteps,
+    run_id: str = "peer-run",
+    batch_size: int = 5000,
+    *,
+    store: str = NEW_LEDGER,
+    max_load: bool = False,
 ) -> PeerTimes:
     """The client-library path, timed: init → log/log_router → finish → ingest_spool (``store``: a
-    lake is on DuckLake with the embedded DuckDB-file catalog, as ``ledger init --catalog duckdb:…``)."""
+    lake is on DuckLake with the embedded SQLite catalog, as ``ledger init --catalog sqlite:…``;
+    NEW_LEDGER: what ``ledger ingest spool`` makes of a new folder; PART_FILES: the old format).
+    ``max_load``: each step also logs the 48 per-layer max loads as named scalars."""
     import runledger
     from ingest.spool_ingester import ingest_spool
     from ledger.store import Ledger
 
     spool, ledger_dir = work / "spool", work / "ledger"
-    catalog = f"duckdb:{ledger_dir / 'catalog.ducklake'}"
+    catalog = f"sqlite:{ledger_dir / 'catalog.sqlite'}"
     if store == LAKE_MADE_BEFORE:  # what `ledger init --catalog` does, once, before any run
         Ledger.create_on_lake(ledger_dir, catalog).close()
     n = len(steps.scalars)
+    scalars = step_scalars(steps, max_load)  # the user's dicts, built before the clock starts
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     run = runledger.init(
@@ -137,7 +182,7 @@ def run_peer(
         lr = steps.lr_changes.get(step)
         if lr is not None:
             run.config.update({"lr": lr}, cause="schedule", step=step)
-        run.log(steps.scalars[i], step=step)
+        run.log(scalars[i], step=step)
         r = steps.router[i]
         run.log_router(step, top_k=TOP_K, **r)
     run.finish()
@@ -147,19 +192,105 @@ def run_peer(
     if store == LAKE:
         with Ledger.create_on_lake(ledger_dir, catalog) as ledger:
             stats = ingest_spool(ledger, spool, batch_size=batch_size)
-    else:  # what `ledger ingest spool` runs
+    elif store == PART_FILES:  # the baseline: the format before DuckLake
+        with Ledger.create_part_files(ledger_dir) as ledger:
+            stats = ingest_spool(ledger, spool, batch_size=batch_size)
+    else:  # what `ledger ingest spool` runs (a new folder: the embedded lake; else the one there)
         with Ledger.create(ledger_dir) as ledger:
             stats = ingest_spool(ledger, spool, batch_size=batch_size)
     t2 = time.perf_counter()
     return PeerTimes(t1 - t0, t2 - t1, time.process_time() - cpu0, stats.accepted, stats.metric_values)
 
 
-def values_of(w: Workload) -> int:
+def values_of(w: Workload, max_load: bool = False) -> int:
     counted = sum(1 for step in range(1, w.steps + 1) if step in w.expert_counts)
-    return w.steps * (20 + LAYERS * 5) + counted * LAYERS * EXPERTS
+    per_step = 20 + LAYERS * 5 + (LAYERS if max_load else 0)
+    return w.steps * per_step + counted * LAYERS * EXPERTS
 
 
-def measure(work: Path, n_steps: int, repeat: int, *, store: str = PART_FILES) -> dict[str, Any]:
+SCALAR_NAMES = [
+    "loss",
+    "grad_norm",
+    "lr",
+    "tokens",
+    "total_tokens",
+    "tokens_per_second",
+    "mfu",
+    "step_time_s",
+]
+SCALAR_NAMES += [f"s{k}" for k in range(12)]
+
+
+def _step_scalar_values(w: Workload, step: int) -> list[float]:
+    """The 20 scalars of ``step`` as ``bench_ledger.pyarrow_ceiling`` builds them."""
+    row = w.scalars[step - 1]
+    step_time = 0.5 + 0.01 * row[0]
+    head = [w.loss[step - 1], w.grad_norm[step - 1], 3e-4, 4096, 4096 * step, 81_920.0 / step_time]
+    return [*head, 22.7 + row[1] - 1, step_time, *row]
+
+
+def _layer_dicts(w: Workload, step: int, loads: list[float]) -> list[dict[str, Any]]:
+    """The router event's JSON per layer, with the max load beside the other stats."""
+    i, counts = step - 1, w.expert_counts.get(step)
+    drop, aux, z, ent = w.drop_rate[i], w.aux_loss[i], w.z_loss[i], w.entropy[i]
+    return [
+        {"layer": k, "drop": drop[k], "aux": aux[k], "z": z[k], "entropy": ent[k], "max_load": loads[k]}
+        | ({"counts": counts[k]} if counts else {})
+        for k in range(LAYERS)
+    ]
+
+
+def pyarrow_ceiling_max_load(work: Path, w: Workload, max_load: list[list[float]]) -> tuple[float, int]:
+    """``bench_ledger.pyarrow_ceiling`` with the 48 max loads a step: a ``max_load`` column in the
+    per-layer table and a key in each router event's JSON (where a direct writer would put them)."""
+    t = time.perf_counter()
+    metrics: dict[str, list[Any]] = {k: [] for k in ("step", "time", "name", "value", "stream_seq")}
+    layer_columns = ("step", "time", "layer", "dropped", "token_drop_rate", "aux_loss", "z_loss", "entropy")
+    layers: dict[str, list[Any]] = {k: [] for k in (*layer_columns, "max_load", "counts")}
+    events: dict[str, list[Any]] = {k: [] for k in ("seq", "type", "step", "time", "data")}
+    tokens_k = TOKENS * TOP_K
+    for step in range(1, w.steps + 1):
+        i, now, seq = step - 1, datetime.now(UTC), 2 * (step - 1)
+        values = _step_scalar_values(w, step)
+        # the scalars: 20 metric rows and one event
+        metrics["step"] += [step] * 20
+        metrics["time"] += [now] * 20
+        metrics["name"] += SCALAR_NAMES
+        metrics["value"] += values
+        metrics["stream_seq"] += [seq] * 20
+        events["seq"].append(seq)
+        events["type"].append("step.metrics")
+        events["step"].append(step)
+        events["time"].append(now)
+        events["data"].append(json.dumps(dict(zip(SCALAR_NAMES, values, strict=True))))
+        # the router: 48 layer rows (max load included) and one event
+        counts, drop = w.expert_counts.get(step), w.drop_rate[i]
+        layers["step"] += [step] * LAYERS
+        layers["time"] += [now] * LAYERS
+        layers["layer"] += list(range(LAYERS))
+        layers["dropped"] += [int(tokens_k * d) for d in drop]
+        layers["token_drop_rate"] += drop
+        layers["aux_loss"] += w.aux_loss[i]
+        layers["z_loss"] += w.z_loss[i]
+        layers["entropy"] += w.entropy[i]
+        layers["max_load"] += max_load[i]
+        layers["counts"] += counts if counts else [[]] * LAYERS
+        events["seq"].append(seq + 1)
+        events["type"].append("moe.router_stats")
+        events["step"].append(step)
+        events["time"].append(now)
+        events["data"].append(json.dumps(_layer_dicts(w, step, max_load[i])))
+    rows = 0
+    for name, cols in (("metrics", metrics), ("moe_layer_stats", layers), ("events", events)):
+        table = pa.table(cols)
+        rows += table.num_rows
+        pq.write_table(table, work / f"{name}.parquet", compression="zstd")
+    return time.perf_counter() - t, rows
+
+
+def measure(
+    work: Path, n_steps: int, repeat: int, *, store: str = NEW_LEDGER, max_load: bool = False
+) -> dict[str, Any]:
     w = make_workload(n_steps)
     steps = peer_steps(w)
     peers: list[PeerTimes] = []
@@ -169,18 +300,23 @@ def measure(work: Path, n_steps: int, repeat: int, *, store: str = PART_FILES) -
     for k in range(repeat):
         here = work / f"{n_steps}-{k}"
         here.mkdir(parents=True)
-        peers.append(run_peer(here / "peer", steps, store=store))
+        peers.append(run_peer(here / "peer", steps, store=store, max_load=max_load))
         (here / "arrow").mkdir()
         cpu0 = time.process_time()
-        ceiling_s, rows = pyarrow_ceiling(here / "arrow", w)
+        if max_load:
+            ceiling_s, rows = pyarrow_ceiling_max_load(here / "arrow", w, steps.max_load)
+        else:
+            ceiling_s, rows = pyarrow_ceiling(here / "arrow", w)
         ceiling_cpus.append(time.process_time() - cpu0)
         ceilings.append(ceiling_s)
         shutil.rmtree(here, ignore_errors=True)
     return {
         "store": store,
+        "max_load": max_load,
         "steps": n_steps,
-        "values": values_of(w),
+        "values": values_of(w, max_load),
         "events": peers[0].events,
+        "metric_values": peers[0].metric_values,
         "log_s": statistics.median(p.log_s for p in peers),
         "ingest_s": statistics.median(p.ingest_s for p in peers),
         "total_s": statistics.median(p.total_s for p in peers),
@@ -195,18 +331,19 @@ def measure(work: Path, n_steps: int, repeat: int, *, store: str = PART_FILES) -
 
 def print_table(results: list[dict[str, Any]]) -> None:
     print(
-        f"{'store':>17} {'steps':>6} {'values':>10} {'events':>7} {'log→durable s':>14} {'ingest s':>9} "
+        f"{'store':>17} {'max_load':>8} {'steps':>6} {'values':>10} {'events':>7} {'log→durable s':>14} {'ingest s':>9} "
         f"{'end to end s':>13} {'pyarrow s':>10} {'client/pyarrow':>15}   "
         f"{'CPU s':>6} {'pyarrow CPU s':>14} {'CPU ratio':>10}"
     )
     for r in results:
         print(
-            f"{r['store']:>17} {r['steps']:6,d} {r['values']:10,d} {r['events']:7,d} {r['log_s']:14.2f} {r['ingest_s']:9.2f} "
+            f"{r['store']:>17} {'48 sc.' if r['max_load'] else '-':>8} {r['steps']:6,d} {r['values']:10,d} {r['events']:7,d} {r['log_s']:14.2f} {r['ingest_s']:9.2f} "
             f"{r['total_s']:13.2f} {r['ceiling_s']:10.2f} {r['ratio']:15.0%}   "
             f"{r['cpu_s']:6.2f} {r['ceiling_cpu_s']:14.2f} {r['cpu_ratio']:10.0%}"
         )
     print("client/pyarrow: the pyarrow time over the client library's end-to-end time (goal >= 50%);")
     print("CPU: process CPU seconds (all threads), the figure that a loaded machine disturbs least")
+    print("max_load '48 sc.': the 48 per-layer max loads logged as named scalars (no router field)")
 
 
 def main() -> None:
@@ -216,10 +353,27 @@ def main() -> None:
     parser.add_argument(
         "--lake",
         action="store_true",
-        help="also into a ledger on DuckLake (DuckDB-file catalog), made in the timed span and before it",
+        help="also into a ledger on DuckLake (SQLite catalog), made in the timed span and before it",
     )
+    parser.add_argument(
+        "--stores",
+        nargs="+",
+        choices=sorted(STORE_CHOICES),
+        default=["new", "files"],
+        help="new: a new ledger as `ledger ingest spool` makes one (the embedded lake); files: part files",
+    )
+    parser.add_argument(
+        "--max-load",
+        choices=["off", "on", "both"],
+        default="both",
+        help="log the 48 per-layer max loads as named scalars a step (on), not (off), or measure both",
+    )
+    parser.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
     parser.add_argument("--profile", type=Path, help="cProfile one client-library run of the largest size")
     args = parser.parse_args()
+    if min(args.steps) < 1 or args.repeat < 1:
+        parser.error("--steps and --repeat must be positive")
+    loads = {"off": [False], "on": [True], "both": [False, True]}[args.max_load]
     work = Path(tempfile.mkdtemp(prefix="runledger-peer-"))
     try:
         if args.profile is not None:
@@ -228,13 +382,24 @@ def main() -> None:
             steps = peer_steps(make_workload(max(args.steps)))
             profiler = cProfile.Profile()
             profiler.enable()
-            times = run_peer(work / "profiled", steps, store=LAKE_MADE_BEFORE if args.lake else PART_FILES)
+            store = LAKE_MADE_BEFORE if args.lake else STORE_CHOICES[args.stores[0]]
+            times = run_peer(work / "profiled", steps, store=store, max_load=loads[-1])
             profiler.disable()
             profiler.dump_stats(args.profile)
             print(f"profiled: log {times.log_s:.2f} s, ingest {times.ingest_s:.2f} s → {args.profile}")
             return
-        stores = [PART_FILES, LAKE, LAKE_MADE_BEFORE] if args.lake else [PART_FILES]
-        print_table([measure(work, n, args.repeat, store=store) for n in args.steps for store in stores])
+        stores = [STORE_CHOICES[name] for name in args.stores] + (
+            [LAKE, LAKE_MADE_BEFORE] if args.lake else []
+        )
+        results = [
+            measure(work, n, args.repeat, store=store, max_load=with_loads)
+            for n in args.steps
+            for with_loads in loads
+            for store in stores
+        ]
+        print_table(results)
+        if args.json:
+            print(json.dumps(results))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -1,9 +1,15 @@
 """`ledger init`: a lab's ledger, its log key and its producer registry, before the first event.
 
-The ledger is created empty; the log key (``NAME.key``, owner-only, and ``NAME.pub``) signs its log
-checkpoints (``ledger checkpoint``); the registry starts as one ``ledger.policy.changed`` event, so
-from the first event on only registered producers (``ledger producers add``) and the sources named
-by ``--allow-unsigned`` are admitted. Run again, it changes nothing and says so in one line.
+The ledger is created empty; the log key (``NAME.key``, owner-only, and ``NAME.pub``, in the ledger's
+own key folder ``LEDGER/.keys`` unless ``--keys`` names another) signs its log checkpoints (``ledger
+checkpoint``), and the lake records its public half (``ledger.log_key``); the registry starts as one
+``ledger.policy.changed`` event, so from the first event on only registered producers (``ledger
+producers add``) and the sources named by ``--allow-unsigned`` are admitted. Run again, it changes
+nothing and says so in one line.
+
+A folder on another host that joins the lake (the same ``--catalog``) makes no key of its own: it uses
+the ledger's log key when its key folder holds it, and otherwise exits 1 with one line naming that
+key and the path to copy it to.
 """
 
 from __future__ import annotations
@@ -13,16 +19,17 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.merkle_cmd import DEFAULT_KEYS, KeyDir
+from cli.merkle_cmd import KeyDir, key_dir
 from cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, plural, user_errors
 
 if TYPE_CHECKING:
+    from ledger.log_key import LogKey
     from ledger.store import Ledger
 
 
 def init(
     ledger: LedgerOption = DEFAULT_LEDGER,
-    keys: KeyDir = DEFAULT_KEYS,
+    keys: KeyDir = None,
     name: Annotated[
         str, typer.Option(help="The log key's name (appears in checkpoint signatures).")
     ] = "runledger",
@@ -40,8 +47,8 @@ def init(
         str | None,
         typer.Option(
             "--catalog",
-            help="Put the ledger on DuckLake with this catalog: duckdb:PATH (one process), sqlite:PATH "
-            "(one host) or postgres:DSN (many hosts). A folder on another host joins the same lake.",
+            help="Put the ledger on DuckLake with this catalog: sqlite:PATH (one host) or postgres:DSN "
+            "(many hosts). A folder on another host joins the same lake.",
         ),
     ] = None,
     data: Annotated[
@@ -55,42 +62,25 @@ def init(
 ) -> None:
     """Create a ledger, its log key and its producer registry (before the first event).
 
-    Example: ledger init --ledger .runledger/ledger --keys .runledger/keys
+    Example: ledger init --ledger .runledger/ledger
     """
     from ledger.registry import RegistryRaced, append_registry_event, registry_entries
-    from ledger.store import Ledger
-    from schemas.note import write_keypair
     from schemas.payloads import PolicyChanged
 
+    if data is not None and catalog is None:
+        raise fail("--data needs --catalog", 2)
+    keys = key_dir(keys, ledger)
     with user_errors(ledger):
         existing = _existing(ledger)
         if existing is not None and (registry_entries(existing) or existing.last_commit >= 0):
             # Set up already, or in use: a policy now would start refusing what it admits today.
-            registry = "its registry started" if registry_entries(existing) else "no registry yet"
-            console.print(
-                f"a ledger already exists at {ledger} (id {existing.ledger_id}, {registry}): nothing changed",
-                highlight=False,
-            )
+            _say_exists(existing, ledger, keys, bool(registry_entries(existing)))
             return
-        key_path = keys / f"{name}.pub"
-        created_key = not key_path.exists()
-        if created_key:
-            write_keypair(keys, name)
-        if data is not None and catalog is None:
-            raise fail("--data needs --catalog", 2)
-        if existing is not None:
-            store = existing
-        elif catalog is not None:
-            store = Ledger.create_on_lake(ledger, catalog, data)
-            if store.last_commit >= 0:  # a lake another folder set up: this one joins it as it is
-                console.print(
-                    f"joined ledger {store.ledger_id} on {catalog} from {ledger} "
-                    f"({plural(store.last_commit + 1, 'commit')} so far): nothing changed",
-                    highlight=False,
-                )
-                return
-        else:
-            store = Ledger.create(ledger)
+        store = existing if existing is not None else _new_ledger(ledger, catalog, data)
+        if existing is None and catalog is not None and store.last_commit >= 0:
+            _say_joined(store, ledger, catalog, keys)  # a lake another folder set up: joined as it is
+            return
+        key, key_said = _the_log_key(store, keys, name)
         try:
             append_registry_event(store, PolicyChanged(unsigned_sources=allow_unsigned or [], actor=actor))
         except RegistryRaced:
@@ -104,11 +94,86 @@ def init(
             )
             return
     made = "created" if existing is None else "set up"
-    key_said = f"log key {key_path} (new)" if created_key else f"log key {key_path} (kept)"
     unsigned = ", ".join(allow_unsigned or []) or "none"
     console.print(
-        f"{made} ledger {ledger} (id {store.ledger_id}); {key_said}; registry started "
+        f"{made} ledger {ledger} (id {store.ledger_id}); log key {key} ({key_said}); registry started "
         f"(sources allowed unsigned: {unsigned}; add producers with `ledger producers add`)",
+        highlight=False,
+    )
+
+
+def _new_ledger(ledger: Path, catalog: str | None, data: str | None) -> Ledger:
+    """The ledger made at ``ledger``: on ``catalog`` when given (or joined: another folder's lake),
+    else a lake with its catalog in the folder."""
+    from ledger.store import Ledger
+
+    return Ledger.create(ledger) if catalog is None else Ledger.create_on_lake(ledger, catalog, data)
+
+
+def _the_ledgers_key(store: Ledger, keys: Path) -> LogKey | None:
+    """The ledger's log key from ``keys`` when its lake records one (a one-line error naming it and
+    where to copy it when ``keys`` lacks it); None when the lake records none."""
+    from ledger.log_key import log_key_in, missing_key_line, recorded_log_key
+
+    recorded = recorded_log_key(store)
+    if recorded is None:
+        return None
+    held = log_key_in(keys, recorded)
+    if held is None:
+        raise fail(missing_key_line(store.ledger_id, recorded, keys))
+    return held
+
+
+def _the_log_key(store: Ledger, keys: Path, name: str) -> tuple[Path, str]:
+    """A new ledger's log key: the one its lake records (another folder's init got there first), or
+    NAME's in ``keys`` (made now if missing) recorded as it. Returns the key file to show and how it
+    came (new, kept, the ledger's)."""
+    from ledger.log_key import LogKey, missing_key_line, record_log_key
+    from schemas.note import key_stem, parse_private_key, public_key_of, write_keypair
+
+    held = _the_ledgers_key(store, keys)
+    if held is not None:
+        return held.path, "the ledger's"
+    private, public = keys / f"{key_stem(name)}.key", keys / f"{key_stem(name)}.pub"
+    created = not public.exists()
+    if created:
+        write_keypair(keys, name)
+    elif not private.is_file():
+        raise fail(f"{public} has no private key beside it ({private}): bring it, or pass --keys DIR")
+    key = LogKey(private, public_key_of(parse_private_key(private.read_text())))
+    recorded = record_log_key(store, key.vkey)
+    if recorded != key.vkey:  # another folder's init recorded its own key first: ours is no use
+        if created:
+            private.unlink(missing_ok=True)
+            public.unlink(missing_ok=True)
+        raise fail(missing_key_line(store.ledger_id, recorded, keys))
+    return public, "new" if created else "kept"
+
+
+def _say_exists(existing: Ledger, ledger: Path, keys: Path, registry_started: bool) -> None:
+    """The one line of an init on a ledger that is set up or in use (its log key checked first)."""
+    registry = "its registry started" if registry_started else "no registry yet"
+    held = _the_ledgers_key(existing, keys)
+    key = "" if held is None else f"; log key {held.path}, the ledger's"
+    console.print(
+        f"a ledger already exists at {ledger} (id {existing.ledger_id}, {registry}{key}): nothing changed",
+        highlight=False,
+    )
+
+
+def _say_joined(store: Ledger, ledger: Path, catalog: str, keys: Path) -> None:
+    """The one line of a folder joining a lake in use: with the ledger's log key, or told to bring it."""
+    held = _the_ledgers_key(store, keys)
+    if held is None:
+        key = (
+            "it records no log key yet: the first `ledger checkpoint` or `publish` on any host "
+            "records the key it signs with"
+        )
+    else:
+        key = f"log key {held.path} (the ledger's)"
+    console.print(
+        f"joined ledger {store.ledger_id} on {catalog} from {ledger} "
+        f"({plural(store.last_commit + 1, 'commit')} so far): nothing changed; {key}",
         highlight=False,
     )
 
@@ -116,12 +181,14 @@ def init(
 def _existing(path: Path) -> Ledger | None:
     """The ledger at ``path`` if there is one; None if the place is free; a one-line error if it is
     something else (a file, or a folder holding other things)."""
+    from ledger.log_key import KEYS_DIR
     from ledger.store import Ledger
 
     if (path / "LEDGER.json").is_file() or (path / "LAKE.json").is_file():
         return Ledger.open(path)
     if path.exists() and not path.is_dir():
         raise fail(f"{path} is a file, not a ledger folder")
-    if path.is_dir() and any(path.iterdir()):
+    # Its key folder may come first: a host joining a lake brings the ledger's log key before init.
+    if path.is_dir() and any(p.name != KEYS_DIR for p in path.iterdir()):
         raise fail(f"{path} holds other files and no ledger (LEDGER.json): choose an empty or new folder")
     return None

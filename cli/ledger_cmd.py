@@ -504,17 +504,26 @@ def blame(
 
 
 def compact(ledger: LedgerOption = DEFAULT_LEDGER) -> None:
-    """Merge each partition's small Parquet files into one (answers do not change).
+    """Merge the ledger's small Parquet files, expire old snapshots, delete files no snapshot needs
+    (the lake's own maintenance; answers do not change).
 
     Example: ledger compact --ledger .runledger/ledger
     """
     from ledger.store import Ledger
 
-    with user_errors(ledger):
-        result = Ledger.open(ledger).compact()
+    with user_errors(ledger), Ledger.open(ledger) as opened:
+        result = opened.compact()
+    # One line in the lake's terms (a ledger of part files, until migrated: its partitions).
+    if "merged_partitions" in result:
+        console.print(
+            f"merged {plural(result['merged_partitions'], 'partition')}, "
+            f"removed {plural(result['removed_files'], 'file')}"
+        )
+        return
+    removed = result["files_deleted"] + result["orphans_deleted"]
     console.print(
-        f"merged {plural(result['merged_partitions'], 'partition')}, "
-        f"removed {plural(result['removed_files'], 'file')}"
+        f"merged {plural(result['files_merged'], 'file')} into {result['files_written']}, "
+        f"removed {plural(removed, 'file')}, expired {plural(result['snapshots_expired'], 'snapshot')}"
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,6 +18,7 @@ from cli.output import (
     LedgerOption,
     OutputOption,
     console,
+    err_console,
     fail,
     plural,
     print_json,
@@ -25,8 +26,17 @@ from cli.output import (
     user_errors,
 )
 
-DEFAULT_KEYS = Path(".runledger/keys")
-KeyDir = Annotated[Path, typer.Option("--keys", envvar="RUNLEDGER_KEYS", help="Key directory.")]
+if TYPE_CHECKING:
+    from ledger.log_key import LogKey
+    from ledger.store import Ledger
+
+# Default: the ledger's own key folder (``key_dir``), never the current directory's.
+KeyDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--keys", envvar="RUNLEDGER_KEYS", help="Key directory (default: LEDGER/.keys).", show_default=False
+    ),
+]
 DEFAULT_FETCH_TIMEOUT_S = 300.0  # ledger.monitor.DEFAULT_DEADLINE_S (not imported: the CLI loads lazily)
 # The total time one remote command may take (connections, every read, all files together).
 FetchTimeoutOption = Annotated[
@@ -45,56 +55,156 @@ def fetch_timeout_s(seconds: float) -> float:
     return seconds
 
 
-def _read_key(keys: Path, suffix: str) -> str:
-    found = sorted(keys.glob(f"*{suffix}"))
-    if not found:
-        raise fail(f"no {suffix} key in {keys} (create one with `ledger keys init`)")
-    return found[0].read_text().strip()
+_SAID_OLD_LAYOUT: set[Path] = set()  # key folders of the layout before, already said (once a process)
+
+
+def key_dir(keys: Path | None, ledger: Path) -> Path:
+    """``--keys`` when given, else the ledger's own (``ledger.log_key.default_keys``): said once, in
+    a note, when that is a key folder of the layout before, beside the ledger."""
+    from ledger.log_key import KEYS_DIR, default_keys
+
+    if keys is not None:
+        return keys
+    found = default_keys(ledger)
+    if found != ledger / KEYS_DIR and found not in _SAID_OLD_LAYOUT:
+        _SAID_OLD_LAYOUT.add(found)
+        err_console.print(
+            f"note: using the key folder {found} beside the ledger (where keys were kept before); move "
+            f"its files to {ledger / KEYS_DIR} to keep them with the ledger",
+            highlight=False,
+            markup=False,
+        )
+    return found
 
 
 def _log_signing_key(ledger: Path, keys: Path, name: str | None) -> str:
-    """The private key a `ledger checkpoint` signs with, chosen without guessing: a key file is named
-    after its key (``NAME.key``), producer keys of the ledger are never it, and among several the
-    one that signed the ledger's checkpoints so far (or ``--name``) is; otherwise a one-line error."""
+    """The private key a `ledger checkpoint`, `publish` or `redact` signs with: the ledger's log key,
+    as its lake records it, from ``keys`` (``--name`` may only name that one); on a lake that records
+    none yet (and on part files), chosen without guessing and then recorded (``_chosen_key``). A key
+    folder without the ledger's key, or holding another, is one line naming the keys."""
+    from ledger.log_key import private_keys, recorded_log_key
+    from ledger.store import Ledger
+
+    found = private_keys(keys)
+    with Ledger.open(ledger) as opened:
+        recorded = recorded_log_key(opened)
+        if recorded is None:
+            chosen = _chosen_key(opened, found, keys, name)
+            return _as_the_ledgers(opened, chosen, keys)
+        held = [k for k in _log_key_candidates(opened, found) if name is None or _key_name(k.vkey) == name]
+        ours = next((k for k in held if k.vkey == recorded), None)
+        if ours is None:
+            raise fail(_wrong_key_line(opened.ledger_id, recorded, held, keys))
+    return ours.path.read_text().strip()
+
+
+def _key_name(vkey: str) -> str:
+    from schemas.note import parse_public_key
+
+    return parse_public_key(vkey).name
+
+
+def _wrong_key_line(ledger_id: str, recorded: str, held: list[LogKey], keys: Path) -> str:
+    from ledger.log_key import missing_key_line, other_key_line
+
+    return (
+        other_key_line(ledger_id, recorded, held, keys)
+        if held
+        else missing_key_line(ledger_id, recorded, keys)
+    )
+
+
+def _log_key_candidates(opened: Ledger, found: list[LogKey]) -> list[LogKey]:
+    """The keys of ``found`` that may be a log key: not a producer key of the ledger."""
+    from ledger.registry import producers
+
+    registered = set(producers(opened).keys)
+    return [key for key in found if key.fingerprint not in registered]
+
+
+def _chosen_key(opened: Ledger, found: list[LogKey], keys: Path, name: str | None) -> LogKey:
+    """The log key of a ledger whose lake records none, chosen without guessing: a key file is named
+    after its key (``NAME.key``), producer keys of the ledger are never it, and among several the one
+    that signed the ledger's checkpoints so far (or ``--name``) is; otherwise a one-line error."""
     from ledger.integrity import CHECKPOINTS
     from ledger.log_checkpoint import note_signers
-    from ledger.registry import producers
-    from ledger.store import Ledger
-    from schemas.note import parse_private_key
-    from schemas.signing import key_id_of
 
-    found = {path: parse_private_key(path.read_text()) for path in sorted(keys.glob("*.key"))}
     if not found:
         raise fail(f"no .key key in {keys} (create one with `ledger keys init` or `ledger init`)")
-    registered = set(producers(Ledger.open(ledger)).keys)
-    candidates = {p: k for p, k in found.items() if key_id_of(k) not in registered}
+    candidates = _log_key_candidates(opened, found)
     if name is not None:
-        candidates = {p: k for p, k in candidates.items() if k.name == name}
+        candidates = [k for k in candidates if _key_name(k.vkey) == name]
     if len(candidates) > 1:
-        signed = {s for note in (ledger / CHECKPOINTS).glob("*.txt") for s in note_signers(note.read_text())}
-        candidates = {p: k for p, k in candidates.items() if key_id_of(k) in signed} or candidates
+        notes = (opened.root / CHECKPOINTS).glob("*.txt")
+        signed = {s for note in notes for s in note_signers(note.read_text())}
+        candidates = [k for k in candidates if k.fingerprint in signed] or candidates
     if len(candidates) != 1:
-        names = ", ".join(p.name for p in (candidates or found))
+        names = ", ".join(k.path.name for k in (candidates or found))
         why = "several log keys" if candidates else "no log key (producer keys of this ledger are not)"
         raise fail(f"{why} in {keys}: {names}; pass --name NAME (the log key's name)")
-    (path,) = candidates
-    return path.read_text().strip()
+    return candidates[0]
+
+
+def _as_the_ledgers(opened: Ledger, key: LogKey, keys: Path) -> str:
+    """``key``'s private text once the lake records it as the ledger's log key (recorded now when it
+    records none); a one-line error naming both keys when it records another."""
+    from ledger.log_key import other_key_line, record_log_key
+
+    recorded = record_log_key(opened, key.vkey)
+    if recorded != key.vkey:
+        raise fail(other_key_line(opened.ledger_id, recorded, [key], keys))
+    return key.path.read_text().strip()
+
+
+def checked_log_key(ledger: Path, key_file: Path) -> str:
+    """A private key file given by name (``ledger redact --key``): its text, when it is the ledger's
+    log key (recorded as it when the lake records none yet); otherwise one line naming both keys."""
+    from ledger.log_key import LogKey
+    from ledger.store import Ledger
+    from schemas.note import parse_private_key, public_key_of
+
+    try:
+        text = key_file.read_text()
+        vkey = public_key_of(parse_private_key(text))
+    except OSError as exc:
+        raise fail(f"cannot read key {key_file}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # a malformed key file
+        raise fail(f"bad key {key_file}: {exc}") from None
+    with Ledger.open(ledger) as opened:
+        return _as_the_ledgers(opened, LogKey(key_file, vkey), key_file.parent)
 
 
 def _public_keys(keys: Path) -> list[tuple[Path, str]]:
-    return [(path, path.read_text().strip()) for path in sorted(keys.glob("*.pub"))] if keys.is_dir() else []
+    """Every public key of the folder: its ``.pub`` files, and the public half of each ``.key`` file
+    without one (a host brings only the ledger's private key file)."""
+    from schemas.note import CheckpointError, parse_private_key, public_key_of
+
+    if not keys.is_dir():
+        return []
+    found = [(path, path.read_text().strip()) for path in sorted(keys.glob("*.pub"))]
+    for path in sorted(keys.glob("*.key")):
+        try:
+            vkey = public_key_of(parse_private_key(path.read_text()))
+        except (CheckpointError, UnicodeDecodeError):
+            continue  # not a key: nothing to verify with (signing with it says so)
+        if all(text != vkey for _, text in found):
+            found.append((path, vkey))
+    return found
 
 
 def keys_init(
     name: Annotated[str, typer.Option(help="Key name (appears in signature lines).")] = "runledger",
-    keys: KeyDir = DEFAULT_KEYS,
+    keys: KeyDir = None,
+    ledger: LedgerOption = DEFAULT_LEDGER,
 ) -> None:
-    """Create a key pair: NAME.key (owner-only, never printed) and NAME.pub (publish it).
+    """Create a key pair: NAME.key (owner-only, never printed) and NAME.pub (publish it), in --keys
+    (default: the ledger's own key folder, LEDGER/.keys, made owner-only).
 
-    Example: ledger keys init --name ci --keys .runledger/keys
+    Example: ledger keys init --name ci --keys ci-keys
     """
     from schemas.note import write_keypair
 
+    keys = key_dir(keys, ledger)
     with user_errors():
         try:
             private, public = write_keypair(keys, name)
@@ -106,19 +216,20 @@ def keys_init(
 
 def checkpoint(
     ledger: LedgerOption = DEFAULT_LEDGER,
-    keys: KeyDir = DEFAULT_KEYS,
+    keys: KeyDir = None,
     name: Annotated[
         str | None, typer.Option("--name", help="The log key's name, when the folder holds several keys.")
     ] = None,
 ) -> None:
     """Sign a log checkpoint of each stream's current size and root (publish the files under <ledger>/_checkpoints).
 
-    Example: ledger checkpoint --keys .runledger/keys
+    The key is the ledger's log key (its lake records it), from --keys (default: LEDGER/.keys).
+    Example: ledger checkpoint
     """
     from ledger.integrity import sign_checkpoints
 
     with user_errors(ledger):
-        written = sign_checkpoints(ledger, _log_signing_key(ledger, keys, name))
+        written = sign_checkpoints(ledger, _log_signing_key(ledger, key_dir(keys, ledger), name))
     console.print(f"signed {plural(len(written), 'stream checkpoint')} in {ledger / '_checkpoints'}")
 
 
@@ -128,7 +239,7 @@ UNVERIFIED_EXIT = 3
 
 def verify(
     ledger: LedgerOption = DEFAULT_LEDGER,
-    keys: KeyDir = DEFAULT_KEYS,
+    keys: KeyDir = None,
     public_key: Annotated[
         Path | None, typer.Option("--public-key", help="Public key file (the log checkpoints' signer).")
     ] = None,
@@ -184,8 +295,11 @@ def verify(
     from ledger.integrity import CHECKPOINTS, verify_ledger
 
     with user_errors(ledger), progress("verify", "events") as shown:
-        # Every key of the folder is tried: each checkpoint is checked with the one it names.
-        tried = [(public_key, public_key.read_text().strip())] if public_key else _public_keys(keys)
+        if public_key is not None:
+            tried = [(public_key, public_key.read_text().strip())]
+        else:  # every key of the folder is tried: each checkpoint is checked with the one it names
+            keys = key_dir(keys, ledger)
+            tried = _public_keys(keys)
         key = [text for _, text in tried] or None
         report = verify_ledger(ledger, key, progress=shown)
     for problem in report.problems:

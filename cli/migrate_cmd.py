@@ -19,7 +19,8 @@ def migrate(
         str | None,
         typer.Option(
             "--catalog",
-            help="The lake's catalog: duckdb:PATH, sqlite:PATH or postgres:DSN (default: duckdb:NEW/catalog.ducklake).",
+            help="The lake's catalog: sqlite:PATH (one host) or postgres:DSN (many hosts) "
+            "(default: sqlite:NEW/catalog.sqlite, in the new ledger's folder).",
         ),
     ] = None,
 ) -> None:
@@ -28,11 +29,11 @@ def migrate(
 
     Example: ledger migrate .runledger/ledger .runledger/lake
     """
-    from ledger.lake import LakeError, LakeTables
+    from ledger.lake import EMBEDDED_CATALOG, LakeError, LakeTables
     from ledger.lake_migrate import MigrateError
     from ledger.lake_migrate import migrate as run
 
-    spec = catalog or f"duckdb:{new / 'catalog.ducklake'}"
+    spec = catalog or f"sqlite:{new / EMBEDDED_CATALOG}"
     with user_errors(old):
         try:
             with LakeTables(spec, new / "data") as lake:

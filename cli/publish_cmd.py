@@ -14,11 +14,11 @@ import typer
 
 from cli.merkle_cmd import (
     DEFAULT_FETCH_TIMEOUT_S,
-    DEFAULT_KEYS,
     FetchTimeoutOption,
     KeyDir,
     _log_signing_key,
     fetch_timeout_s,
+    key_dir,
 )
 from cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, plural, user_errors
 
@@ -58,14 +58,15 @@ def publish(
         ),
     ],
     ledger: LedgerOption = DEFAULT_LEDGER,
-    keys: KeyDir = DEFAULT_KEYS,
+    keys: KeyDir = None,
 ) -> None:
     """Publish the ledger as one C2SP tlog-tiles log (checkpoint, tiles, bundles) plus its Parquet files and a signed manifest.
 
     Incremental and safe to kill: run it again after every ingest (a publish cut short, by a kill or
     a store that went away, is finished by the next). The trusted state (what was last published) is
-    kept beside the ledger, never in DEST.
-    Example: ledger publish site/log --keys .runledger/keys
+    kept beside the ledger, never in DEST; so is its key folder (LEDGER/.keys, the default --keys),
+    as only the log's own files and the tables' Parquet files are copied.
+    Example: ledger publish site/log
     Example: AWS_ENDPOINT_URL=http://127.0.0.1:7070 ledger publish s3://public/runledger
     """
     from ledger.publish import publish as publish_log
@@ -74,7 +75,7 @@ def publish(
     dest = _destination(dest)
     with _one_line(ledger):
         try:
-            result = publish_log(ledger, dest, _log_signing_key(ledger, keys, None))
+            result = publish_log(ledger, dest, _log_signing_key(ledger, key_dir(keys, ledger), None))
         except WitnessRefused as exc:
             console.print(f"REFUSED BY A WITNESS: {exc}", style="bold red", highlight=False, markup=False)
             raise typer.Exit(1) from None

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli.merkle_cmd import DEFAULT_KEYS, KeyDir, _log_signing_key
+from cli.merkle_cmd import KeyDir, _log_signing_key, checked_log_key, key_dir
 from cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, user_errors
 
 
@@ -17,26 +17,29 @@ def redact(
     actor: Annotated[str, typer.Option("--actor", help="Who asks for it (kept in the record).")],
     key: Annotated[
         Path | None,
-        typer.Option("--key", help="The log's private key file (default: the log key in --keys)."),
+        typer.Option(
+            "--key",
+            help="The log's private key file (default: the ledger's log key in --keys, LEDGER/.keys).",
+        ),
     ] = None,
     source: Annotated[str | None, typer.Option("--source", help="The event's source, if ids repeat.")] = None,
     ledger: LedgerOption = DEFAULT_LEDGER,
-    keys: KeyDir = DEFAULT_KEYS,
+    keys: KeyDir = None,
 ) -> None:
     """Remove an event's payload and salt from the ledger's files and append a signed redaction record.
 
     The event keeps its place: every inclusion and consistency proof, and every published log entry,
     still verifies; `ledger verify` reports the redaction and its reason, `ledger history` and
     `ledger state` mark it, and the next `ledger publish` removes the old files from DEST.
-    Example: ledger redact evt-0042 --reason "API token in the config" --actor alice --key .runledger/keys/log.key
+    Example: ledger redact evt-0042 --reason "API token in the config" --actor alice
     """
     from ledger.redaction import redact as redact_event
 
     with user_errors(ledger):
-        try:
-            private = key.read_text() if key is not None else _log_signing_key(ledger, keys, None)
-        except OSError as exc:
-            raise fail(f"cannot read key {key}: {exc.strerror or exc}") from None
+        if key is not None:
+            private = checked_log_key(ledger, key)
+        else:
+            private = _log_signing_key(ledger, key_dir(keys, ledger), None)
         try:
             done = redact_event(
                 ledger, event_id, reason=reason, actor=actor, private_key=private, source=source

@@ -2,9 +2,10 @@
 
 ``LakeTables`` stores the tables of ``ledger.parquet_schemas.TABLES`` (plus their hive partition
 column, partitioned by it) in a DuckLake (DuckDB's lakehouse format; duckdb 1.5.5 with the extension
-wheels ``ledger.duck`` loads). Its catalog is a DuckDB file (embedded, one process), a SQLite file
-(one host: writers retry "database is locked" with a bounded backoff) or a PostgreSQL DSN (many
-writers on many hosts); its data files are Parquet under ``data_path``.
+wheels ``ledger.duck`` loads). Its catalog is a SQLite file (one host: writers retry "database is
+locked" with a bounded backoff) or a PostgreSQL DSN (many writers on many hosts); its data files are
+Parquet under ``data_path``. (A DuckDB-file catalog is not offered: DuckDB's file lock lets one process
+hold it, so checkpoint, publish and redact could not run beside a writer.)
 
 It is the storage layer *under* the ledger's commit logic (decode, admission, projection, Merkle state
 stay in ``ledger.store``):
@@ -67,9 +68,8 @@ __all__ = [
     "open_snapshot",
 ]
 
-CatalogKind = Literal["duckdb", "sqlite", "postgres"]
+CatalogKind = Literal["sqlite", "postgres"]
 _EXTENSIONS: dict[CatalogKind, list[str]] = {
-    "duckdb": ["ducklake"],
     "sqlite": ["ducklake", "sqlite_scanner"],
     "postgres": ["ducklake", "postgres_scanner"],
 }
@@ -83,6 +83,7 @@ FENCE_PREFIX = "ledger_fence_"
 COMMIT_FENCE = "ledger/commit"
 ID_FENCE = "ledger/id"  # moved once, by the commit that names the ledger the lake holds
 ID_KEY = "ledger_id"  # the state key of that name
+ID_OPTION = "runledger_ledger_id"  # ... and its row in the catalog's own ``ducklake_metadata``
 _PSEUDO_SOURCES = "ledger/%"  # fences of the ledger's own, not sources: read_positions leaves them out
 # SQLite catalog: "database is locked" under concurrency (duckdb/ducklake#128). Bounded retries.
 LOCKED_RETRIES = 60
@@ -105,10 +106,6 @@ ROW_GROUP_ROWS = {
 }
 # The lake's merges compress as the ledger's own files (DuckDB's default, snappy: events 1.8x larger).
 PARQUET_COMPRESSION = "zstd"
-# A new DuckDB-file catalog is made in 16 KiB blocks, not DuckDB's 256 KiB: each of its ~30 metadata
-# tables holds few rows, and each checkpoint (every close) writes every block of each (a new lake's
-# catalog file: 3.1 MB → 240 KB). The file keeps its block size: only its creation names it.
-CATALOG_BLOCK_BYTES = 16 * 1024
 # A merge rewrites the files below this size with their neighbours. DuckLake's default (512 MB) had
 # each merge of the full reference run rewrite the whole of moe_layer_stats again (161 → 301 → 440 →
 # 515 MB; 12, 22, 44 and 78 s, ingest +13%); at 128 MB a file is rewritten about once.
@@ -120,9 +117,18 @@ MERGED_PREFIX = "merged:"  # a state key naming a file the lake's merge wrote (i
 # 100,000 steps. 128 MB crashed DuckDB 1.5.5 (SIGSEGV) in the same ingest: not lower.
 WRITER_MEMORY = "256MB"
 ORPHAN_MIN_AGE_S = 3600.0  # a data file no snapshot names is deleted by maintenance once this old
+# Every wait for a lock file beside a SQLite catalog ends: a commit's turn is held from BEGIN to
+# COMMIT, the maintenance lock exclusively for one merge (78 s at most in the full reference run).
+LOCK_WAIT_S = 600.0
 MAINTAIN_WAIT_S = 30.0  # a SQLite catalog's maintenance waits this long for a gap between statements  # an engine conflict that is not a fence (a concurrent maintain()): redo
 
 T = TypeVar("T")
+
+
+DUCKDB_FILE_REFUSED = (
+    "a DuckDB-file catalog is held by one process, so checkpoint, publish and redact beside a writer "
+    "cannot run: use sqlite:PATH (one host) or postgres:DSN (many hosts)"
+)
 
 
 class LakeError(RuntimeError):
@@ -131,24 +137,29 @@ class LakeError(RuntimeError):
 
 @dataclass(frozen=True)
 class Catalog:
-    """Where the DuckLake catalog lives: ``duckdb:PATH``, ``sqlite:PATH`` or ``postgres:DSN``."""
+    """Where the DuckLake catalog lives: ``sqlite:PATH`` or ``postgres:DSN``."""
 
     kind: CatalogKind
     target: str  # a file path, or a libpq DSN ("dbname=ledger host=127.0.0.1 port=5432 user=postgres")
 
     @classmethod
     def parse(cls, spec: str) -> Catalog:
-        """``postgres:DSN`` / ``sqlite:PATH`` / ``duckdb:PATH``; a bare path: by its suffix."""
-        for kind in ("postgres", "sqlite", "duckdb"):
+        """``postgres:DSN`` / ``sqlite:PATH``; a bare path ending in .sqlite/.sqlite3/.db is SQLite.
+        A DuckDB-file catalog (``duckdb:PATH``, a bare ``.ducklake``/``.duckdb`` path) is refused."""
+        for kind in ("postgres", "sqlite"):
             if spec.startswith(kind + ":"):
                 target = spec[len(kind) + 1 :]
                 if not target:
                     raise LakeError(f"catalog {spec!r}: nothing after {kind}:")
                 return cls(kind, target)
         if not spec:
-            raise LakeError("catalog: empty (give duckdb:PATH, sqlite:PATH or postgres:DSN)")
+            raise LakeError("catalog: empty (give sqlite:PATH or postgres:DSN)")
         suffix = Path(spec).suffix
-        return cls("sqlite" if suffix in {".sqlite", ".sqlite3", ".db"} else "duckdb", spec)
+        if suffix in {".sqlite", ".sqlite3", ".db"}:
+            return cls("sqlite", spec)
+        if spec.startswith("duckdb:") or suffix in {".ducklake", ".duckdb", ""}:
+            raise LakeError(f"catalog {spec!r}: {DUCKDB_FILE_REFUSED}")
+        raise LakeError(f"catalog {spec!r}: give sqlite:PATH or postgres:DSN")
 
     @property
     def spec(self) -> str:
@@ -159,14 +170,19 @@ class Catalog:
     def extensions(self) -> list[str]:
         return _EXTENSIONS[self.kind]
 
+    @property
+    def shown(self) -> str:
+        """The spec as a message may show it: a DSN's password left out."""
+        return re.sub(r"(password\s*=\s*)\S+", r"\1***", self.spec)
+
     def uri(self) -> str:
-        prefix = {"duckdb": "", "sqlite": "sqlite:", "postgres": "postgres:"}[self.kind]
-        return f"ducklake:{prefix}{self.target}"
+        return f"ducklake:{self.kind}:{self.target}"
 
     @property
     def one_process(self) -> bool:
-        """A DuckDB-file catalog is held by one process (DuckDB's file lock)."""
-        return self.kind == "duckdb"
+        """Whether one process holds the catalog: never, now (the DuckDB-file kind is withdrawn);
+        kept for callers that still ask."""
+        return False
 
 
 @dataclass
@@ -292,6 +308,10 @@ def _is_locked(exc: BaseException) -> bool:
     return "database is locked" in text or "database is busy" in text or "sqlite_busy" in text
 
 
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def _is_conflict(exc: BaseException) -> bool:
     return "conflict" in str(exc).lower()
 
@@ -316,7 +336,7 @@ class MaintenanceLock:
 
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:
-        with _file_lock(self.path, fcntl.LOCK_SH):
+        with _file_lock(self.path, fcntl.LOCK_SH, "the maintenance lock (a merge holds it)"):
             yield
 
     @contextlib.contextmanager
@@ -353,19 +373,36 @@ class CommitTurns:
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
-        with _file_lock(self.path, fcntl.LOCK_EX):
+        with _file_lock(self.path, fcntl.LOCK_EX, "the commit turn (another writer's transaction holds it)"):
             yield
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path | None, operation: int) -> Iterator[None]:
-    """``flock(operation)`` held on the file at ``path`` (made if new) for the block; none if no path."""
+def _file_lock(path: Path | None, operation: int, what: str) -> Iterator[None]:
+    """``flock(operation)`` held on the file at ``path`` (made if new) for the block; none if no path.
+    Waits at most ``LOCK_WAIT_S``, then a LakeError names ``what`` and the file."""
     if path is None:
         yield
         return
     with open(path, "a+b") as handle:
-        fcntl.flock(handle, operation)
+        wait_for_flock(handle, operation, LOCK_WAIT_S, f"{what}, {path}")
         yield
+
+
+def wait_for_flock(handle: Any, operation: int, wait_s: float, what: str) -> None:
+    """``flock(operation)`` on ``handle``, polled (1 ms doubling to 50 ms) for at most ``wait_s``;
+    then a LakeError saying what was waited on."""
+    deadline = time.monotonic() + wait_s
+    sleep_s = 0.001
+    while True:
+        try:
+            fcntl.flock(handle, operation | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise LakeError(f"waited {wait_s:g} s for {what}: it was never free") from None
+            time.sleep(sleep_s)
+            sleep_s = min(0.05, sleep_s * 2)
 
 
 def retry_locked(attempt: Callable[[], T]) -> T:
@@ -402,6 +439,8 @@ def _sha256(path: Path) -> str:
 
 # ----------------------------------------------------------------- an s3:// data path
 S3_SECRET = "runledger_lake"
+S3_LARGEST_FILE = "64GiB"  # / 10,000 parts: 6.9 MB a part (a merged file is TARGET_FILE_BYTES at most)
+S3_UPLOAD_THREADS = 4  # parts uploading at once (httpfs's default: 50, each a part in memory)
 _GLOB_CHARS = frozenset("*?[{")  # read_blob takes a glob: a path with these is read by pyarrow instead
 _PROBE = "runledger-probe-"  # no DuckLake file starts so: listing it answers nothing, in one request
 
@@ -443,6 +482,11 @@ def connect_data(
         from ledger.duck_s3 import create_s3_secret
 
         create_s3_secret(con, config, S3_SECRET)
+        # An upload holds one part in memory per file written (httpfs: the largest file / the most
+        # parts, 800 GB / 10,000 = 80 MB by default): the lake's merge, writing several files at
+        # once, ran out of the writer's 256 MB. Parts of ~7 MB (S3's least is 5 MiB) stream within it.
+        con.execute(f"SET GLOBAL s3_uploader_max_filesize = '{S3_LARGEST_FILE}'")
+        con.execute(f"SET GLOBAL s3_uploader_thread_limit = {S3_UPLOAD_THREADS}")
         if probe:
             _probe_s3(con, data_path, config)
     except BaseException:
@@ -530,7 +574,17 @@ def fetch_object(url: str, target: Path) -> str:
 
 
 # ----------------------------------------------------------------- a ledger folder on a lake
+# A new ledger's catalog, in its folder (SQLite: many processes, no server).
+EMBEDDED_CATALOG = "catalog.sqlite"
 LAKE_MARKER = "LAKE.json"  # in a ledger folder whose tables are in a lake (``ledger migrate`` writes it)
+
+
+def missing_catalog(catalog: str, folder: Path) -> str:
+    """The one line for a ledger folder whose catalog is gone (never made again: see ``LakeTables``)."""
+    return (
+        f"no lake catalog at {Catalog.parse(catalog).shown}, which {folder / LAKE_MARKER} names: it is "
+        "missing, and it is never recreated under a ledger that has commits (restore it from a backup)"
+    )
 
 
 @dataclass(frozen=True)
@@ -562,6 +616,8 @@ class LakeFolder:
         parsed = Catalog.parse(catalog)
         if parsed.kind != "postgres" and not Path(parsed.target).is_absolute():
             catalog = f"{parsed.kind}:{folder / parsed.target}"
+        if parsed.kind != "postgres" and not Path(catalog.split(":", 1)[1]).is_file():
+            raise LakeError(missing_catalog(catalog, folder))
         tables = tuple(t for t in obj.get("tables") or TABLES if t in TABLES)
         return cls(folder, catalog, data, str(obj.get("ledger_id") or "ledger"), tables)
 
@@ -630,8 +686,7 @@ def open_snapshot(
     """A new connection with the lake attached read-only at one snapshot (``snapshot``, or the newest
     now) as ``lake``, its files read under ``data_path``: every statement on it, naming
     ``lake.<table>`` or not, sees that one moment.
-    For a process that only reads (``ledger query``); a DuckDB-file catalog must not be held by a
-    writer process meanwhile (DuckDB's file lock)."""
+    For a process that only reads (``ledger query``)."""
     spec = Catalog.parse(catalog) if isinstance(catalog, str) else catalog
     if spec.kind != "postgres" and not Path(spec.target).exists():
         raise LakeError(f"no lake catalog at {spec.target}")
@@ -672,10 +727,9 @@ def _catalog_snapshots(
     """(the newest snapshot id, whether ``snapshot`` is still there) read from a file catalog's own
     ``ducklake_snapshot`` table, without attaching the lake (attaching it, asking, detaching cost
     ~45 ms of every read command); None for PostgreSQL."""
-    if spec.kind in ("sqlite", "duckdb"):
+    if spec.kind == "sqlite":
         # (a SQLite file through DuckDB's own SQLite, never Python's: see ``_attach_writer``)
-        kind = "TYPE sqlite, " if spec.kind == "sqlite" else ""
-        con.execute(f"ATTACH {_literal(spec.target)} AS _lake_catalog ({kind}READ_ONLY)")
+        con.execute(f"ATTACH {_literal(spec.target)} AS _lake_catalog (TYPE sqlite, READ_ONLY)")
         try:
             row = con.execute(
                 "SELECT max(snapshot_id), count(*) FILTER (WHERE snapshot_id = ?) "
@@ -811,7 +865,11 @@ class LakeTables:
         *,
         create: bool = True,
         name_new: str | None = None,
+        new_catalog: bool = True,
     ) -> None:
+        """``create``: make the ledger's tables the lake lacks. ``new_catalog``: whether a catalog
+        that does not exist may be made (only while a ledger folder is being created); False: a
+        missing catalog, or one holding no runledger tables, is a LakeError and nothing is made."""
         self.catalog = Catalog.parse(catalog) if isinstance(catalog, str) else catalog
         # A folder, or s3://bucket/prefix (kept a string so nothing assumes a local path).
         self.data_path = str(data_path)
@@ -824,17 +882,72 @@ class LakeTables:
         # (ledger commit n, snapshot s): no commit record above n existed at s (``records_after``)
         self._records_seen: tuple[int, int] | None = None
         self.named_now = False  # whether this instance created the lake and named it so
+        self.new_catalog = new_catalog
+        # A catalog is made only with a new ledger: attaching a missing one would make it empty.
+        if self.catalog.kind != "postgres" and not new_catalog and not Path(self.catalog.target).is_file():
+            raise LakeError(f"no lake catalog at {self.catalog.shown}")
         if self.catalog.kind != "postgres":
             Path(self.catalog.target).parent.mkdir(parents=True, exist_ok=True)
         if "://" not in self.data_path:
             Path(self.data_path).mkdir(parents=True, exist_ok=True)
         self.con = self._retry(self._attach_writer)
-        if create:
-            try:
+        try:
+            if not new_catalog:
+                self._require_runledger_tables()
+            if create:
                 self._retry(self._create_tables)
-            except BaseException:  # (a damaged catalog attaches, then fails here): let go of its file now
-                self.con.close()
-                raise
+        except BaseException:  # (a damaged catalog attaches, then fails here): let go of its file now
+            self.con.close()
+            raise
+
+    def _require_runledger_tables(self) -> None:
+        """LakeError unless the attached catalog holds the writer's own tables (a catalog replaced
+        by an empty or foreign one is refused, never filled)."""
+        existing = self._retry(self._existing)
+        if not {POSITIONS, STATE, COMMITS} <= existing:
+            raise LakeError(f"lake catalog {self.catalog.shown} holds no runledger tables")
+
+    def stored_ledger_id(self) -> str | None:
+        """The ledger id the lake was named with (None: an unnamed lake): the catalog's own
+        ``ID_OPTION`` row, read without a data file (a replaced catalog's files are elsewhere), else
+        the state row of a lake named before that row was kept (then it is written)."""
+        meta = f"__ducklake_metadata_{ALIAS}"
+
+        def ask_catalog() -> str | None:
+            with contextlib.closing(self.con.cursor()) as cur:
+                row = cur.execute(
+                    f"SELECT value FROM {meta}.ducklake_metadata WHERE key = ?", [ID_OPTION]
+                ).fetchone()
+            return str(row[0]) if row and row[0] is not None else None
+
+        def ask_state() -> str | None:
+            with self.maintenance.shared(), contextlib.closing(self.con.cursor()) as cur:
+                row = cur.execute(
+                    f"SELECT arg_max(value, rowid) FROM {ALIAS}.{STATE} WHERE key = ?", [ID_KEY]
+                ).fetchone()
+            return str(json.loads(row[0])) if row and row[0] is not None else None
+
+        found = self._retry(ask_catalog)
+        if found is None:
+            found = self._retry(ask_state)
+            if found is not None:
+                self.note_ledger_id(found)
+        return found
+
+    def note_ledger_id(self, ledger_id: str) -> None:
+        """Keep the lake's ledger id in the catalog's own metadata (once), where ``stored_ledger_id``
+        finds it without reading data files (DuckLake keeps rows it does not know there)."""
+        meta = f"__ducklake_metadata_{ALIAS}"
+
+        def write() -> None:
+            with self.turns.turn(), contextlib.closing(self.con.cursor()) as cur:
+                cur.execute(
+                    f"INSERT INTO {meta}.ducklake_metadata (key, value) SELECT ?, ? WHERE NOT EXISTS "
+                    f"(SELECT 1 FROM {meta}.ducklake_metadata WHERE key = ?)",
+                    [ID_OPTION, ledger_id, ID_OPTION],
+                )
+
+        self._retry(write)
 
     # ----------------------------------------------------------------- connections
     def _attach_writer(self) -> duckdb.DuckDBPyConnection:
@@ -846,8 +959,8 @@ class LakeTables:
             # Set by DuckDB's own SQLite: a second SQLite library in this process would drop the
             # first's POSIX locks on the file whenever it closed it (SQLite's "multiple copies" hazard).
             options += ", METADATA_PARAMETERS MAP {'JOURNAL_MODE': 'wal'}"
-        elif self.catalog.kind == "duckdb" and not Path(self.catalog.target).exists():
-            options += f", METADATA_PARAMETERS MAP {{'BLOCK_SIZE': '{CATALOG_BLOCK_BYTES}'}}"
+        if not self.new_catalog:  # (a PostgreSQL database without one would be given a new lake)
+            options += ", CREATE_IF_NOT_EXISTS false"
         for tries in range(INIT_RACE_RETRIES + 1):
             con = connect_data(self.catalog, self.data_path, probe=True, memory_limit=WRITER_MEMORY)
             try:
@@ -856,16 +969,13 @@ class LakeTables:
             except duckdb.Error as exc:
                 con.close()
                 text = str(exc)
+                if "creating a new DuckLake is explicitly disabled" in text:
+                    if self.catalog.kind == "sqlite":  # (the file is there: ``__init__`` checked)
+                        raise LakeError(f"lake catalog {self.catalog.shown} holds no lake") from None
+                    raise LakeError(f"no lake catalog at {self.catalog.shown}") from None
                 if _lost_init_race(text) and tries < INIT_RACE_RETRIES:
                     time.sleep(0.05 * (tries + 1) * (0.5 + random.random()))
                     continue  # another writer initialized the new catalog first: it is there now
-                if self.catalog.one_process and (
-                    "Unique file handle conflict" in text or "Conflicting lock" in text
-                ):
-                    raise LakeError(
-                        f"lake catalog {self.catalog.target} is open in another writer (a DuckDB-file catalog "
-                        "has one at a time; a SQLite or PostgreSQL catalog takes several)"
-                    ) from None
                 raise
             except BaseException:
                 con.close()
@@ -892,14 +1002,21 @@ class LakeTables:
         exponential backoff, and after an engine conflict when ``on_conflict``."""
         sleep_s, cap_s = LOCKED_BACKOFF_S
         tries = 0
+        started = time.monotonic()
         while True:
             try:
                 return attempt()
             except duckdb.Error as exc:
                 retryable = _is_locked(exc) or (on_conflict and _is_conflict(exc))
                 limit = LOCKED_RETRIES if _is_locked(exc) else CONFLICT_RETRIES
-                if not retryable or tries >= limit:
+                if not retryable:
                     raise
+                if tries >= limit:  # (the same kind of error, so callers still tell a conflict)
+                    waited = "a lock on" if _is_locked(exc) else "conflicting commits on"
+                    raise type(exc)(
+                        f"gave up after {tries} retries in {time.monotonic() - started:.1f} s waiting "
+                        f"out {waited} lake catalog {self.catalog.shown}: {_first_line(exc)}"
+                    ) from exc
                 self._rollback(con)
                 tries += 1
                 self.retries += 1
@@ -1104,14 +1221,10 @@ class LakeTables:
             con.execute("ROLLBACK")
             return None
         if positions:
-            con.executemany(
-                f"INSERT INTO {ALIAS}.{POSITIONS} VALUES (?, ?, ?)",
-                [[s, new, commit_id] for s, (_, new) in sorted(positions.items())],
-            )
+            _insert_rows(con, POSITIONS, [[s, new, commit_id] for s, (_, new) in sorted(positions.items())])
         if state:
-            con.executemany(
-                f"INSERT INTO {ALIAS}.{STATE} VALUES (?, ?, ?)",
-                [[k, json.dumps(v, sort_keys=True), commit_id] for k, v in sorted(state.items())],
+            _insert_rows(
+                con, STATE, [[k, json.dumps(v, sort_keys=True), commit_id] for k, v in sorted(state.items())]
             )
         moved = {s: new for s, (_, new) in positions.items()}
         con.execute(
@@ -1355,10 +1468,7 @@ class LakeTables:
         """A connection whose every table (``events``, ``metrics``... unqualified) is one snapshot:
         ``snapshot``, or the newest when the reader opens. Closed on leaving the block."""
         pinned = self.current_snapshot() if snapshot is None else snapshot
-        if self.catalog.one_process:
-            con = self._pinned_views(pinned)  # the catalog file is this process's: share its instance
-        else:
-            con = self._retry(lambda: self._attach_reader(pinned))
+        con = self._retry(lambda: self._attach_reader(pinned))
         try:
             yield LakeReader(con, pinned, self)
         finally:
@@ -1378,16 +1488,6 @@ class LakeTables:
             raise
         return con
 
-    def _pinned_views(self, snapshot: int) -> duckdb.DuckDBPyConnection:
-        """DuckDB-file catalog: a cursor on the writer's instance, each table a view at the snapshot."""
-        con = self.con.cursor()
-        for name in sorted(self._existing(con)):
-            extra = ", rowid AS rowid" if name == STATE else ""  # read_state orders by it
-            con.execute(
-                f"CREATE TEMP VIEW {_quote(name)} AS SELECT *{extra} FROM {ALIAS}.{_quote(name)} AT (VERSION => {int(snapshot)})"
-            )
-        return con
-
     # ----------------------------------------------------------------- maintenance
     def maintain(self, *, keep_s: float = 3600.0) -> dict[str, int]:
         """DuckLake's own compaction and clean-up: merge adjacent small files, expire snapshots older
@@ -1404,6 +1504,8 @@ class LakeTables:
                 return {
                     "files_before": 0,
                     "files_after": 0,
+                    "files_merged": 0,
+                    "files_written": 0,
                     "snapshots_expired": 0,
                     "files_deleted": 0,
                     "orphans_deleted": 0,
@@ -1454,15 +1556,12 @@ class LakeTables:
             ).fetchone()
         return int(row[0]) if row else 0
 
-    def _record_merged(self, after: int, first_file: int, *, always: bool = False) -> int:
+    def _record_merged(self, after: int, first_file: int) -> int:
         """Name each data file the lake's merge wrote (ids from ``first_file`` on, not added by a
         ledger commit after snapshot ``after``, still live) with its SHA-256 in the lake's state
         (``merged:<file name>``, one commit), so ``verify`` checks merged files' bytes as it checks a
         commit's. A merged file keeps its oldest row's snapshot as its own, so it is found by id.
-        Killed before this, verify says they are unrecorded. ``always``: on a DuckDB-file catalog too
-        (``erase_deleted``, which no reader runs beside)."""
-        if self.catalog.one_process and not always:
-            return 0  # a DuckDB-file catalog: its readers share this instance (CI: a binder error)
+        Killed before this, verify says they are unrecorded."""
         where = (
             "f.data_file_id >= ? AND f.end_snapshot IS NULL AND f.begin_snapshot NOT IN "
             f"(SELECT snapshot_id FROM {ALIAS}.snapshots() WHERE snapshot_id > ? AND commit_message IS NOT NULL)"
@@ -1481,7 +1580,7 @@ class LakeTables:
                 with self.turns.turn():
                     cur.execute("BEGIN")
                     try:
-                        cur.executemany(f"INSERT INTO {ALIAS}.{STATE} VALUES (?, ?, ?)", rows)
+                        _insert_rows(cur, STATE, rows)
                         cur.execute(f"CALL {ALIAS}.set_commit_message(?, ?)", ["maintain", commit_id])
                         cur.execute("COMMIT")
                     except BaseException:
@@ -1546,16 +1645,13 @@ class LakeTables:
                 # old ones, and those a maintenance turn kept for readers pinned within keep_s.
                 cleanup = f"CALL ducklake_cleanup_old_files('{ALIAS}', cleanup_all => true)"
                 self._retry(_call(cur, cleanup), con=cur)
-                if self.catalog.kind != "duckdb":
-                    self._retry(lambda: self._compact_catalog(cur), con=cur)
-        if self.catalog.kind == "duckdb":
-            self._rewrite_catalog_file()
+                self._retry(lambda: self._compact_catalog(cur), con=cur)
         left = sorted(p for p in old if "://" not in p and Path(p).exists())
         if left:
             raise LakeError(f"erased rows are still on disk in {left[0]} (and {len(left) - 1} more)")
         done["files_erased"] = len(old)
         done["snapshots_expired"] = len(versions)
-        done["files_recorded"] = self._record_merged(start, first_file, always=True)
+        done["files_recorded"] = self._record_merged(start, first_file)
         log.info(
             "lake: erased deleted rows from %d file(s), expiring %d snapshot(s)", len(old), len(versions)
         )
@@ -1591,28 +1687,6 @@ class LakeTables:
                 f"CALL postgres_execute('__ducklake_metadata_{ALIAS}', 'VACUUM FULL {table}', use_transaction => false)"
             )
 
-    def _rewrite_catalog_file(self) -> None:
-        """A DuckDB file frees the blocks of deleted rows without clearing them (the erased values
-        stay readable in the file): the catalog is copied into a new file (``COPY FROM DATABASE``)
-        that replaces it, while this instance, its only user, lets go of it."""
-        path = Path(self.catalog.target)
-        tmp = path.with_name(path.name + ".compact.tmp")
-        tmp.unlink(missing_ok=True)
-        self.con.close()
-        try:
-            with contextlib.closing(connect()) as con:
-                con.execute(f"ATTACH {_literal(str(path))} AS src (READ_ONLY)")
-                con.execute(f"ATTACH {_literal(str(tmp))} AS dst (BLOCK_SIZE {CATALOG_BLOCK_BYTES})")
-                con.execute("COPY FROM DATABASE src TO dst")
-                con.execute("DETACH dst")
-            with open(tmp, "rb+") as handle:
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-            fsync_dir(path.parent)
-        finally:
-            tmp.unlink(missing_ok=True)
-            self.con = self._retry(self._attach_writer)
-
     def _maintain(self, older: str, keep_s: float) -> dict[str, int]:
         with contextlib.closing(self.con.cursor()) as cur:
             before = _file_count(cur)
@@ -1623,9 +1697,7 @@ class LakeTables:
             self._retry(lambda: self._file_layout(cur), con=cur)
             # (Not `SET threads = 1`, which halved the merge's memory again: it is global, and on a
             # DuckDB-file catalog it deadlocked against a commit running in another thread.)
-            self._retry(
-                lambda: call(f"CALL ducklake_merge_adjacent_files('{ALIAS}')"), on_conflict=True, con=cur
-            )
+            merged = self._retry(lambda: _merge(cur), on_conflict=True, con=cur)
             expired = self._retry(lambda: _expire(cur, keep_s), on_conflict=True, con=cur)
             cleaned = self._retry(
                 lambda: call(f"CALL ducklake_cleanup_old_files('{ALIAS}', older_than => {older})"), con=cur
@@ -1648,6 +1720,8 @@ class LakeTables:
         return {
             "files_before": before,
             "files_after": after,
+            "files_merged": merged[0],
+            "files_written": merged[1],
             "snapshots_expired": expired,
             "files_deleted": cleaned,
             "orphans_deleted": orphans,
@@ -1672,6 +1746,23 @@ class LakeReader:
 
 
 Queryable = duckdb.DuckDBPyConnection | LakeReader
+
+
+def _insert_rows(con: duckdb.DuckDBPyConnection, table: str, rows: list[list[Any]]) -> None:
+    """``rows`` into a writer table in ONE statement: DuckLake writes a data file per INSERT, so
+    ``executemany`` left a file per row (a commit's positions and stream heads: a file each)."""
+    if not rows:
+        return
+    width = len(rows[0])
+    values = ", ".join(["(" + ", ".join(["?"] * width) + ")"] * len(rows))
+    con.execute(f"INSERT INTO {ALIAS}.{table} VALUES {values}", [v for row in rows for v in row])
+
+
+def _merge(con: duckdb.DuckDBPyConnection) -> tuple[int, int]:
+    """DuckLake's merge of adjacent files: (files it merged, files it wrote in their place)."""
+    # (CALL: the same function read in a SELECT answered its counts and merged nothing that stayed)
+    rows = con.execute(f"CALL ducklake_merge_adjacent_files('{ALIAS}')").fetchall()
+    return sum(int(row[2]) for row in rows), sum(int(row[3]) for row in rows)
 
 
 def _expire(con: duckdb.DuckDBPyConnection, keep_s: float) -> int:

@@ -8,6 +8,12 @@ atomic rename (``ledger.store``), so one thread stats the *next* record's name e
 leaves it appended (``appended``: first leaf index and count); their events are read from the
 Parquet files the record lists (or, once a compaction moved them, with one query).
 
+A ledger on DuckLake is followed by its snapshots instead: a writer on another host leaves no
+record in this folder, so the catalog is asked for its newest snapshot (one connection and attach,
+~25 ms) when this folder's next record appears, a SQLite catalog's files change, or every
+``LAKE_POLL_S`` otherwise; a newer snapshot replaces the watch's reader (``Reader`` pinned there,
+its ``head`` the record as of it) and the followed runs' new leaves are read through it.
+
 The SSE ``id:`` of every message that carries an event is its leaf index (``stream_seq``) on the
 run's stream, and the stream sends every leaf in order, so ids are contiguous: a browser that
 reconnects sends ``Last-Event-ID`` and resumes at the next leaf, with no duplicate and no gap, even
@@ -49,9 +55,10 @@ from starlette.routing import Route
 
 from ledger.history import config_after, history_item
 from ledger.integrity import checkpoint_path
+from ledger.lake import LAKE_MARKER, Catalog, LakeError, LakeFolder, open_snapshot
 from ledger.log_checkpoint import parse_and_verify_checkpoint, parse_checkpoint
 from ledger.monitor import DEFAULT_DEADLINE_S, MonitorError, check_quorum
-from ledger.query import QueryError, Reader
+from ledger.query import QueryError, Reader, RecordHead
 from ledger.remote import RemoteError, default_state_path, fetch_copy, verify_remote
 from ledger.report import CURVES, MARKER_KINDS, asset, build_report, script_json
 from ledger.store import COMMITS
@@ -63,6 +70,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8790
 POLL_S = 0.25  # how often the next commit record's name is stat-ed
+LAKE_POLL_S = 2.0  # a lake: how often its catalog is asked for a new snapshot with no sign of one here
 PUBLISHED_POLL_S = 1.0  # how often a published copy's checkpoint is fetched (one small GET)
 COPY_GRACE_S = 10.0  # a published copy's download may fail this long (a publish mid-upload) before it is said
 MAX_CLIENTS = 200  # open event streams; the next one is answered 503
@@ -429,6 +437,9 @@ class LedgerWatch:
         self.reader: Reader | None = None
         self.generation = 0  # bumped on every change: clients wait for it to move
         self.opened = 0  # times the ledger was (re)opened
+        self.lake: LakeFolder | None = None  # the ledger's lake (None: part files)
+        self.lake_stamp: tuple[Any, ...] | None = None  # what hinted at the lake's last move
+        self.lake_asked = 0.0  # when the lake's catalog was last asked for its newest snapshot (monotonic)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
         self._stop = threading.Event()
@@ -448,15 +459,22 @@ class LedgerWatch:
 
     def _open(self) -> None:
         try:
+            lake = LakeFolder.read(self.root)
             reader = Reader(self.root)
         except Exception as exc:  # LedgerError, OSError, a DuckDB error on a half-removed folder
             self._set_lost(f"the ledger at {self.root} cannot be opened: {exc}")
             return
+        try:
+            head = reader.head
+        except QueryError as exc:
+            reader.close()
+            self._set_lost(f"the ledger at {self.root} cannot be opened: {exc}")
+            return
         with self.lock:
-            self.reader = reader
-            self.ledger_id = reader.ledger.ledger_id
-            self.commit = reader.ledger.last_commit
-            self.heads = {s: h.size for s, h in reader.ledger.stream_heads().items()}
+            self.reader, self.lake = reader, lake
+            self.ledger_id = head.ledger_id
+            self.commit = head.commit
+            self.heads = {s: h.size for s, h in head.streams.items()}
             self.lost = None
             self.opened += 1  # pages built over an earlier opening are not served again
 
@@ -478,6 +496,15 @@ class LedgerWatch:
             if self.lost is None:
                 self._notify()
             return self.lost is None
+        moved = self._poll_lake() if self.lake is not None else self._poll_records()
+        moved = self._signed_since() or moved
+        moved = self._states_due() or moved
+        if moved:
+            self._notify()
+        return moved
+
+    def _poll_records(self) -> bool:
+        """Part files: take every commit record written since the last poll, in order."""
         moved = False
         while True:
             path = self.root / COMMITS / f"{self.commit + 1:010d}.json"
@@ -489,11 +516,81 @@ class LedgerWatch:
                 return self._set_lost(f"commit record {path.name} cannot be read: {exc}")
             self._take(record)
             moved = True
-        moved = self._signed_since() or moved
-        moved = self._states_due() or moved
-        if moved:
-            self._notify()
         return moved
+
+    def _poll_lake(self) -> bool:
+        """A lake: when its catalog has a snapshot past the reader's, a reader pinned there replaces
+        it and the followed runs' new leaves are read through it (commit records in this folder are
+        only this host's: another host's commits are in the catalog alone)."""
+        assert self.lake is not None and self.reader is not None
+        if not self._lake_may_have_moved(self.lake):
+            return False
+        try:
+            probe, newest = open_snapshot(self.lake.catalog, self.lake.data_path)
+            probe.close()
+            if newest == self.reader.snapshot:
+                return False
+            reader = Reader(self.root, snapshot=newest)
+        except (LakeError, QueryError) as exc:
+            return self._set_lost(f"the ledger at {self.root} cannot be read: {exc}")
+        try:
+            head = reader.head
+        except QueryError as exc:
+            reader.close()
+            return self._set_lost(f"the ledger at {self.root} cannot be read: {exc}")
+        return self._take_reader(reader, head)
+
+    def _lake_may_have_moved(self, lake: LakeFolder) -> bool:
+        """Whether to ask the catalog (a connection and an attach): when this folder's next commit
+        record appeared (a writer here), a SQLite catalog's files changed, or ``LAKE_POLL_S`` passed
+        (another host's commit, which leaves no sign here)."""
+        stamp: list[Any] = [(self.root / COMMITS / f"{self.commit + 1:010d}.json").exists()]
+        catalog = Catalog.parse(lake.catalog)
+        if catalog.kind == "sqlite":
+            for name in (catalog.target, catalog.target + "-wal"):
+                with contextlib.suppress(OSError):
+                    info = os.stat(name)
+                    stamp.append((info.st_mtime_ns, info.st_size))
+        now = time.monotonic()
+        if tuple(stamp) == self.lake_stamp and now - self.lake_asked < LAKE_POLL_S:
+            return False
+        self.lake_stamp, self.lake_asked = tuple(stamp), now
+        return True
+
+    def _take_reader(self, reader: Reader, head: RecordHead) -> bool:
+        """Answer from ``reader`` (a newer snapshot, whose record is ``head``) from now on; True
+        when it holds a new commit."""
+        with self.lock:
+            old, self.reader = self.reader, reader
+            if old is not None:
+                old.close()
+            if head.commit == self.commit:  # (a snapshot of the lake's maintenance: nothing new)
+                return False
+            before = self.heads
+            self.heads = {s: h.size for s, h in head.streams.items()}
+            self.commit = head.commit
+            moved = [s for s, size in self.heads.items() if before.get(s) != size]
+            for stream in moved:
+                feed = self.feeds.get(stream)
+                if feed is not None:
+                    self._catch_feed_up(feed, reader, self.heads[stream] - 1)
+                    self._refresh_status(stream, state=False)
+                    self.state_due.add(stream)
+            return True
+
+    def _catch_feed_up(self, feed: RunFeed, reader: Reader, hi: int) -> None:
+        """The feed's messages up to leaf ``hi``: at most its last ``RECENT_EVENTS`` (a client
+        further behind is answered by a query); a stream that shrank (a ledger rebuilt) restarts."""
+        lo = max(feed.next_seq, hi + 1 - RECENT_EVENTS)
+        if lo != feed.next_seq or hi + 1 < feed.next_seq:
+            lo = min(lo, hi + 1)
+            feed.recent.clear()
+            feed.config = _config_before(reader, feed.run_id, lo)
+            feed.next_seq = lo
+        if lo <= hi:
+            for seq, canonical in _events_of_query(reader, feed.run_id, lo, hi):
+                if seq == feed.next_seq:
+                    feed.recent.append(feed.message(seq, canonical))
 
     def _states_due(self) -> bool:
         """Refresh the state (a fold: tens of ms on a long run) of the runs that moved, at most
@@ -544,10 +641,12 @@ class LedgerWatch:
         return True
 
     def _problem(self) -> str | None:
-        marker = self.root / "LEDGER.json"
+        lake = self.lake is not None or (self.root / LAKE_MARKER).exists()
+        marker = self.root / (LAKE_MARKER if lake else "LEDGER.json")
         try:
             os.stat(marker)
-            os.stat(self.root / COMMITS)
+            if not lake:  # (a lake's records are in its catalog)
+                os.stat(self.root / COMMITS)
             with open(marker, "rb") as handle:  # readable, not just present (permissions)
                 handle.read(1)
         except FileNotFoundError:
@@ -974,15 +1073,19 @@ def render_run_page(watch: LedgerWatch, run_id: str) -> str:
         after = watch.follow(run_id).next_seq - 1
         commit, size = watch.commit, watch.heads.get(run_id, 0)
     reader = watch.page_reader(commit)
-    reader.require_run(run_id)
-    report = build_report(reader, [run_id])
+    try:  # (the page's own reader: its connection and spill folder go when the page is built)
+        reader.require_run(run_id)
+        report = build_report(reader, [run_id])
+        state = _state_now(reader, run_id)
+    finally:
+        reader.close()
     report["title"] = f"runledger · {run_id}"
     live = {
         "run_id": run_id,
         "after": after,
         "commit": commit,
         "events_url": f"/runs/{run_id}/events",
-        "state": _state_now(reader, run_id),
+        "state": state,
         "record": watch.record(run_id, size),
         "curves": [{"name": name, "label": label} for name, label in CURVES],
     }

@@ -81,6 +81,7 @@ TABLES: dict[str, Table] = {
                 ("aux_loss", pa.float64()),
                 ("z_loss", pa.float64()),
                 ("routing_entropy", pa.float64()),
+                ("max_load", pa.float64()),  # added in issue 39: null in rows of events without it
                 *_ORIGIN,
             ),
             "Router statistics per step and layer; expert_counts is one list per row.",

@@ -267,6 +267,10 @@ def _step_metrics(env: Envelope, stream_seq: int, state: FoldState) -> list[Row 
 
 
 _LAYER_FIELDS = p.MoeLayerStats.__struct_fields__
+# Fields added later with an UNSET default (left out of events that lack them): null in their rows.
+_LAYER_UNSET_FIELDS = frozenset(
+    f.name for f in msgspec.structs.fields(p.MoeLayerStats) if f.default is msgspec.UNSET
+)
 
 
 def _moe_router_stats(env: Envelope, stream_seq: int, state: FoldState) -> list[Row | Columns]:
@@ -278,8 +282,12 @@ def _moe_router_stats(env: Envelope, stream_seq: int, state: FoldState) -> list[
     for name, values in zip(
         _LAYER_FIELDS, zip(*map(msgspec.structs.astuple, layers), strict=True), strict=False
     ):
-        columns[name] = list(values)
+        columns[name] = _nulls_for_unset(values) if name in _LAYER_UNSET_FIELDS else list(values)
     return [Columns("moe_layer_stats", _run(env), columns)]
+
+
+def _nulls_for_unset(values: tuple[Any, ...]) -> list[Any]:
+    return [None if value is msgspec.UNSET else value for value in values]
 
 
 _LAUNCH_COLUMNS = frozenset(TABLES["launches"].schema.names)

@@ -55,7 +55,7 @@ import pyarrow.parquet as pq
 from ledger.lake import fetch_object, is_s3
 from ledger.log_checkpoint import parse_checkpoint, sign_checkpoint
 from ledger.merkle import EMPTY_ROOT, CompactRange, leaf_hash, verify_consistency
-from ledger.parquet_schemas import SIDE_TABLES
+from ledger.parquet_schemas import SIDE_TABLES, tables_of
 from ledger.publish_dest import Dest, FolderDest, open_dest
 from ledger.redaction import entry_digest, is_redacted, read_marker
 from ledger.store import COMMITS, SALTS, Ledger
@@ -73,6 +73,7 @@ from ledger.tiles import (
     root_of_prefix,
     tile_path,
 )
+from ledger.views import files_or_empty, named_views
 from ledger.witness import collect_cosignatures, load_policy
 from schemas.durable import write_durably
 from schemas.note import NoteSigner, open_note, parse_private_key, sign_note
@@ -156,6 +157,7 @@ class _Stored:
     root: Path
     lake: dict[str, Path] | None = None
     snapshot: int | None = None  # the lake snapshot ``lake`` lists: records up to it are published
+    kept: tuple[str, ...] = ()  # the ledger's tables (a lake's, from its marker; else LEDGER.json's)
 
     def path(self, rel: str) -> Path:
         return self.root / rel if self.lake is None else self.lake[rel]
@@ -166,6 +168,13 @@ class _Stored:
 
     def live_after(self, live: Sequence[str], records: Iterable[dict[str, Any]]) -> list[str]:
         return _live_files(self.root, live, records) if self.lake is None else sorted(self.lake)
+
+    @property
+    def tables(self) -> list[str]:
+        """Every table the copy publishes, those without rows (so without files) included: readers
+        answer such a table as empty, with its schema, rather than as missing."""
+        kept = self.kept or tuple(tables_of(self.root))
+        return [*kept, *(name for name in SIDE_TABLES if name not in kept)]
 
 
 def _lake_name(table: str, path: str) -> str:
@@ -208,7 +217,7 @@ def _lake_stored(ledger: Ledger) -> _Stored:
             want = recorded.get((table, PurePosixPath(data_file).name))
             fetched = _fetched(data_file, copy.with_name(copy.name + ".fetched"), want)
             files[rel] = _without_lake_columns(fetched, copy, move=True)
-    return _Stored(ledger.root, files, snapshot)
+    return _Stored(ledger.root, files, snapshot, ledger.lake_folder.tables)
 
 
 def _fetched(url: str, target: Path, want: str | None) -> Path:
@@ -513,6 +522,7 @@ def _manifest(stored: _Stored, state: PublishState, live: list[str], origin: str
         "origin": origin,
         "log_size": log_size,
         "commit": state.commit,
+        "tables": stored.tables,  # a table named here without files has no rows
         "files": [
             {"path": f"{DATA}/{rel}", "table": rel.split("/", 1)[0], **meta}
             for rel, meta in sorted(files.items())
@@ -521,18 +531,17 @@ def _manifest(stored: _Stored, state: PublishState, live: list[str], origin: str
     return json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
 
 
-def _views_sql(live: Sequence[str]) -> bytes:
-    """``views.sql``: one DuckDB view per table over the published files (paths relative to DEST:
-    ``cd DEST && duckdb -init views.sql``, or prefix them with the base URL for httpfs)."""
-    by_table: dict[str, list[str]] = {}
+def _views_sql(tables: Sequence[str], live: Sequence[str]) -> bytes:
+    """``views.sql``: the names ``ledger query`` answers with, one meaning each (``ledger.views.
+    named_views``: the stored rows as ``_metrics`` and ``lake.metrics``, the de-duplicated ones as
+    ``metrics``), over the published files (paths relative to DEST: ``cd DEST && duckdb -init
+    views.sql``, or prefix them with the base URL for httpfs); a table without files is empty."""
+    by_table: dict[str, list[str]] = {name: [] for name in tables}
     for rel in live:
-        by_table.setdefault(rel.split("/", 1)[0], []).append(f"'{DATA}/{rel}'")
-    lines = [
-        f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet([{', '.join(paths)}], "
-        "hive_partitioning = true, union_by_name = true);"
-        for table, paths in sorted(by_table.items())
-    ]
-    return ("\n".join(lines) + "\n").encode()
+        by_table.setdefault(rel.split("/", 1)[0], []).append(f"{DATA}/{rel}")
+    stored = {name: files_or_empty(name, paths) for name, paths in by_table.items()}
+    header = "-- runledger views over a published copy: run duckdb from this folder: duckdb -init views.sql\n"
+    return (header + named_views(stored) + "\n").encode()
 
 
 def _manifest_note(origin: str, log_size: int, manifest: bytes, signer: NoteSigner) -> str:
@@ -691,7 +700,7 @@ def _stage(
     _check_extends(files, state, new)
     copied = _stage_data(stored, files, [rel for rel in new.live if rel not in state.files])
     files.put(MANIFEST, manifest)
-    files.put("views.sql", _views_sql(new.live))
+    files.put("views.sql", _views_sql(stored.tables, new.live))
     files.put(MANIFEST_SIG, _manifest_note(origin, log_size, manifest, signer).encode())
     new.checkpoint = sign_checkpoint(origin, new.size, new.root, signer)
     files.put(CHECKPOINT, new.checkpoint.encode())

@@ -56,7 +56,10 @@ from ledger.lake import (
     retry_locked,
     snapshot_files,
 )
-from ledger.parquet_schemas import SIDE_TABLES, TABLES, tables_of
+from ledger.lake import COMMITS as LAKE_COMMITS
+from ledger.lake import STATE as LAKE_STATE
+from ledger.merkle import CompactRange
+from ledger.parquet_schemas import tables_of
 from ledger.redaction import REDACTED_PREFIX, is_redacted, read_marker
 from ledger.sql_guard import (
     QueryLimits,
@@ -69,8 +72,7 @@ from ledger.sql_guard import (
     read_only_statement,
     run_limited,
 )
-from ledger.store import Ledger, LedgerError, settled_merges
-from ledger.views import _DERIVED as DERIVED_TABLES
+from ledger.store import COMMITS, Ledger, LedgerError, StreamHead, settled_merges
 from ledger.views import _empty_relation, connect, incident_range_facts, incident_ranges_query, lake_views_sql
 from schemas import Envelope, decode_event
 from schemas import catalogue as c
@@ -97,6 +99,30 @@ class Result:
         return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
 
 
+@dataclass(frozen=True)
+class RecordHead:
+    """The ledger's record as one reader sees it: the ledger's id, the number of its newest commit
+    (-1 before the first) and each stream's head (size and Merkle tree), from that commit's record.
+    The same object for a lake (at the reader's snapshot) and a ledger of part files."""
+
+    ledger_id: str
+    commit: int
+    streams: dict[str, StreamHead]
+
+    @classmethod
+    def of_record(cls, ledger_id: str, record: Any) -> RecordHead:
+        """From a commit record (a dict as ``ledger.store`` writes it; None: no commit yet)."""
+        if record is None:
+            return cls(ledger_id, -1, {})
+        try:
+            streams = {str(s): StreamHead.from_json(h) for s, h in record["streams"].items()}
+            return cls(ledger_id, int(record["commit"]), streams)
+        except (TypeError, KeyError, ValueError, AttributeError) as exc:
+            raise QueryError(
+                f"ledger {ledger_id}: a commit record without its stream heads ({exc!r})"
+            ) from None
+
+
 class Reader:
     """Read-only access to one ledger: a folder of part files, or a folder whose tables are in a
     DuckLake (``LAKE.json``, written by ``ledger migrate``), read at one snapshot (``snapshot``: that
@@ -113,7 +139,9 @@ class Reader:
     ) -> None:
         self.root = Path(root)
         self.snapshot: int | None = None  # the lake snapshot every statement sees (a lake only)
-        self._ledger: Ledger | None = None
+        self._ledger: Ledger | None = None  # a ledger of part files only
+        self._lake: LakeFolder | None = None  # a lake only
+        self._head: RecordHead | None = None  # read when first asked for (a lake: ~20 ms)
         self.limits = limits if limits is not None else QueryLimits()
         try:
             lake = LakeFolder.read(self.root)
@@ -129,6 +157,8 @@ class Reader:
                 "(`ledger migrate` puts it on DuckLake)"
             )
         self._ledger = Ledger.open(root)
+        heads = self._ledger.stream_heads()  # (loads the newest record: ``last_commit`` is that one's)
+        self._head = RecordHead(self._ledger.ledger_id, self._ledger.last_commit, heads)
         self._spill = spill_folder(self.root / SPILL_AREA)
         self.con = connect(self.root)
         # DuckDB itself refuses to reach outside the ledger's tables, and nothing can undo that
@@ -174,6 +204,7 @@ class Reader:
             raise QueryError(f"lake catalog {lake.catalog}: {str(exc).strip().splitlines()[0]}") from None
         finally:
             pinned.close()
+        self._lake = lake
         self._spill = spill_folder(self.root / SPILL_AREA)
         self.con = _plain_connection(lake.data_path)
         self.con.execute("SET TimeZone = 'UTC'")
@@ -204,13 +235,26 @@ class Reader:
         self._spill.remove()
 
     @property
-    def ledger(self) -> Ledger:
-        """The ledger of part files read (a lake has no ``Ledger`` object yet: what needs one says so)."""
-        if self._ledger is None:
-            raise QueryError(
-                f"{self.root} is a ledger on DuckLake: this command reads ledgers of part files only, so far"
-            )
-        return self._ledger
+    def head(self) -> RecordHead:
+        """The ledger's id, newest commit and stream heads as of this reader (a lake: its snapshot;
+        part files: when the reader opened)."""
+        if self._head is None:
+            assert self._lake is not None and self.snapshot is not None  # (part files: set on opening)
+            self._head = _lake_head(self._lake, self.snapshot)
+        return self._head
+
+    def stream_root(self, stream: str, size: int) -> bytes | None:
+        """The Merkle root of ``stream``'s first ``size`` leaves as the record stored it when a
+        commit brought the stream to that size (a signed checkpoint's size); None when no commit
+        up to this reader's head did."""
+        head = self.head.streams.get(stream)
+        if head is None or size > head.size:
+            return None
+        if size == head.size:
+            return head.tree.root()
+        if self._lake is not None:
+            return _lake_stream_root(self._lake, stream, size)
+        return _folder_stream_root(self.root, stream, size)
 
     def sql(self, statement: str, params: Sequence[Any] | None = None) -> Result:
         """Run one read-only statement and return its rows. Writes are refused, and so are several
@@ -265,6 +309,8 @@ class Reader:
                     return retry_locked(lambda: fetch(query, params))
             except duckdb.Error as exc:
                 raise QueryError(_duckdb_error(exc, self.limits)) from None
+            except (OSError, LakeError) as exc:  # the lock beside the catalog (a folder moved away)
+                raise QueryError(f"the lake of {self.root}: {exc}") from None
         watch, _ = settled_merges(self.root, self._watch)
         for _ in range(_MERGE_RETRIES):
             try:
@@ -630,7 +676,10 @@ def _s3_lock_sql(data_path: str, limits: QueryLimits, spill: Path) -> str:
 
 def spill_folder(area: Path) -> SpillFolder:
     """A reader's spill folder under ``area`` (a ledger's ``.spill``), or under the system's temp
-    folder where ``area`` cannot be made (a ledger on a read-only mount)."""
+    folder where ``area`` cannot be made (a ledger on a read-only mount). The ledger's folder
+    itself is never made: a ledger moved away while its reader opened is said, not recreated."""
+    if not area.parent.is_dir():
+        raise QueryError(f"no ledger at {area.parent} (moved or removed)")
     try:
         return SpillFolder.under(area)
     except OSError:
@@ -657,17 +706,84 @@ def _plain_connection(data_path: str) -> duckdb.DuckDBPyConnection:
     return con
 
 
+def _newest_lake_record(pinned: duckdb.DuckDBPyConnection) -> Any:
+    """The newest ledger commit's record at the snapshot ``pinned`` holds (None: no ledger commit
+    yet; the commit that named the lake has no number). One row read: the filter on the commit
+    number skips the other records' files by their statistics."""
+    table = f"{ALIAS}.{LAKE_COMMITS}"
+    row = pinned.execute(
+        f"SELECT info FROM {table} WHERE ledger_commit = (SELECT max(ledger_commit) FROM {table})"
+    ).fetchone()
+    if row is None:
+        return None
+    try:
+        return json.loads(row[0])["record"]
+    except (TypeError, KeyError, ValueError) as exc:
+        raise QueryError(f"the lake's newest commit record is unreadable ({exc!r})") from None
+
+
+def _lake_head(lake: LakeFolder, snapshot: int) -> RecordHead:
+    """``Reader.head`` on a lake, from the catalog at the reader's snapshot (not the folder's copies
+    of the records: they lag behind another host's commits). Only the report and the page ask, so
+    a reader opens without it."""
+    try:
+        con, _ = open_snapshot(lake.catalog, lake.data_path, snapshot)
+    except LakeError as exc:
+        raise QueryError(str(exc)) from None
+    try:
+        return RecordHead.of_record(lake.ledger_id, _newest_lake_record(con))
+    except duckdb.Error as exc:
+        raise QueryError(f"lake catalog {lake.catalog}: {str(exc).strip().splitlines()[0]}") from None
+    finally:
+        con.close()
+
+
+def _lake_stream_root(lake: LakeFolder, stream: str, size: int) -> bytes | None:
+    """``Reader.stream_root`` on a lake: the stream's heads are state rows in the catalog, one per
+    commit that moved it (never changed once written, so the newest snapshot holds every one)."""
+    try:
+        con, _ = open_snapshot(lake.catalog, lake.data_path)
+    except LakeError as exc:
+        raise QueryError(str(exc)) from None
+    try:
+        rows = con.execute(
+            f"SELECT value FROM {ALIAS}.{LAKE_STATE} WHERE key = ?", [f"stream:{stream}"]
+        ).fetchall()
+    except duckdb.Error as exc:
+        raise QueryError(f"lake catalog {lake.catalog}: {str(exc).strip().splitlines()[0]}") from None
+    finally:
+        con.close()
+    for (value,) in rows:
+        head = StreamHead.from_json(json.loads(value))
+        if head.size == size:
+            return head.tree.root()
+    return None
+
+
+def _folder_stream_root(root: Path, stream: str, size: int) -> bytes | None:
+    """``Reader.stream_root`` on part files: the newest commit record whose head of ``stream`` has
+    ``size`` leaves (records from the newest back, until the stream is shorter)."""
+    for path in sorted((root / COMMITS).glob("*.json"), reverse=True):
+        heads = json.loads(path.read_bytes()).get("streams", {})
+        head = heads.get(stream)
+        if head is None or head["size"] < size:
+            return None
+        if head["size"] == size:
+            return CompactRange.from_json(head["tree"]).root()
+    return None
+
+
 def _pinned_views(pinned: duckdb.DuckDBPyConnection, lake: LakeFolder, snapshot: int) -> str:
     """The views over the lake's Parquet files at ``snapshot``, listed on ``pinned`` (the catalog
     attached as ``lake``): each table's files by name; a table whose files carry deletions (a
     redaction's, until its erasure ends) reads them without the deleted rows; a table with rows
-    inlined in the catalog (another writer's setting) refuses to be read rather than drop them."""
+    inlined in the catalog (another writer's setting) refuses to be read rather than drop them. The
+    names and their meanings are every reader's (``ledger.views.named_views``), ``lake.<table>``
+    the stored rows as when the lake itself is attached as ``lake``."""
     files = snapshot_files(pinned, lake.data_path, snapshot)
     whole = {name: listed for name, listed in files.items() if listed is not None}
     # Only the ledger's own table names become views: a name is the catalog's text, not ours.
-    partial = sorted(
-        name for name, listed in files.items() if listed is None and (name in TABLES or name in SIDE_TABLES)
-    )
+    partial = sorted(name for name, listed in files.items() if listed is None and name in lake.tables)
     deletions = _files_with_deletions(pinned, lake.data_path, snapshot, partial)
     # Every path is the catalog's text: each must name one file inside the data path before any view
     # opens it (views are bound, so their files opened, before the connection is locked).
@@ -679,17 +795,11 @@ def _pinned_views(pinned: duckdb.DuckDBPyConnection, lake: LakeFolder, snapshot:
             _check_lake_file(lake.data_path, snapshot, name, "ducklake_data_file", path)
             for deleted in deletes:
                 _check_lake_file(lake.data_path, snapshot, name, "ducklake_delete_file", deleted)
-    views = [lake_views_sql(lake.tables, files=whole)]
-    for name in partial:
-        target = f"_{name}" if name in DERIVED_TABLES else name
-        source = _without_deleted_rows(name, deletions[name]) if name in deletions else _refused_inlined(name)
-        views.append(f'CREATE OR REPLACE VIEW "{target}" AS {source};')
-    # ``lake.<table>`` names the stored table, as when the lake itself was attached as ``lake``.
-    views.append(f"CREATE SCHEMA IF NOT EXISTS {ALIAS};")
-    for name in lake.tables:
-        stored = f"_{name}" if name in DERIVED_TABLES else name
-        views.append(f'CREATE OR REPLACE VIEW {ALIAS}."{name}" AS SELECT * FROM main."{stored}";')
-    return "\n".join(views)
+    rows = {
+        name: _without_deleted_rows(name, deletions[name]) if name in deletions else _refused_inlined(name)
+        for name in partial
+    }
+    return lake_views_sql(lake.tables, files=whole, rows=rows, stored_schema=True)
 
 
 # Characters a path read by read_parquet must not hold: glob patterns DuckDB expands, and controls.

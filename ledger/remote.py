@@ -56,7 +56,7 @@ from ledger.monitor import (
     open_within,
     parse_manifest,
 )
-from ledger.parquet_schemas import TABLES, tables_of
+from ledger.parquet_schemas import ADDED_TABLES, TABLES, tables_of
 from ledger.publish import load_published
 from ledger.publish_dest import Dest, DestError, S3Dest, open_dest
 from ledger.query import QueryError, Result
@@ -79,8 +79,7 @@ from ledger.tiles import (
     tile_path,
     tile_width,
 )
-from ledger.views import _DERIVED as DERIVED_TABLES
-from ledger.views import DERIVED_VIEWS, connect
+from ledger.views import connect, files_or_empty, named_views
 from schemas.durable import write_durably
 from schemas.note import CheckpointError, decode_canonical_base64, open_note
 
@@ -564,10 +563,27 @@ def fetch_copy(url: str, log_key: str, cache: Path, *, deadline_s: float = DEFAU
     for old in folder.rglob("*.parquet"):
         if old not in wanted:
             old.unlink()  # merged away by a compaction: its rows are in a file still named
-    tables = sorted({str(t.relative_to(folder)).split("/", 1)[0] for t in wanted})
+    # The tables the copy has, those without rows included: the views answer those as empty.
+    tables = _published_tables(manifest)
     write_durably(folder / "LEDGER.json", json.dumps({"tables": tables, "origin": checkpoint.origin}))
     (folder / COMMITS).mkdir(exist_ok=True)  # none: so a ``Reader`` opens the copy (no merge to wait for)
     return RemoteCopy(folder, checkpoint, manifest_size, downloaded)
+
+
+def _published_tables(manifest: dict[str, Any]) -> list[str]:
+    """The tables a (verified) manifest publishes: those it names in ``tables`` (a table without
+    rows has no file) and those its files are under (a manifest written before it named tables)."""
+    named = manifest.get("tables", [])
+    if not isinstance(named, list) or not all(isinstance(name, str) for name in named):
+        raise RemoteError("manifest.json: tables is not a list of table names")
+    with_files = {item.path.split("/")[1] for item in _manifest_entries(manifest)}
+    return sorted(set(named) | with_files)
+
+
+def _views_of_tables(tables: Sequence[str]) -> list[str]:
+    """The ledger tables a copy of ``tables`` has views of (``tables_of``'s rule: every table, but a
+    table added later only where the copy names it); a name this runledger does not know has none."""
+    return [name for name in TABLES if name not in ADDED_TABLES or name in tables]
 
 
 # ------------------------------------------------------------------------------- query --remote --direct
@@ -586,27 +602,18 @@ class DirectAnswer:
     files: int  # data files the views name
 
 
-def _direct_views(source: Source, files: Sequence[str]) -> str:
-    """The local ledger's views (``ledger.views``) over the manifest's files by URL (a list, never a
-    glob: DuckDB cannot glob over HTTP, and a glob would read files the manifest does not name)."""
-    by_table: dict[str, list[str]] = {}
+def _direct_views(source: Source, manifest: dict[str, Any], files: Sequence[str]) -> str:
+    """The local ledger's views (``ledger.views.named_views``) over the manifest's files by URL (a
+    list, never a glob: DuckDB cannot glob over HTTP, and a glob would read files the manifest does
+    not name); a table without files is empty."""
+    by_table: dict[str, list[str]] = {name: [] for name in _views_of_tables(_published_tables(manifest))}
     for rel in files:
         if not _PLAIN_PATH.fullmatch(rel):
             raise RemoteError(f"manifest path {rel!r} cannot be read by URL as it is: query without --direct")
-        by_table.setdefault(rel.split("/")[1], []).append(source.url_of(rel))
-    lines = []
-    for table, urls in sorted(by_table.items()):
-        if table not in TABLES:
-            continue  # a table this runledger does not know: not in its views
-        listed = ", ".join("'" + u.replace("'", "''") + "'" for u in urls)
-        view = f"_{table}" if table in DERIVED_TABLES else table
-        lines.append(
-            f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM read_parquet([{listed}], hive_partitioning = true, "
-            f"hive_types = {{'{TABLES[table].partition}': VARCHAR}}, union_by_name = true);"
-        )
-    from ledger.code_views import CODE_VIEWS
-
-    return "\n".join(lines) + "\n" + DERIVED_VIEWS + "\n" + CODE_VIEWS
+        table = rel.split("/")[1]
+        if table in by_table:  # (a table this runledger does not know, or a side table: no view)
+            by_table[table].append(source.url_of(rel))
+    return named_views({name: files_or_empty(name, urls) for name, urls in by_table.items()})
 
 
 def query_direct(
@@ -633,7 +640,7 @@ def query_direct(
             f"{source.name} does not answer Range requests (DuckDB needs them to read Parquet by URL): "
             "query without --direct, or serve the copy with a server that does (scripts/http.sh)"
         )
-    views = _direct_views(source, files)
+    views = _direct_views(source, manifest, files)
     try:
         con = duck.connect(extensions=["httpfs"])
     except duck.ExtensionMissing as exc:

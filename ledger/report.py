@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from ledger.history import github_item
-from ledger.integrity import checkpoint_path, origin_of, recorded_streams
+from ledger.integrity import checkpoint_path
 from ledger.log_checkpoint import parse_and_verify_checkpoint, parse_checkpoint
-from ledger.merkle import root_from_leaf_hashes
 from ledger.query import QueryError, Reader
+from ledger.store import StreamHead
 from schemas.durable import write_durably
 
 # The curves drawn against step, in page order: (metric name in the `metrics` view, label).
@@ -450,43 +450,13 @@ def _capacity_steps(reader: Reader, run_id: str, rng: StepRange) -> dict[str, li
 
 # ---------------------------------------------------------------------------------------- the record
 def record_status(reader: Reader, public_key: str | None, public_key_path: Path | None) -> dict[str, Any]:
-    """Each stream's size and Merkle root, and whether its latest signed checkpoint matches the record
-    (its signature checked when a public key is given)."""
-    ledger = reader.ledger
-    recorded = None
-    streams = []
-    for stream, head in sorted(ledger.stream_heads().items()):
-        row: dict[str, Any] = {
-            "stream": stream,
-            "size": head.size,
-            "root": head.tree.root().hex(),
-            "signed_size": None,
-            "checkpoint": "not signed",
-        }
-        path = checkpoint_path(ledger.root, stream)
-        if path.exists():
-            text = path.read_text()
-            try:
-                if public_key is not None:
-                    cp = parse_and_verify_checkpoint(text, public_key, origin=origin_of(ledger, stream))
-                else:
-                    cp = parse_checkpoint(text.split("\n\n", 1)[0] + "\n")
-            except ValueError as exc:
-                row["checkpoint"] = f"FAILS: {exc}"
-            else:
-                row["signed_size"] = cp.size
-                if cp.size == head.size:  # the usual case: signed at the head, no need to read the log
-                    root: bytes | None = head.tree.root()
-                else:
-                    recorded = recorded if recorded is not None else recorded_streams(ledger)
-                    leaves = recorded[stream].leaves if stream in recorded else []
-                    root = root_from_leaf_hashes(leaves[: cp.size]) if cp.size <= len(leaves) else None
-                matches = root == cp.root
-                signed = "signature verified" if public_key is not None else "signature not checked (no key)"
-                row["checkpoint"] = (
-                    f"matches the record ({signed})" if matches else "FAILS: the record no longer matches it"
-                )
-        streams.append(row)
+    """Each stream's size and Merkle root as of the reader (a lake: its snapshot), and whether its
+    latest signed checkpoint matches the record (its signature checked when a public key is given)."""
+    head = reader.head
+    streams = [
+        _stream_status(reader, head.ledger_id, stream, stream_head, public_key)
+        for stream, stream_head in sorted(head.streams.items())
+    ]
     key = f" --public-key {public_key_path}" if public_key_path else " --public-key KEY.pub"
     return {
         "ledger": str(reader.root.resolve()),
@@ -494,6 +464,43 @@ def record_status(reader: Reader, public_key: str | None, public_key_path: Path 
         "command": f"ledger verify --ledger {reader.root.resolve()}{key}",
         "verifier": "python -m ledger.verifier (stand-alone: checks inclusion proofs and checkpoints)",
     }
+
+
+def _stream_status(
+    reader: Reader, ledger_id: str, stream: str, head: StreamHead, public_key: str | None
+) -> dict[str, Any]:
+    """One stream's row of the record status: its head, and its signed checkpoint (in the ledger's
+    folder) checked against the record at the checkpoint's size."""
+    row: dict[str, Any] = {
+        "stream": stream,
+        "size": head.size,
+        "root": head.tree.root().hex(),
+        "signed_size": None,
+        "checkpoint": "not signed",
+    }
+    path = checkpoint_path(reader.root, stream)
+    if not path.exists():
+        return row
+    text = path.read_text()
+    try:
+        if public_key is not None:
+            cp = parse_and_verify_checkpoint(text, public_key, origin=f"runledger/{ledger_id}/{stream}")
+        else:
+            cp = parse_checkpoint(text.split("\n\n", 1)[0] + "\n")
+    except ValueError as exc:
+        row["checkpoint"] = f"FAILS: {exc}"
+        return row
+    row["signed_size"] = cp.size
+    try:  # (the usual case, signed at the head, reads nothing more)
+        root = reader.stream_root(stream, cp.size)
+    except QueryError as exc:
+        row["checkpoint"] = f"not checked: {exc}"
+        return row
+    signed = "signature verified" if public_key is not None else "signature not checked (no key)"
+    row["checkpoint"] = (
+        f"matches the record ({signed})" if root == cp.root else "FAILS: the record no longer matches it"
+    )
+    return row
 
 
 # ---------------------------------------------------------------------------------------- all of it

@@ -59,6 +59,7 @@ from ledger.compaction import merge_parts, tail_to_merge
 from ledger.file_writes import write_all
 from ledger.lake import (
     COMMIT_FENCE,
+    EMBEDDED_CATALOG,
     ID_FENCE,
     ID_KEY,
     LAKE_MARKER,
@@ -66,6 +67,8 @@ from ledger.lake import (
     LakeError,
     LakeFolder,
     LakeTables,
+    missing_catalog,
+    wait_for_flock,
 )
 from ledger.merkle import CompactRange, leaf_hash
 from ledger.parquet_schemas import SALTS, SIDE_TABLES, TABLES, Table
@@ -124,6 +127,14 @@ LEDGER_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # it is part of every checkpoin
 COMMITS = "_commits"
 MAINTAIN_EVERY_COMMITS = 50  # a ledger on DuckLake: the lake's merge/expire/clean-up this often
 LAKE_KEEP_S = 3600.0  # ... keeping an hour of snapshots for --snapshot and pinned readers
+# A commit another writer beat to the lake is redone on its commits: at most this often and this
+# long, and only while each redo finds commits it had not seen (a fence moved by no commit record
+# means the catalog is not this ledger's history: redoing would never end).
+LAKE_REDO_LIMIT = 100
+LAKE_REDO_S = 300.0
+LAKE_REDO_IDLE = 3
+# A writer waits this long for another writer's commit in the same folder (``.writer.lock``).
+WRITER_LOCK_WAIT_S = 900.0
 
 
 class LedgerError(Exception):
@@ -242,11 +253,21 @@ class Ledger:
         root = Path(root)
         if ledger_id is not None and not LEDGER_ID.fullmatch(ledger_id):
             raise LedgerError(f"ledger id {ledger_id!r} must be 1-64 of A-Z a-z 0-9 . _ -")
-        if (root / LAKE_MARKER).exists():  # a ledger on DuckLake, made by create_on_lake or migrate
-            ledger = cls.open(root)
-            if ledger_id is not None and ledger.ledger_id != ledger_id:
-                raise LedgerError(f"{root} is ledger {ledger.ledger_id}, not {ledger_id}")
-            return ledger
+        if not (root / "LEDGER.json").exists():  # a ledger is a lake: its catalog and data in the folder
+            return cls.create_on_lake(root, f"sqlite:{root / EMBEDDED_CATALOG}", ledger_id=ledger_id)
+        return cls._make_part_files(root, ledger_id)
+
+    @classmethod
+    def create_part_files(cls, root: str | Path, ledger_id: str | None = None) -> Ledger:
+        """A ledger of part files, the format before DuckLake: only for ``ledger migrate``'s tests and
+        the benchmarks' baseline (every command makes and reads lakes)."""
+        root = Path(root)
+        if (root / LAKE_MARKER).exists():
+            raise LedgerError(f"{root} is a ledger on DuckLake")
+        return cls._make_part_files(root, ledger_id)
+
+    @classmethod
+    def _make_part_files(cls, root: Path, ledger_id: str | None) -> Ledger:
         root.mkdir(parents=True, exist_ok=True)
         marker = root / "LEDGER.json"
         if not marker.exists():
@@ -275,6 +296,12 @@ class Ledger:
         if (root / "LEDGER.json").exists():
             raise LedgerError(f"{root} is a ledger of part files (`ledger migrate` puts it on DuckLake)")
         opened: LakeTables | None = None
+        if not (root / LAKE_MARKER).exists() and any((root / COMMITS).glob("*.json")):
+            # Its catalog is named nowhere now: a new one would not hold these commits.
+            raise LedgerError(
+                f"{root} holds commit records but no {LAKE_MARKER}: restore it (it names the lake's "
+                "catalog); a new lake is never made under a ledger that has commits"
+            )
         if not (root / LAKE_MARKER).exists():
             root.mkdir(parents=True, exist_ok=True)
             data = str(data_path if data_path is not None else root / "data")
@@ -287,6 +314,7 @@ class Ledger:
                     known = chosen if named.ok else opened.state().get(ID_KEY)
                 if ledger_id is not None and known != ledger_id:
                     raise LedgerError(f"the lake at {catalog} is ledger {known}, not {ledger_id}")
+                opened.note_ledger_id(str(known))  # (a replaced catalog is told by it: ``_same_ledger``)
                 LakeFolder(root, catalog, data, str(known), tuple(TABLES)).write()
             except (LakeError, duckdb.Error) as exc:
                 if opened is not None:
@@ -324,8 +352,9 @@ class Ledger:
             if lake is not None and lake.data_path != str(folder.data_path):  # named otherwise there
                 lake.close()
                 lake = None
-            if lake is None:
-                lake = LakeTables(folder.catalog, folder.data_path)
+            if lake is None:  # never a new catalog: the folder's ledger has one, or it is lost
+                lake = LakeTables(folder.catalog, folder.data_path, new_catalog=False)
+            _same_ledger(lake, folder)
         except (LakeError, duckdb.Error) as exc:
             if lake is not None:
                 lake.close()
@@ -364,7 +393,7 @@ class Ledger:
         """Copy into the folder the lake's commit records it lacks (beside a writer in this folder:
         after its records). Returns how many."""
         with open(self.root / ".writer.lock", "a+b") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
+            _wait_for_writer(handle, self.root)
             return self._sync_records()
 
     def _sync_records(self) -> int:
@@ -469,7 +498,7 @@ class Ledger:
     @contextlib.contextmanager
     def _writer_lock(self) -> Iterator[None]:
         with open(self.root / ".writer.lock", "a+b") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
+            _wait_for_writer(handle, self.root)
             try:
                 if self.lake is not None:
                     self._sync_records()  # what other hosts committed meanwhile
@@ -527,6 +556,7 @@ class Ledger:
         quarantined with a reason (``max_event_bytes``: longer records are quarantined unread)."""
         with self._writer_lock():
             check: _Careful = frozenset()  # the usual round: no event's rows converted on their own
+            redos = _Redos()
             while True:
                 try:
                     result = self._commit_locked(records, writer, max_event_bytes, check)
@@ -535,10 +565,10 @@ class Ledger:
                     if result.commit is not None and self.lake is not None:
                         self._maintain_lake(result.commit)
                     return result
-                except _LakeMoved:
+                except _LakeMoved as moved:
                     # Another writer committed first: take its commits and redo this one on them
-                    # (what it covered is skipped as a replay is).
-                    self._sync_records()
+                    # (what it covered is skipped as a replay is), a bounded number of times.
+                    redos.note(self._last_commit + 1, moved.stale, self._sync_records(), self.lake)
                     self._catch_up(self.commit_paths())
                 except _UnencodableBatch as exc:
                     # Again, converting on their own the rows of the groups that failed; and if
@@ -715,7 +745,7 @@ class Ledger:
         pa.default_memory_pool().release_unused()
         try:
             self.lake.maintain(keep_s=LAKE_KEEP_S)
-        except (duckdb.Error, OSError) as exc:
+        except (duckdb.Error, OSError, LakeError) as exc:
             log.warning("lake maintenance after commit %d failed (%s); left for the next turn", number, exc)
 
     def _take_event(self, event: Event, record: SourceRecord, work: _CommitWork) -> Quarantined | None:
@@ -843,12 +873,13 @@ class Ledger:
         On DuckLake ``prepare`` returns a ``LakeEdit`` instead of a rewrite: its statements run in the
         commit's transaction, and the deleted rows' bytes then leave the disk (``erase_deleted``)."""
         with self._writer_lock():
+            redos = _Redos()
             while True:
                 records, rewrite = prepare(self)
                 try:
                     result = self._commit_locked(records, writer, MAX_EVENT_BYTES, frozenset(), rewrite)
-                except _LakeMoved:  # another host committed first: prepare again on its commits
-                    self._sync_records()
+                except _LakeMoved as moved:  # another host committed first: prepare again on its commits
+                    redos.note(self._last_commit + 1, moved.stale, self._sync_records(), self.lake)
                     self._catch_up(self.commit_paths())
                     continue
                 finally:
@@ -864,7 +895,10 @@ class Ledger:
         """Merge each partition's files into one. No query's answer changes. On DuckLake: the lake's
         merge, expiry and clean-up (``LakeTables.maintain``)."""
         if self.lake is not None:
-            return self.lake.maintain(keep_s=LAKE_KEEP_S)
+            try:
+                return self.lake.maintain(keep_s=LAKE_KEEP_S)
+            except (duckdb.Error, LakeError) as exc:  # (out of memory, a lock never free): one line
+                raise LedgerError(_lake_problem(self.root, self.lake_folder, exc)) from None
         with self._writer_lock():
             return self._compact_locked(lambda sizes: len(sizes) if len(sizes) >= min_files else 0)
 
@@ -956,6 +990,34 @@ class LakeEdit:
     rows: dict[str, pa.Table]
 
 
+class _Redos:
+    """The redo budget of one commit beaten to the lake: ``note`` raises LedgerError, saying what it
+    waited on, once it is spent (``LAKE_REDO_LIMIT`` redos, ``LAKE_REDO_S``) or once
+    ``LAKE_REDO_IDLE`` redos in a row found no commit record they had not seen."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.count = 0
+        self.idle = 0
+
+    def note(self, number: int, stale: dict[str, int], synced: int, lake: LakeTables | None) -> None:
+        self.count += 1
+        self.idle = 0 if synced else self.idle + 1
+        where = lake.catalog.shown if lake is not None else "the lake"
+        fences = ", ".join(f"{source} at {at}" for source, at in sorted(stale.items()))
+        if self.idle >= LAKE_REDO_IDLE:
+            raise LedgerError(
+                f"commit {number}: the lake catalog {where} moved its fences ({fences}) {self.idle} times "
+                "with no commit record this ledger had not seen: it holds another history (was it replaced?)"
+            )
+        elapsed_s = time.monotonic() - self.started
+        if self.count >= LAKE_REDO_LIMIT or elapsed_s >= LAKE_REDO_S:
+            raise LedgerError(
+                f"commit {number}: redone {self.count} times in {elapsed_s:.0f} s, each time another writer "
+                f"had committed first to the lake catalog {where} (last: {fences}); try again when it is idle"
+            )
+
+
 class _LakeMoved(Exception):
     """Another writer committed to the lake first (its commit number, or a source's position)."""
 
@@ -974,9 +1036,32 @@ def _lake_tables(tables: list[tuple[str, str, pa.Table]]) -> dict[str, pa.Table]
     return {name: pa.concat_tables(parts, promote_options="default") for name, parts in grouped.items()}
 
 
+def _wait_for_writer(handle: Any, root: Path) -> None:
+    """The folder's writer lock, waited for at most ``WRITER_LOCK_WAIT_S`` (LedgerError then)."""
+    try:
+        wait_for_flock(handle, fcntl.LOCK_EX, WRITER_LOCK_WAIT_S, f"the writer lock {root / '.writer.lock'}")
+    except LakeError as exc:
+        raise LedgerError(f"{exc} (another writer's commit in this folder held it)") from None
+
+
+def _same_ledger(lake: LakeTables, folder: LakeFolder) -> None:
+    """LakeError when the catalog the folder names holds another ledger (it was replaced)."""
+    stored = lake.stored_ledger_id()
+    if stored is not None and stored != folder.ledger_id:
+        raise LakeError(
+            f"the lake catalog {lake.catalog.shown} holds ledger {stored}, but {folder.folder / LAKE_MARKER} "
+            f"names ledger {folder.ledger_id}: the catalog was replaced (restore this ledger's from a backup)"
+        )
+
+
 def _lake_problem(root: Path, folder: LakeFolder | None, exc: BaseException) -> str:
     """One line: the ledger folder, the catalog file when DuckDB's error came from it (a server's
-    DSN is not shown: it may hold a password), and the error's first line."""
+    DSN is not shown: it may hold a password), and the error's first line. A catalog that is gone
+    is the folder's own line (``missing_catalog``)."""
+    if str(exc).startswith("no lake catalog at "):
+        return (
+            str(exc) if LAKE_MARKER in str(exc) or folder is None else missing_catalog(folder.catalog, root)
+        )
     where = str(root)
     if isinstance(exc, duckdb.Error) and folder is not None:
         catalog = Catalog.parse(folder.catalog)  # (``LakeFolder.read`` parsed it: it parses)

@@ -1,5 +1,13 @@
 """DuckDB views over the ledger's Parquet files: the names an analyst can rely on.
 
+**One meaning per name.** Every place that answers SQL defines its names with ``named_views``: the
+stored tables under their stored names (``_metrics``, ``_moe_layer_stats``, ``_github``; the rest
+under their own, and each as ``lake.<table>``), then the same de-duplicated and derived views over
+them (``DERIVED_VIEWS``, ``CODE_VIEWS``). Only where the rows come from differs: ``ledger query``
+(a pinned lake snapshot's files, or part files), ``ledger views`` (``lake_init_sql``: the lake
+attached read-only), a published copy's ``views.sql`` and ``ledger query --remote`` (the signed
+manifest's files). A table with no rows (no files) is an empty relation of its schema everywhere.
+
 ``views_sql(root)`` is plain SQL, also written to ``<ledger>/views.sql`` so that
 ``duckdb -init views.sql`` gives the same names without runledger installed. The file names the
 Parquet files relative to the ledger folder (``metrics/*/*.parquet``), so it reads the ledger it
@@ -15,7 +23,7 @@ run id): each launch is stored (admission records the second launch of an attemp
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +32,7 @@ import duckdb
 
 from ledger import duck
 from ledger.fold import SOURCES_APART
-from ledger.parquet_schemas import TABLES, tables_of
+from ledger.parquet_schemas import SIDE_TABLES, TABLES, Table, tables_of
 from ledger.redaction import REDACTED_PREFIX
 from schemas import catalogue as c
 from schemas.durable import write_durably
@@ -127,25 +135,85 @@ ORDER BY c.stream_seq DESC LIMIT 1;
 """
 
 
-def _base_view(root: Path, name: str, *, relative: bool = False) -> str:
-    table = TABLES[name]
-    folder = Path(name) if relative else root / name
-    glob = (folder / "*" / "*.parquet").as_posix().replace("'", "''")
-    view = f"_{name}" if name in _DERIVED else name
+def stored_name(table: str) -> str:
+    """The name a stored table's rows go by wherever SQL is answered: its own, or ``_<table>`` where
+    the public name is a de-duplicated view (``metrics``, ``moe_layer_stats``, ``github``)."""
+    return f"_{table}" if table in _DERIVED else table
+
+
+def named_views(stored: Mapping[str, str], *, stored_schema: bool = True) -> str:
+    """Every name SQL is answered with, one meaning each, for every place that answers SQL: ``ledger
+    query`` (``Reader``, over part files or a pinned lake snapshot), ``<ledger>/views.sql`` (``ledger
+    views``), a published copy's ``views.sql`` (``ledger publish``) and ``ledger query --remote`` (with
+    or without ``--direct``). ``stored``: each stored table -> a SELECT of its rows (files, the lake,
+    or an empty relation). ``stored_schema``: also name each stored table ``lake.<table>``, as it is
+    where the lake itself is attached as ``lake`` (there, leave it out: the lake's own names stand)."""
+    from ledger.code_views import CODE_VIEWS  # GitHub <-> run joins, over the views below
+    from ledger.lake import ALIAS
+
+    # The stored rows, under their stored names; then the views every analyst name means.
+    base = [f"CREATE OR REPLACE VIEW {stored_name(name)} AS {rows};" for name, rows in stored.items()]
+    parts = ["\n".join(base), DERIVED_VIEWS, CODE_VIEWS]
+    # ``lake.<table>``: the stored rows, as a lake attached as ``lake`` names them.
+    if stored_schema:
+        parts.append(f"CREATE SCHEMA IF NOT EXISTS {ALIAS};")
+        parts += [
+            f'CREATE OR REPLACE VIEW {ALIAS}."{name}" AS SELECT * FROM main."{stored_name(name)}";'
+            for name in stored
+        ]
+    return "\n".join(parts)
+
+
+def parquet_rows(table: str, files: Sequence[str] | str) -> str:
+    """A stored table's rows read from Parquet ``files`` (a list of paths or URLs, or one glob) laid
+    out as ``<table>/<column>=<value>/<file>``: the partition column from the folder, as text (a part
+    file lacks it; a lake file holds the same text), columns matched by name across files."""
+    partition = _table_spec(table).partition
+    listed = files if isinstance(files, str) else None
+    source = _sql_literal(listed) if listed is not None else _sql_list(list(files))
     return (
-        f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM read_parquet('{glob}', hive_partitioning = true, "
-        f"hive_types = {{'{table.partition}': VARCHAR}}, union_by_name = true);"
+        f"SELECT * FROM read_parquet({source}, hive_partitioning = true, "
+        f"hive_types = {{'{partition}': VARCHAR}}, union_by_name = true)"
     )
 
 
-def views_sql(root: Path, *, relative: bool = False) -> str:
-    """The views over the ledger at ``root``; ``relative``: its files named from the ledger folder
-    (for ``views.sql``, read by a duckdb started in that folder, wherever it was copied)."""
-    root = root.resolve()
-    base = "\n".join(_base_view(root, name, relative=relative) for name in tables_of(root))
-    from ledger.code_views import CODE_VIEWS  # GitHub ↔ run joins, over the views above
+def empty_rows(table: str) -> str:
+    """A stored table with no rows, with the columns and types it has where it has files (its file
+    columns, then its partition column): a table without files still answers, with 0 rows."""
+    from ledger.lake import lake_schema
 
-    return base + "\n" + DERIVED_VIEWS + "\n" + CODE_VIEWS
+    empty = _empty_relation(lake_schema(table))
+    if empty is None:
+        raise ValueError(f"table {table} has a column type the views cannot name")
+    return empty
+
+
+def files_or_empty(table: str, files: Sequence[str]) -> str:
+    """A stored table's rows from ``files``; with none, an empty relation of its schema."""
+    return parquet_rows(table, files) if files else empty_rows(table)
+
+
+def _table_spec(table: str) -> Table:
+    spec = TABLES.get(table) or SIDE_TABLES.get(table)
+    if spec is None:
+        raise ValueError(f"{table} is not a ledger table")
+    return spec
+
+
+def _part_rows(root: Path, name: str, *, relative: bool) -> str:
+    """A part-file table's rows by its folder's glob (new files are read as they come); a table with
+    no file yet (a remote copy's table that published no rows) is an empty relation."""
+    if not any((root / name).glob("*/*.parquet")):
+        return empty_rows(name)
+    folder = Path(name) if relative else root / name
+    return parquet_rows(name, (folder / "*" / "*.parquet").as_posix())
+
+
+def views_sql(root: Path, *, relative: bool = False) -> str:
+    """The views over the ledger of part files at ``root``; ``relative``: its files named from the
+    ledger folder (for ``views.sql``, read by a duckdb started in that folder, wherever it was copied)."""
+    root = root.resolve()
+    return named_views({name: _part_rows(root, name, relative=relative) for name in tables_of(root)})
 
 
 def _empty_relation(schema: pa.Schema) -> str | None:
@@ -160,45 +228,55 @@ def _empty_relation(schema: pa.Schema) -> str | None:
     return f"SELECT {', '.join(columns)} LIMIT 0"
 
 
-def lake_views_sql(
-    tables: Iterable[str], alias: str = "lake", files: Mapping[str, TableFiles | None] | None = None
-) -> str:
-    """The same views over a lake attached as ``alias`` (``ledger.lake.open_snapshot``: pinned at one
-    snapshot, so every view and every statement over them sees one moment). ``files``: each table's
-    data files at that snapshot (``ledger.lake.snapshot_files``): its view reads them as a view of
-    part files does (DuckLake's scan asks the catalog for them again in every statement, ~2x a
-    statement's time here), its partition column from the folder names where the catalog's values
+def lake_rows(name: str, alias: str = "lake", files: Mapping[str, TableFiles | None] | None = None) -> str:
+    """A lake table's rows at a pinned snapshot (the lake attached as ``alias``). ``files``: each
+    table's data files at that snapshot (``ledger.lake.snapshot_files``): the table reads them as a
+    table of part files does (DuckLake's scan asks the catalog for them again in every statement, ~2x
+    a statement's time here), its partition column from the folder names where the catalog's values
     are those (a filter on it then opens only its files, as over part files); a table without files
     is an empty relation; a table with deletions or inlined rows (None), or without ``files``, is read
     through DuckLake."""
     from ledger.lake import lake_schema
 
-    def source(name: str) -> str:
-        through_lake = f'SELECT * FROM {alias}.main."{name}"'
-        if files is None or name not in files:
-            return through_lake if files is None else _empty_relation(lake_schema(name)) or through_lake
-        listed = files[name]
-        if listed is None:
-            return through_lake
-        schema = lake_schema(name)
-        columns = ", ".join(f'"{c}"' for c in schema.names)  # (not a merge's lineage columns)
-        paths = ", ".join("'" + p.replace("'", "''") + "'" for p in listed.paths)
-        hive = "hive_partitioning = false"
-        if (
-            listed.partition is not None
-            and duck.column_type(schema.field(listed.partition).type) == "VARCHAR"
-        ):
-            # (the folder's value is the catalog's, checked by snapshot_files, and the file's column)
-            hive = f"hive_partitioning = true, hive_types = {{'{listed.partition}': VARCHAR}}"
-        return f"SELECT {columns} FROM read_parquet([{paths}], {hive})"
+    through_lake = f'SELECT * FROM {alias}.main."{name}"'
+    if files is None or name not in files:
+        return through_lake if files is None else _empty_relation(lake_schema(name)) or through_lake
+    listed = files[name]
+    if listed is None:
+        return through_lake
+    schema = lake_schema(name)
+    columns = ", ".join(f'"{c}"' for c in schema.names)  # (not a merge's lineage columns)
+    hive = "hive_partitioning = false"
+    if listed.partition is not None and duck.column_type(schema.field(listed.partition).type) == "VARCHAR":
+        # (the folder's value is the catalog's, checked by snapshot_files, and the file's column)
+        hive = f"hive_partitioning = true, hive_types = {{'{listed.partition}': VARCHAR}}"
+    return f"SELECT {columns} FROM read_parquet({_sql_list(listed.paths)}, {hive})"
 
-    base = "\n".join(
-        f"CREATE OR REPLACE VIEW {'_' + name if name in _DERIVED else name} AS {source(name)};"
-        for name in tables
+
+def lake_views_sql(
+    tables: Iterable[str],
+    alias: str = "lake",
+    files: Mapping[str, TableFiles | None] | None = None,
+    *,
+    rows: Mapping[str, str] | None = None,
+    stored_schema: bool = False,
+) -> str:
+    """The same views over a lake attached as ``alias`` (``ledger.lake.open_snapshot``: pinned at one
+    snapshot, so every view and every statement over them sees one moment): each table's rows as
+    ``lake_rows`` reads them, or as ``rows`` gives them (a reader's own reading of a table)."""
+    given = rows or {}
+    return named_views(
+        {name: given.get(name) or lake_rows(name, alias, files) for name in tables},
+        stored_schema=stored_schema,
     )
-    from ledger.code_views import CODE_VIEWS
 
-    return base + "\n" + DERIVED_VIEWS + "\n" + CODE_VIEWS
+
+def _sql_list(texts: Sequence[str]) -> str:
+    return "[" + ", ".join(_sql_literal(t) for t in texts) + "]"
+
+
+def _sql_literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
 def connect(root: Path) -> duckdb.DuckDBPyConnection:

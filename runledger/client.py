@@ -335,11 +335,13 @@ class Run:
         entropy: Any = None,
         tokens: Any = None,
         dropped: Any = None,
+        max_load: Any = None,
         top_k: int = 1,
     ) -> bool:
         """Per-layer router statistics as ``moe.router_stats``: each argument one value per layer
         (``counts``: layers × experts tokens kept per expert; ``drop``: token-drop rate in [0, 1];
-        ``tokens``: tokens routed; ``dropped``: dropped (token, expert) assignments). NumPy arrays,
+        ``tokens``: tokens routed; ``dropped``: dropped (token, expert) assignments; ``max_load``:
+        the busiest expert's tokens over the mean per expert, as the caller measures it). NumPy arrays,
         lists or torch tensors (one device-to-host copy per call). What is not given is derived
         where the others determine it (tokens from counts and drop, drops from tokens and counts)."""
         if not self.is_main or self._ended:
@@ -355,6 +357,7 @@ class Run:
             "entropy": entropy,
             "tokens": tokens,
             "dropped": dropped,
+            "max_load": max_load,
         }
         a = host_values.arrays(given)
         if not a:
@@ -597,6 +600,8 @@ def _check_router_shapes(a: dict[str, Any]) -> int:
             raise ValueError(f"{name} must be finite and non-negative")
     if "drop" in a and not (np_finite(a["drop"]) and ((a["drop"] >= 0) & (a["drop"] <= 1)).all()):
         raise ValueError("drop (token-drop rate) must be within [0, 1]")
+    if "max_load" in a and (a["max_load"] < 0).any():  # (NaN is no comparison: it travels as null)
+        raise ValueError("max_load must be non-negative")
     return int(layers or 0)
 
 
@@ -646,6 +651,7 @@ def _router_payload(stats: dict[str, Any], a: dict[str, Any], top_k: int) -> Any
         aux_loss=a.get("aux_loss"),
         z_loss=a.get("z_loss"),
         entropy=a.get("entropy"),
+        max_load=a.get("max_load"),
     )
     return MoeRouterStats(layers=layers)
 

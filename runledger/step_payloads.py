@@ -24,7 +24,8 @@ from schemas.payloads import MoeLayerStats, MoeRouterStats, StepMetrics
 
 STEP_FIELDS = ("loss", "grad_norm", "lr", "tokens_per_second", "mfu", "step_time_s")
 COUNT_FIELDS = ("tokens", "total_tokens")
-LAYER_MEANS = ("token_drop_rate", "aux_loss", "z_loss", "routing_entropy")  # the trainer's scalars
+# The trainer's step scalars: router stats averaged over the layers (max_load where every layer has it)
+LAYER_MEANS = ("token_drop_rate", "aux_loss", "z_loss", "routing_entropy", "max_load")
 
 # Another name → runledger's name. Only exact names: a key is renamed only when nothing else in the
 # same row already carries runledger's name (then both are kept, the alias as a named scalar).
@@ -47,6 +48,8 @@ ALIASES: dict[str, str] = {
     "router/aux_loss": "aux_loss",
     "router/z_loss": "z_loss",
     "router/entropy": "routing_entropy",
+    "router/load_imbalance": "max_load",  # the mirror's name: max ÷ mean tokens per expert
+    "router/max_load": "max_load",
     "trainer/events_dropped": "events_dropped",
     "trainer/skipped_steps": "skipped_steps",
 }
@@ -139,7 +142,21 @@ def step_metrics(report: StepReport) -> StepMetrics:
         for name in ("aux_loss", "z_loss", "routing_entropy"):
             values = [getattr(layer, name) for layer in report.layers]
             scalars[name] = None if None in values else sum(values) / n
+        # max_load only where every layer measured it: steps without it keep their scalars as before
+        loads = [layer.max_load for layer in report.layers if isinstance(layer.max_load, float)]
+        if len(loads) == n:
+            scalars["max_load"] = sum(loads) / n
     return metrics_from_values(report_fields(report) | scalars)
+
+
+def max_load_of_counts(counts: np.ndarray) -> np.ndarray:
+    """Per layer (``counts``: layers × experts tokens per expert): the busiest expert's tokens over
+    the mean tokens per expert (1.0 balanced, experts ÷ top_k the worst); NaN (null) for a layer
+    that routed no token."""
+    counts_f = np.asarray(counts, dtype=np.float64)
+    mean_tokens = counts_f.sum(axis=1) / max(1, counts_f.shape[1])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(mean_tokens > 0, counts_f.max(axis=1, initial=0.0) / mean_tokens, np.nan)
 
 
 def router_stats(report: StepReport) -> MoeRouterStats:
@@ -156,9 +173,11 @@ def layer_stats_from_arrays(
     aux_loss: np.ndarray | None = None,
     z_loss: np.ndarray | None = None,
     entropy: np.ndarray | None = None,
+    max_load: np.ndarray | None = None,
 ) -> list[MoeLayerStats]:
     """Per-layer stats from per-layer arrays (``counts``: layers × experts). Whole-array conversions
-    (``tolist``), then one struct per layer: no Python work per expert."""
+    (``tolist``), then one struct per layer: no Python work per expert. ``max_load`` None: the
+    layers carry none (left out of the event, not null)."""
     n = len(tokens)
     tokens_l = np.asarray(tokens, dtype=np.int64).tolist()
     dropped_l = np.asarray(dropped, dtype=np.int64).tolist()
@@ -171,7 +190,7 @@ def layer_stats_from_arrays(
         return [finite(x) for x in np.asarray(a, dtype=np.float64).tolist()]
 
     aux_l, z_l, ent_l = column(aux_loss), column(z_loss), column(entropy)
-    return [
+    layers = [
         MoeLayerStats(
             layer=i,
             tokens=tokens_l[i],
@@ -185,3 +204,8 @@ def layer_stats_from_arrays(
         )
         for i in range(n)
     ]
+    # Set after construction: a keyword per layer would need a dict per layer to leave it out
+    if max_load is not None:
+        for layer, load in zip(layers, column(max_load), strict=True):
+            layer.max_load = load
+    return layers

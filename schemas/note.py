@@ -49,9 +49,11 @@ __all__ = [
     "decode_canonical_base64",
     "generate_keypair",
     "key_hash",
+    "key_stem",
     "open_note",
     "parse_private_key",
     "parse_public_key",
+    "public_key_of",
     "sign_note",
     "write_keypair",
 ]
@@ -153,13 +155,13 @@ def write_keypair(directory: str | os.PathLike[str], name: str, stem: str | None
     temporary file is created with O_EXCL and mode 0o600 in a single open() (no window in which the
     key exists with wider permissions), and the finished file is linked into place only if no file
     of that name exists, so an existing key is never overwritten, nor a key left half written.
-    ``stem`` defaults to the key name with unsafe filename characters replaced by '_'.
-    Returns (private_path, public_path).
+    ``stem`` defaults to the key name with unsafe filename characters replaced by '_' (``key_stem``).
+    A missing ``directory`` is made with mode 0700. Returns (private_path, public_path).
     """
     skey, vkey = generate_keypair(name)
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    stem = stem or re.sub(r"[^A-Za-z0-9._-]", "_", name)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)  # a new key folder is its owner's alone
+    stem = stem or key_stem(name)
     private_path = directory / f"{stem}.key"
     public_path = directory / f"{stem}.pub"
     if public_path.exists():
@@ -168,6 +170,16 @@ def write_keypair(directory: str | os.PathLike[str], name: str, stem: str | None
     write_durably(private_path, private_bytes, mode=0o600, exclusive=True)
     write_durably(public_path, public_bytes, mode=0o644, exclusive=True)
     return private_path, public_path
+
+
+def key_stem(name: str) -> str:
+    """The file name (without ``.key``/``.pub``) ``write_keypair`` gives the key named ``name``."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+def public_key_of(signer: NoteSigner) -> str:
+    """The vkey text of a private key's public half (what ``write_keypair`` puts in ``<stem>.pub``)."""
+    return _encode_vkey(signer.name, _raw_public(signer.private_key.public_key()))
 
 
 def parse_public_key(text: str) -> NoteVerifier:

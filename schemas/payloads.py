@@ -88,6 +88,10 @@ class MoeLayerStats(msgspec.Struct, kw_only=True):
     aux_loss: Float = None
     z_loss: Float = None
     routing_entropy: Float = None
+    # Added later (issue 39): the busiest expert's tokens over the mean tokens per expert (1.0:
+    # balanced). UNSET when not measured, so it is left out of the event: a producer that does not
+    # give it emits the same bytes as before, and events without it read as null.
+    max_load: Float | msgspec.UnsetType = msgspec.UNSET
 
 
 class MoeRouterStats(Payload, kw_only=True):

@@ -11,7 +11,9 @@ Router statistics (per MoE layer, summed over the step's micro-batches, on the d
     tokens · k assignments chosen for expert i before drops, Pᵢ: mean router probability of i),
     the quantity Megatron scales by ``moe_aux_loss_coeff``, reported whether or not it is trained on;
   * z loss: mean over tokens of logsumexp(logits)², likewise before its coefficient;
-  * routing entropy: mean over tokens of −Σᵢ pᵢ log pᵢ of the router's softmax (nats).
+  * routing entropy: mean over tokens of −Σᵢ pᵢ log pᵢ of the router's softmax (nats);
+  * max load: the busiest expert's kept tokens over the mean kept tokens per expert (from the
+    counts, on the host: ``runledger.step_payloads.max_load_of_counts``).
 
 Everything a step reports (loss, squared gradient norm, the router block) is stacked into one
 tensor, all-reduced once across ranks, and read with one ``.tolist()``: one device-to-host transfer.
@@ -30,7 +32,14 @@ import torch
 # The emitter and the step payloads live in the library, shared with ``runledger.init``'s clients;
 # re-exported here for the trainer's callers.
 from runledger.emitter import Emitter, open_rank_sink, rank_spool
-from runledger.step_payloads import StepReport, finite, layer_stats_from_arrays, router_stats, step_metrics
+from runledger.step_payloads import (
+    StepReport,
+    finite,
+    layer_stats_from_arrays,
+    max_load_of_counts,
+    router_stats,
+    step_metrics,
+)
 from schemas.payloads import MoeLayerStats
 from trainer import model as model_lib
 from trainer.config import TrainConfig
@@ -162,6 +171,7 @@ def layer_stats(flat: list[float], num_layers: int, num_experts: int, top_k: int
         aux_loss=rows[:, AUX] / denom,
         z_loss=rows[:, ZLOSS] / denom,
         entropy=rows[:, ENTROPY] / denom,
+        max_load=max_load_of_counts(counts),
     )
 
 

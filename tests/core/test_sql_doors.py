@@ -183,7 +183,7 @@ def place(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         run.step(step, loss=5 - step * 0.1)
     ledger, lake = base / "ledger", base / "lake"
     records = [SourceRecord("spool:t", i, raw) for i, raw in enumerate(run.events)]
-    Ledger.create(ledger).commit(records)
+    Ledger.create_part_files(ledger).commit(records)  # the folder format a remote copy keeps
     # The same events on DuckLake, its catalog a SQLite file: what sqlite_scan would read.
     on_lake = Ledger.create_on_lake(lake, f"sqlite:{lake / 'catalog.sqlite'}")
     on_lake.commit(records)

@@ -7,12 +7,12 @@ import os
 import shutil
 from pathlib import Path
 
-import duckdb
 from typer.testing import CliRunner
 
 import runledger
 from cli.main import app
 from ingest.bus import SpoolSink
+from ledger import duck
 from tests.client.ledger_support import ingest
 
 
@@ -36,7 +36,7 @@ def _count_in(folder: Path, sql: str) -> int:
     before = Path.cwd()
     os.chdir(folder)
     try:
-        con = duckdb.connect(":memory:")
+        con = duck.connect(extensions=["ducklake", "sqlite_scanner"])  # (stock DuckDB downloads them)
         con.execute((folder / "views.sql").read_text())
         row = con.execute(sql).fetchone()
         assert row is not None
@@ -50,7 +50,8 @@ def test_views_sql_of_a_copied_ledger_reads_the_copy(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["views", "--ledger", str(original)])
     assert result.exit_code == 0, result.output
     text = (original / "views.sql").read_text()
-    assert str(tmp_path) not in text and "read_parquet('metrics/" in text  # no absolute path in it
+    # no absolute path in it: the catalog and the data are named from the folder
+    assert str(tmp_path) not in text and "ATTACH 'ducklake:sqlite:catalog.sqlite'" in text
 
     copy = tmp_path / "moved" / "ledger"
     shutil.copytree(original, copy)

@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from ledger.lake import EMBEDDED_CATALOG
 from ledger.publish import publish
 from ledger.store import Ledger, SourceRecord
 from schemas import encode_event, make_event
@@ -123,7 +124,7 @@ def build_site(tmp: Path, *, lake: bool = False) -> Site:
     ledger on DuckLake (its embedded DuckDB-file catalog, data files in the folder)."""
     root, dest = tmp / "ledger", tmp / "site"
     if lake:
-        ledger = Ledger.create_on_lake(root, f"duckdb:{root / 'catalog.ducklake'}", ledger_id=LEDGER_ID)
+        ledger = Ledger.create_on_lake(root, f"sqlite:{root / EMBEDDED_CATALOG}", ledger_id=LEDGER_ID)
     else:
         ledger = Ledger.create(root, ledger_id=LEDGER_ID)
         ledger.auto_compact = False  # keep several part files per partition

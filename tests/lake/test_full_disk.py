@@ -63,7 +63,7 @@ def test_a_full_disk_under_a_lake_ingest_is_one_line_and_a_rerun_lands_everythin
     if full == "data folder":
         catalog, data = f"sqlite:{tmp_path / 'catalog.sqlite'}", disk / "data"
     else:
-        catalog, data = f"duckdb:{disk / 'catalog.ducklake'}", tmp_path / "data"
+        catalog, data = f"sqlite:{disk / 'catalog.sqlite'}", tmp_path / "data"
     code, _, err = _invoke(
         "init",
         "--ledger",

@@ -24,6 +24,7 @@ from ledger import duck
 from ledger.lake import Catalog, LakeTables
 from ledger.lake_migrate import migrate
 from ledger.query import QueryError, Reader
+from ledger.store import Ledger
 from tests.lake.support import Postgres
 
 runner = CliRunner()
@@ -64,6 +65,7 @@ def parts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small ledger of part files, migrated into each test's lake."""
     root = tmp_path_factory.mktemp("hostile-parts")
     assert _cli("simulate", "reference-535b", "--spool", root / "spool", *SMALL)[0] == 0
+    Ledger.create_part_files(root / "old").close()  # the old format, which migrate reads
     assert _cli("ingest", "spool", "--spool", root / "spool", "--ledger", root / "old")[0] == 0
     return root / "old"
 

@@ -3,7 +3,6 @@ writers, racing and parallel writers, one snapshot per reader, maintenance under
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -14,13 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ledger.duck import connect
-from ledger.lake import CATALOG_BLOCK_BYTES, ORPHAN_MIN_AGE_S, LakeError, LakeReader, LakeTables, fence_table
+from ledger.lake import ORPHAN_MIN_AGE_S, LakeError, LakeReader, LakeTables, fence_table
 from tests.lake.conftest import Backend
 from tests.lake.support import batch, spawn
 
@@ -138,8 +135,6 @@ def _finish(procs: list[subprocess.Popen[str]]) -> list[dict[str, Any]]:
 
 
 def test_three_racing_copies_of_one_ingester_land_each_record_once(backend: Backend) -> None:
-    if not backend.many_processes:
-        pytest.skip("a DuckDB-file catalog is held by one process")
     LakeTables(backend.catalog, backend.data).close()
     batches = 6
     outs = _finish(
@@ -158,8 +153,6 @@ def test_three_racing_copies_of_one_ingester_land_each_record_once(backend: Back
 
 @pytest.mark.parametrize("writers", [2, 4])
 def test_writers_of_separate_sources_all_land(backend: Backend, writers: int) -> None:
-    if not backend.many_processes:
-        pytest.skip("a DuckDB-file catalog is held by one process")
     LakeTables(backend.catalog, backend.data).close()
     batches = 4
     sources = [f"src{i}" for i in range(writers)]
@@ -182,7 +175,7 @@ def test_every_read_sees_one_snapshot_while_writers_commit_and_maintain_runs(bac
 
     def write() -> None:  # a writer beside the readers (a thread: one process may hold the catalog)
         try:
-            with LakeTables(backend.catalog, backend.data) if backend.many_processes else _Shared(lake) as w:
+            with LakeTables(backend.catalog, backend.data) as w:
                 b = 0
                 while not stop.is_set() and b < 2000 and (b < 15 or not maintained_twice.is_set()):
                     w.commit(batch("w", b * ROWS, ROWS, b), {"w": (b * ROWS, (b + 1) * ROWS)}, {})
@@ -228,19 +221,6 @@ def test_every_read_sees_one_snapshot_while_writers_commit_and_maintain_runs(bac
     assert set(diffs) == {0}
     assert all(joins)
     assert len(seen) >= 2
-
-
-class _Shared:
-    """The test's own LakeTables, used by the writer thread (a DuckDB-file catalog allows one)."""
-
-    def __init__(self, lake: LakeTables) -> None:
-        self.lake = lake
-
-    def __enter__(self) -> LakeTables:
-        return self.lake
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def test_maintain_deletes_old_orphans_only(backend: Backend) -> None:
@@ -321,55 +301,16 @@ def test_metric_files_are_sorted_by_name_and_step_before_and_after_a_merge(backe
             assert _count(con, "SELECT count(*) FROM metrics WHERE name = 'loss'") == 6 * ROWS // 3
 
 
-def test_a_second_writer_on_a_duckdb_file_catalog_is_refused_in_one_line(backend: Backend) -> None:
-    """A DuckDB-file catalog has one writer at a time: another in this process (a thread's ledger)
-    or in another process gets one line naming the catalog, and the first goes on."""
-    if backend.kind != "duckdb":
-        pytest.skip("SQLite and PostgreSQL catalogs take several writers (tests above)")
-    target = backend.catalog.split(":", 1)[1]
-    with LakeTables(backend.catalog, backend.data) as first:
-        with pytest.raises(LakeError, match=f"^lake catalog {target} is open in another writer"):
-            LakeTables(backend.catalog, backend.data)
-        assert first.commit(batch("s", 0, ROWS, 0), {"s": (0, ROWS)}, {}).ok
-    proc = spawn("write", backend.catalog, str(backend.data), "t", str(ROWS))
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "0"  # it holds the catalog
-        with pytest.raises(LakeError, match=f"^lake catalog {target} is open in another writer"):
-            LakeTables(backend.catalog, backend.data)
-    finally:
-        proc.kill()
-        proc.wait(timeout=30)
-    with LakeTables(backend.catalog, backend.data) as after:
-        assert after.positions()["s"] == ROWS
-
-
-def _block_bytes(catalog_file: Path) -> int:
-    with contextlib.closing(duckdb.connect()) as con:
-        con.execute(f"ATTACH '{catalog_file}' AS cat (READ_ONLY)")
-        row = con.execute(
-            "SELECT block_size FROM pragma_database_size() WHERE database_name = 'cat'"
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def test_a_new_duckdb_file_catalog_is_made_in_small_blocks_and_an_old_one_still_opens(tmp_path: Path) -> None:
-    """A new catalog file takes CATALOG_BLOCK_BYTES (a close writes every block of ~30 small tables:
-    256 KiB blocks made a new lake's file 3.1 MB); one made in DuckDB's default blocks (an older
-    ledger's) opens and commits as before, and the catalog's rewrite (``erase_deleted``) keeps them."""
-    new = tmp_path / "new.ducklake"
-    with LakeTables(f"duckdb:{new}", tmp_path / "new-data") as lake:
-        assert lake.commit(batch("s", 0, 3, 1), {"s": (0, 3)}, {}).ok
-    assert _block_bytes(new) == CATALOG_BLOCK_BYTES
-    assert new.stat().st_size < 1_000_000
-
-    old = tmp_path / "old.ducklake"
-    with contextlib.closing(connect(extensions=["ducklake"])) as con:  # as DuckLake makes one itself
-        con.execute(f"ATTACH 'ducklake:{old}' AS made (DATA_PATH '{tmp_path / 'old-data'}')")
-    assert _block_bytes(old) == 256 * 1024
-    with LakeTables(f"duckdb:{old}", tmp_path / "old-data") as lake:
-        assert lake.commit(batch("s", 0, 3, 1), {"s": (0, 3)}, {}).ok
-        lake._rewrite_catalog_file()
-        with lake.reader() as con:
-            assert _count(con, "SELECT count(*) FROM events") == 3
-    assert _block_bytes(old) == CATALOG_BLOCK_BYTES
+@pytest.mark.parametrize(
+    "spec", ["duckdb:/tmp/x/catalog.ducklake", "/tmp/x/catalog.ducklake", "/tmp/x/catalog.duckdb", "catalog"]
+)
+def test_a_duckdb_file_catalog_is_refused_in_one_line(spec: str, tmp_path: Path) -> None:
+    """DuckDB's file lock lets one process hold such a catalog, so checkpoint, publish and redact
+    could never run beside a writer: the kind is not offered, and nothing is made."""
+    with pytest.raises(LakeError) as refused:
+        LakeTables(spec, tmp_path / "data")
+    assert str(refused.value) == (
+        f"catalog {spec!r}: a DuckDB-file catalog is held by one process, so checkpoint, publish and "
+        "redact beside a writer cannot run: use sqlite:PATH (one host) or postgres:DSN (many hosts)"
+    )
+    assert not (tmp_path / "data").exists() and not Path("/tmp/x").exists()

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from cli import migrate_cmd
 from cli.main import app
-from ledger.lake import LakeTables
+from ledger.lake import EMBEDDED_CATALOG, LakeTables
 from ledger.parquet_schemas import TABLES, tables_of
 from ledger.query import Reader
 from ledger.store import Ledger
@@ -77,7 +77,7 @@ def test_migrate_into_an_embedded_lake_keeps_every_row(old: Path, tmp_path: Path
         out
         == f"migrated {kept} commits ({rows} rows) into {lake_dir}: rows, positions and stream heads identical\n"
     )
-    with LakeTables(f"duckdb:{tmp_path / 'lake' / 'catalog.ducklake'}", tmp_path / "lake" / "data") as lake:
+    with LakeTables(f"sqlite:{tmp_path / 'lake' / EMBEDDED_CATALOG}", tmp_path / "lake" / "data") as lake:
         _same_rows(old, lake)
         assert lake.positions() == Ledger.open(old).positions()
     # the migrated ledger takes new commits where the old one stopped: numbers, heads and positions

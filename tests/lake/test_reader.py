@@ -65,6 +65,7 @@ def ledgers(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[
     lake with a SQLite catalog (many readers beside a writer); the lake snapshot of each commit."""
     root = tmp_path_factory.mktemp("lake-reader")
     _cli("simulate", "reference-535b", "--spool", root / "spool", *SMALL)
+    Ledger.create_part_files(root / "old").close()  # the old format, which migrate reads
     _cli("ingest", "spool", "--spool", root / "spool", "--ledger", root / "old", "--batch-size", "250")
     with LakeTables(f"sqlite:{root / 'lake' / 'catalog.sqlite'}", root / "lake" / "data") as lake:
         done = migrate(root / "old", lake, root / "lake")

@@ -109,7 +109,7 @@ def test_publish_writes_one_tile_log_of_every_event(site: Site) -> None:
         for r in Reader(site.root).sql("SELECT stream, stream_seq, canonical FROM events").records()
     }
     salts = {}
-    for path in (site.root / "salts").rglob("*.parquet"):
+    for path in (site.dest / "data" / "salts").rglob("*.parquet"):  # the published copies
         t = pq.read_table(path)
         keys = zip(t["stream"].to_pylist(), t["stream_seq"].to_pylist(), strict=True)
         salts |= dict(zip(keys, t["salt"].to_pylist(), strict=True))

@@ -1,0 +1,62 @@
+"""bench/bench_peer.py's max_load workaround (issue 39): what it times must be what it claims.
+
+The 48 per-layer max loads a step, logged as named scalars through the client library, must all land
+in a new ledger (the embedded lake ``Ledger.create`` makes), and the pyarrow baseline must write the
+same 48 values a step; a small run of each, on real files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from bench.bench_ledger import LAYERS, make_workload
+from bench.bench_peer import (
+    MAX_LOAD_NAMES,
+    NEW_LEDGER,
+    PART_FILES,
+    peer_steps,
+    pyarrow_ceiling_max_load,
+    run_peer,
+    step_scalars,
+)
+from ledger.query import Reader
+
+STEPS = 12
+
+
+def test_max_load_scalars_all_land_in_a_new_ledger(tmp_path: Path) -> None:
+    steps = peer_steps(make_workload(STEPS))
+    times = run_peer(tmp_path / "peer", steps, store=NEW_LEDGER, max_load=True)
+    assert (tmp_path / "peer" / "ledger" / "LAKE.json").exists()  # the default ledger is a lake
+    assert times.metric_values == STEPS * (20 + LAYERS)
+    reader = Reader(tmp_path / "peer" / "ledger")
+    try:
+        rows = reader.sql(
+            "SELECT name, count(*), max(value) FROM metrics WHERE name LIKE 'router/max_load/%' GROUP BY 1"
+        ).rows
+    finally:
+        reader.close()
+    assert sorted(r[0] for r in rows) == MAX_LOAD_NAMES
+    assert all(r[1] == STEPS for r in rows)
+    loaded = {name: max(steps.max_load[i][k] for i in range(STEPS)) for k, name in enumerate(MAX_LOAD_NAMES)}
+    assert all(abs(r[2] - loaded[r[0]]) < 1e-12 for r in rows)
+
+
+def test_the_part_files_baseline_is_part_files(tmp_path: Path) -> None:
+    steps = peer_steps(make_workload(STEPS))
+    times = run_peer(tmp_path / "peer", steps, store=PART_FILES)
+    assert (tmp_path / "peer" / "ledger" / "LEDGER.json").exists()
+    assert not (tmp_path / "peer" / "ledger" / "LAKE.json").exists()
+    assert times.metric_values == STEPS * 20
+
+
+def test_pyarrow_baseline_writes_the_same_max_loads(tmp_path: Path) -> None:
+    w = make_workload(STEPS)
+    steps = peer_steps(w)
+    assert len(step_scalars(steps, True)[0]) == len(steps.scalars[0]) + LAYERS
+    _, rows = pyarrow_ceiling_max_load(tmp_path, w, steps.max_load)
+    layers = pq.read_table(tmp_path / "moe_layer_stats.parquet")
+    assert layers.column("max_load").to_pylist() == [v for step in steps.max_load for v in step]
+    assert rows == STEPS * 20 + STEPS * LAYERS + 2 * STEPS
