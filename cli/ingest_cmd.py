@@ -145,11 +145,12 @@ def ingest_kafka(
     """
     from ingest.kafka_config import TopicUnavailableError
     from ingest.kafka_ingester import run_ingester
+    from ledger.lake import LAKE_MARKER
 
     stop = threading.Event()
     started = time.monotonic()
     with kafka_errors(), stop_on_signals(stop):
-        if not create and not (ledger / "LEDGER.json").exists():
+        if not create and not any((ledger / marker).exists() for marker in (LAKE_MARKER, "LEDGER.json")):
             raise fail(f"no ledger at {ledger} (drop --no-create to make one)")
         try:
             stats = run_ingester(

@@ -79,7 +79,7 @@ def replay(
         str | None,
         typer.Option(
             "--ledger-id",
-            help="Keep the id of the ledger this one replaces (LEDGER.json's id, or ID in a signed "
+            help="Keep the id of the ledger this one replaces (its id in LAKE.json, or ID in a signed "
             "checkpoint's origin runledger/ID/STREAM), so checkpoints signed before still verify. "
             "Default: a new log with a new id.",
             show_default=False,

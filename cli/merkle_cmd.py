@@ -287,7 +287,7 @@ def verify(
     found, but signed log checkpoints are on disk that were not checked (no public key: pass
     --public-key or --keys).
 
-    Example: ledger verify --public-key .runledger/demo/keys/demo.pub
+    Example: ledger verify --ledger .runledger/demo/ledger   (its log key is in <ledger>/.keys)
     """
     if remote is not None:
         _verify_remote(remote, log_key, witness or [], quorum, state, fetch_timeout_s(fetch_timeout))

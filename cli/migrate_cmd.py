@@ -1,4 +1,4 @@
-"""`ledger migrate OLD NEW`: a ledger of today's format into the DuckLake format (ledger.lake_migrate)."""
+"""`ledger migrate OLD NEW`: a ledger of part files into the DuckLake format (ledger.lake_migrate)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from cli.output import console, fail, plural, user_errors
 
 def migrate(
     old: Annotated[
-        Path, typer.Argument(help="The ledger to read (today's format: part files and _commits/).")
+        Path, typer.Argument(help="The ledger to read (the old format: part files and _commits/).")
     ],
     new: Annotated[Path, typer.Argument(help="Folder of the new lake: its Parquet files go to NEW/data.")],
     catalog: Annotated[
@@ -25,23 +25,19 @@ def migrate(
     ] = None,
 ) -> None:
     """Copy a ledger into a DuckLake, one lake commit per ledger commit, and check that every table's
-    rows, the positions and the stream heads are identical.
+    rows, the positions and the stream heads are identical. When anything fails, NEW is left as it was.
 
     Example: ledger migrate .runledger/ledger .runledger/lake
     """
-    from ledger.lake import EMBEDDED_CATALOG, LakeError, LakeTables
-    from ledger.lake_migrate import MigrateError
-    from ledger.lake_migrate import migrate as run
+    from ledger.lake_migrate import MigrateError, migrate_into
 
-    spec = catalog or f"sqlite:{new / EMBEDDED_CATALOG}"
+    # The whole migration or nothing: migrate_into checks OLD before it makes NEW, and removes what it
+    # made when a commit fails or the result differs, so a refusal is one line and leaves nothing.
     with user_errors(old):
         try:
-            with LakeTables(spec, new / "data") as lake:
-                done = run(old, lake, new)
-        except (LakeError, MigrateError) as exc:
+            done = migrate_into(old, new, catalog)
+        except MigrateError as exc:
             raise fail(str(exc)) from None
-    if done.mismatches:
-        raise fail(f"migrated, but the lake differs: {'; '.join(done.mismatches)}")
     console.print(
         f"migrated {plural(done.commits, 'commit')} ({plural(done.rows, 'row')}) into {new}: "
         "rows, positions and stream heads identical",

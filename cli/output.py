@@ -179,7 +179,8 @@ def ledger_hint(path: Path) -> str:
     """``; did you mean --ledger …/ledger?``: the ledger the user most likely meant, when one exists:
     one level below the path given (a demo's work folder), or the demo's (after `make demo`)."""
     for candidate in (path / "ledger", path / ".runledger" / "ledger", DEMO_LEDGER):
-        if (candidate / "LEDGER.json").is_file() and candidate.resolve() != path.resolve():
+        is_ledger = (candidate / "LAKE.json").is_file() or (candidate / "LEDGER.json").is_file()
+        if is_ledger and candidate.resolve() != path.resolve():
             return f"; did you mean --ledger {candidate}? (or export RUNLEDGER_LEDGER={candidate})"
     return ""
 
@@ -445,6 +446,11 @@ WRITE_ENV = {
 }
 
 
+# How DuckDB words a full disk (it keeps no errno): its own files' errors, and SQLite's SQLITE_FULL
+# from a lake's embedded catalog.
+DUCKDB_DISK_FULL_WORDS = ("No space left on device", "Disk quota exceeded", "database or disk is full")
+
+
 def disk_full(exc: BaseException) -> BaseException | None:
     """The ENOSPC/EDQUOT ``OSError`` (or SQLite's ``SQLITE_FULL``: the ledger's dedupe index) behind
     ``exc`` (itself, its cause or its context: a full disk often surfaces while closing a file after
@@ -462,9 +468,10 @@ def disk_full(exc: BaseException) -> BaseException | None:
             or "database or disk is full" in str(current)
         ):
             return current
-        # DuckDB's (a lake's DuckDB-file catalog, its WAL): an IO error in words, no errno
-        if type(current).__module__.startswith(("duckdb", "_duckdb")) and (
-            "No space left on device" in str(current) or "Disk quota exceeded" in str(current)
+        # DuckDB's (its files and WAL, or a lake's SQLite catalog seen through DuckDB's sqlite
+        # scanner): an IO error in words, no errno
+        if type(current).__module__.startswith(("duckdb", "_duckdb")) and any(
+            words in str(current) for words in DUCKDB_DISK_FULL_WORDS
         ):
             return current
         # ``raise … from None`` (an error already said in one line) hides its context: so does this.

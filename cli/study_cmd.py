@@ -154,7 +154,7 @@ def _print_result(result: StudyResult) -> None:
         outputs.append(f"report {result.report}")
     console.print("; ".join(outputs), markup=False, highlight=False)
     console.print(
-        f"check it: ledger verify --ledger {ledger} --keys {shlex.quote(str(result.workdir / 'keys'))}",
+        f"check it: ledger verify --ledger {ledger}  (its log key is in {shlex.quote(str(result.ledger / '.keys'))})",
         markup=False,
         highlight=False,
     )

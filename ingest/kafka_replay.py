@@ -38,6 +38,7 @@ from ingest.ingester import Ingester, IngestStats
 from ingest.kafka_config import COMMIT_BATCH_MAX, events_topic
 from ingest.kafka_ingester import open_consumer, source_name
 from ledger.admission import REGISTRY_INGEST
+from ledger.lake import LAKE_MARKER
 from ledger.registry import RegistryEntry
 from ledger.store import CommitResult, Ledger, LedgerError, SourceRecord
 from schemas.codec import MAX_EVENT_BYTES
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 
 def _target(path: Path, ledger_id: str | None) -> tuple[Ledger, bool]:
     """A fresh ledger at ``path``, or the ledger already there (resumed); of ``ledger_id`` if given."""
-    if (path / "LEDGER.json").exists():
+    if (path / LAKE_MARKER).exists() or (path / "LEDGER.json").exists():
         return Ledger.create(path, ledger_id), True  # an existing ledger: only checks the id
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise LedgerError(f"{path} exists and is not a ledger; replay needs a new (or empty) directory")

@@ -61,10 +61,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
 from schemas import catalogue as c
 from schemas import payloads as p
@@ -460,60 +456,31 @@ def load_state(ledger: LedgerView) -> AdmissionState:
 
 def scan_state(ledger: LedgerView, commit: int) -> AdmissionState:
     """The admission state as of ``commit`` (the last), from the events table: for a ledger written
-    before commit records kept it. Only the small columns are read for every event; canonical bytes
-    only from the files that hold a registry event or a source's head (one read per such file)."""
+    before commit records kept it. Read through the one reader (a lake's snapshot, or part files):
+    the registry's events in log order, and each source's head (its highest seq, the first stored if
+    a fork repeated it)."""
+    from ledger.query import Reader
+
     state = AdmissionState(commit=commit)
-    files = sorted(str(path) for path in (ledger.root / "events").rglob("*.parquet"))
-    if not files:
-        return state
-    table = ds.dataset(files, format="parquet").to_table(
-        columns=["source", "seq", "commit", "ingest_source", "ingest_position", "__filename"]
-    )
-    if table.num_rows == 0:
-        return state
-    registry = table.filter(pc.equal(table.column("ingest_source"), REGISTRY_INGEST))
-    registry = registry.sort_by([("commit", "ascending"), ("ingest_position", "ascending")])
-    # Each source's head: its highest seq, the first stored if a fork repeated it.
-    order = table.sort_by(
-        [
-            ("source", "ascending"),
-            ("seq", "descending"),
-            ("commit", "ascending"),
-            ("ingest_position", "ascending"),
-        ]
-    )
-    sources = order.column("source").to_pylist()
-    firsts = [i for i in range(len(sources)) if i == 0 or sources[i] != sources[i - 1]]
-    heads = order.take(pa.array(firsts, pa.int64()))
-    wanted = {*registry.column("__filename").to_pylist(), *heads.column("__filename").to_pylist()}
-    canonical: dict[tuple[str, int, str, int], str] = {}  # (file, commit, ingest source, position)
-    for path in sorted(wanted):
-        rows = pq.read_table(
-            path, columns=["commit", "ingest_source", "ingest_position", "canonical"]
-        ).to_pydict()
-        columns = (rows["commit"], rows["ingest_source"], rows["ingest_position"], rows["canonical"])
-        for commit, feed, position, text in zip(*columns, strict=True):
-            canonical[(path, commit, feed, position)] = text
-    for path, commit, position in zip(
-        registry.column("__filename").to_pylist(),
-        registry.column("commit").to_pylist(),
-        registry.column("ingest_position").to_pylist(),
-        strict=True,
-    ):
-        decoded = decode_event(canonical[(path, commit, REGISTRY_INGEST, position)].encode())
+    reader = Reader(ledger.root)
+    try:
+        registry = reader.sql(
+            'SELECT canonical FROM events WHERE ingest_source = ? ORDER BY "commit", ingest_position',
+            [REGISTRY_INGEST],
+        ).rows
+        heads = reader.sql(
+            "SELECT source, seq, canonical FROM events WHERE source IS NOT NULL "
+            'QUALIFY row_number() OVER (PARTITION BY source ORDER BY seq DESC, "commit", ingest_position) = 1'
+        ).rows
+    finally:
+        reader.close()
+    for (text,) in registry:
+        decoded = decode_event(text.encode())
         if isinstance(decoded, Event) and decoded.envelope.type in REGISTRY_TYPES:
             with contextlib.suppress(CheckpointError):  # refused when written: never in the table
                 state.apply(decoded.envelope.type, decoded.envelope.data)
-    for source, seq, path, commit, feed, position in zip(
-        heads.column("source").to_pylist(),
-        heads.column("seq").to_pylist(),
-        heads.column("__filename").to_pylist(),
-        heads.column("commit").to_pylist(),
-        heads.column("ingest_source").to_pylist(),
-        heads.column("ingest_position").to_pylist(),
-        strict=True,
-    ):
-        state.heads[source] = (seq, event_hash(canonical[(path, commit, feed, position)].encode()))
+    for source, seq, text in heads:
+        state.heads[source] = (seq, event_hash(text.encode()))
         state.seqs[source] = seq  # read only for the sources that keep no chain
     return state
 

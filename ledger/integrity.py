@@ -53,7 +53,7 @@ from ledger.admission import (
 )
 from ledger.log_checkpoint import note_signers, parse_and_verify_checkpoint, sign_checkpoint
 from ledger.merkle import CompactRange, MerkleTree, leaf_hash, root_from_leaf_hashes
-from ledger.parquet_schemas import TABLES
+from ledger.parquet_schemas import ADDED_COLUMNS, TABLES
 from ledger.projectors import FoldState, RowBuffer, rows_for_event
 from ledger.redaction import is_redacted, read_marker
 from ledger.store import SALTS, Ledger, LedgerError
@@ -895,10 +895,12 @@ class _TableCheck:
             except Exception as exc:
                 report.problems.append(Problem("?", "unreadable", f"{file.shown}: {exc}"[:240]))
                 continue
-            if absent:
-                keys = set(zip(data["stream"].to_pylist(), data["stream_seq"].to_pylist(), strict=True))
-                for column in absent:
-                    older[column] |= keys
+            keys = list(zip(data["stream"].to_pylist(), data["stream_seq"].to_pylist(), strict=True))
+            for column in absent:
+                older[column] |= set(keys)
+            for column in ADDED_COLUMNS.get(name, frozenset()) - absent:  # a row migrated from before it
+                nulls = data[column].is_null().to_pylist()
+                older[column] |= {key for key, null in zip(keys, nulls, strict=True) if null}
             actual_parts.append(data.append_column(spec.partition, partition))
         schema = _with_partition(name)
         want = pa.concat_tables(self.expected[name]) if self.expected[name] else schema.empty_table()
@@ -932,10 +934,8 @@ def _with_partition(name: str) -> pa.Schema:
     return spec.schema.append(pa.field(spec.partition, pa.string()))
 
 
-# Columns a table gained after ledgers were written with it. A file written before lacks them (they
-# read back as nulls), so its rows are compared without them; a file lacking any other column is
-# compared as it is, so dropping a column from a file is reported like any other edit.
-ADDED_COLUMNS: dict[str, frozenset[str]] = {"github": frozenset({"org", "fact", "via"})}
+# A file lacking a column other than ADDED_COLUMNS' is compared as it is, so dropping a column from a
+# file is reported like any other edit.
 
 
 def _blank(table: pa.Table, column: str, keys: set[tuple[str, int]]) -> pa.Table:

@@ -282,6 +282,60 @@ def _write_synced(rows: pa.Table, path: Path, table: str) -> None:
         fsync_dir(folder)
 
 
+def _by_partition(table: pa.Table, column: str, sort_keys: Sequence[str]) -> list[tuple[Any, pa.Table]]:
+    """``table``'s rows as (partition value, rows) pairs, values in ``str`` order, each pair's rows
+    sorted by ``sort_keys`` (stably: rows that tie keep their order, as events keep stream order).
+    One pass for every partition: one sort and at most one ``take`` (a ``filter`` per value scanned
+    the whole table once each); a table of one partition that needs no sort is given back as it is."""
+    import numpy as np  # (numpy comes with pyarrow; only a commit's write path needs it)
+
+    values = pc.dictionary_encode(table.column(column).combine_chunks())
+    partitions: list[Any] = values.dictionary.to_pylist()
+    if values.null_count:
+        partitions.append(None)  # null rows: the code after every value's
+    if len(partitions) == 1 and not sort_keys:
+        return [(partitions[0], table)]
+    # The partition of each row, as its value's place in ``str`` order (the files' write order).
+    place = np.empty(len(partitions), np.int64)
+    place[sorted(range(len(partitions)), key=lambda i: str(partitions[i]))] = np.arange(len(partitions))
+    rows_place = place[values.indices.fill_null(len(partitions) - 1).to_numpy()]
+    order = _sort_order(table, sort_keys)
+    if len(partitions) > 1:
+        order = order[np.argsort(rows_place[order], kind="stable")]
+    ordered = table if np.array_equal(order, np.arange(table.num_rows)) else table.take(order)
+    counts = np.bincount(rows_place, minlength=len(partitions))
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    by_place = sorted(partitions, key=str)
+    return [(by_place[i], ordered.slice(int(starts[i]), int(counts[i]))) for i in range(len(partitions))]
+
+
+def _sort_order(table: pa.Table, sort_keys: Sequence[str]) -> Any:
+    """Row indices (a NumPy array) that sort ``table`` stably by ``sort_keys``, ascending. Strings are
+    ranked through their dictionary and the keys sorted as integers (NumPy's ``lexsort``: ~6x faster
+    than Arrow's ``sort_indices`` on the metrics' names); a key with nulls or of another type is
+    sorted by Arrow (nulls last), as ``Table.sort_by`` would."""
+    import numpy as np
+
+    if not sort_keys:
+        return np.arange(table.num_rows)
+    keys = [table.column(k) for k in sort_keys]
+    simple = all(
+        k.null_count == 0 and (pa.types.is_integer(k.type) or pa.types.is_string(k.type)) for k in keys
+    )
+    if not simple:
+        return pc.sort_indices(table, sort_keys=[(k, "ascending") for k in sort_keys]).to_numpy()
+    ranks = []
+    for key in keys:
+        if pa.types.is_string(key.type):
+            encoded = pc.dictionary_encode(key.combine_chunks())
+            rank = np.empty(len(encoded.dictionary), np.int64)
+            rank[pc.sort_indices(encoded.dictionary).to_numpy()] = np.arange(len(encoded.dictionary))
+            ranks.append(rank[encoded.indices.to_numpy()])
+        else:
+            ranks.append(key.to_numpy())
+    return np.lexsort(ranks[::-1])  # (the last key given to lexsort is the primary one)
+
+
 def lake_schema(name: str) -> pa.Schema:
     """A ledger table's columns in the lake: its file columns, then its hive partition column (as a
     hive-partitioned glob reader sees them today)."""
@@ -585,6 +639,25 @@ def missing_catalog(catalog: str, folder: Path) -> str:
         f"no lake catalog at {Catalog.parse(catalog).shown}, which {folder / LAKE_MARKER} names: it is "
         "missing, and it is never recreated under a ledger that has commits (restore it from a backup)"
     )
+
+
+def replaced_catalog(catalog: str, folder: Path, stored: str, named: str) -> str:
+    """The one line for a ledger folder whose catalog holds another ledger (``stored``) than the one
+    its ``LAKE.json`` names (``named``): it was replaced, and nothing is read from or written to it."""
+    return (
+        f"the lake catalog {Catalog.parse(catalog).shown} holds ledger {stored}, but {folder / LAKE_MARKER} "
+        f"names ledger {named}: the catalog was replaced (restore this ledger's from a backup)"
+    )
+
+
+def attached_ledger_id(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The ledger id in the catalog of the lake attached on ``con`` as ``ALIAS`` (its own
+    ``ducklake_metadata`` row ``ID_OPTION``), read from the catalog alone, no data file; None for a
+    lake named before that row was kept."""
+    row = con.execute(
+        f"SELECT value FROM __ducklake_metadata_{ALIAS}.ducklake_metadata WHERE key = ?", [ID_OPTION]
+    ).fetchone()
+    return str(row[0]) if row and row[0] is not None else None
 
 
 @dataclass(frozen=True)
@@ -896,6 +969,7 @@ class LakeTables:
                 self._require_runledger_tables()
             if create:
                 self._retry(self._create_tables)
+                self._retry(self._add_columns)
         except BaseException:  # (a damaged catalog attaches, then fails here): let go of its file now
             self.con.close()
             raise
@@ -911,14 +985,10 @@ class LakeTables:
         """The ledger id the lake was named with (None: an unnamed lake): the catalog's own
         ``ID_OPTION`` row, read without a data file (a replaced catalog's files are elsewhere), else
         the state row of a lake named before that row was kept (then it is written)."""
-        meta = f"__ducklake_metadata_{ALIAS}"
 
         def ask_catalog() -> str | None:
             with contextlib.closing(self.con.cursor()) as cur:
-                row = cur.execute(
-                    f"SELECT value FROM {meta}.ducklake_metadata WHERE key = ?", [ID_OPTION]
-                ).fetchone()
-            return str(row[0]) if row and row[0] is not None else None
+                return attached_ledger_id(cur)
 
         def ask_state() -> str | None:
             with self.maintenance.shared(), contextlib.closing(self.con.cursor()) as cur:
@@ -1071,6 +1141,48 @@ class LakeTables:
                 self.named_now = False
                 if isinstance(exc, duckdb.Error) and _is_conflict(exc) and not self._missing():
                     return  # another process created them first
+                raise
+
+    def _missing_columns(self) -> list[tuple[str, str, str]]:
+        """(table, column, DuckDB type) of each column a ledger table gained after this lake was
+        made (``moe_layer_stats.max_load``): its rows before read NULL there."""
+        meta = f"__ducklake_metadata_{ALIAS}"
+        have = set(
+            self.con.execute(
+                f"SELECT t.table_name, c.column_name FROM {meta}.ducklake_table t "
+                f"JOIN {meta}.ducklake_column c ON c.table_id = t.table_id "
+                "WHERE t.end_snapshot IS NULL AND c.end_snapshot IS NULL AND c.parent_column IS NULL"
+            ).fetchall()
+        )
+        tables = {t for t, _ in have}
+        out = []
+        for name in [*TABLES, *SIDE_TABLES]:
+            for column in lake_schema(name) if name in tables else ():
+                kind = column_type(column.type)
+                if (name, column.name) not in have and kind is not None:
+                    out.append((name, column.name, kind))
+        return out
+
+    def _add_columns(self) -> None:
+        """ALTER TABLE … ADD COLUMN for each column the lake lacks, in turn, in one transaction (a
+        racing writer's conflict is retried by ``_retry`` and then finds them added)."""
+        if not self._missing_columns():
+            return
+        with self.maintenance.shared(), self.turns.turn():
+            wanted = self._missing_columns()
+            if not wanted:
+                return
+            self.con.execute("BEGIN")
+            try:
+                for table, column, kind in wanted:
+                    self.con.execute(
+                        f"ALTER TABLE {ALIAS}.{_quote(table)} ADD COLUMN {_quote(column)} {kind}"
+                    )
+                self.con.execute("COMMIT")
+            except BaseException as exc:
+                self._rollback()
+                if isinstance(exc, duckdb.Error) and _is_conflict(exc) and not self._missing_columns():
+                    return  # another writer added them first
                 raise
 
     @staticmethod
@@ -1256,14 +1368,11 @@ class LakeTables:
             for name, table in sorted(tables.items()):
                 if not table.num_rows:
                     continue
-                table = _conformed(name, table)
-                if name in SORTED_TABLES:  # as the lake's merge will (``_file_layout``)
-                    table = table.sort_by([(k, "ascending") for k in SORTED_TABLES[name]])
                 column = _spec(name).partition
                 folder = self._table_folder(name)
-                for value in sorted(set(table.column(column).to_pylist()), key=str):
-                    values = table.column(column)
-                    rows = table.filter(pc.is_null(values) if value is None else pc.equal(values, value))
+                # Sorted as the lake's merge will sort (``_file_layout``), split by partition in one pass.
+                parts = _by_partition(_conformed(name, table), column, SORTED_TABLES.get(name, ()))
+                for value, rows in parts:
                     path = folder / f"{column}={_path_value(value)}" / f"ducklake-{_uuid7()}.parquet"
                     out.append((name, path))
                     writes.append(functools.partial(_write_synced, rows, path, name))

@@ -187,11 +187,27 @@ def _old_view(con: duckdb.DuckDBPyConnection, old: OldLedger, name: str) -> bool
     listed = "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in files) + "]"
     # A .tmp file (an unfinished rename) does not sit in its partition's name: the partition column
     # comes from the folder, which hive_partitioning reads from the path either way.
-    con.execute(
-        f'CREATE OR REPLACE VIEW "old_{name}" AS SELECT {_columns(name)} FROM read_parquet({listed}, '
-        "hive_partitioning = true, hive_types_autocast = false, union_by_name = true)"
+    scan = (
+        f"read_parquet({listed}, hive_partitioning = true, hive_types_autocast = false, union_by_name = true)"
     )
+    # A column added to the table since the old files were written (``max_load``) is NULL in them,
+    # typed as the lake stores it, so the digests of old and new rows compare like with like.
+    stored = {str(row[0]) for row in con.execute(f"DESCRIBE SELECT * FROM {scan}").fetchall()}
+    columns = ", ".join(
+        f'"{c}"' if c in stored else f'CAST(NULL AS {kind}) AS "{c}"' for c, kind in _lake_types(con, name)
+    )
+    con.execute(f'CREATE OR REPLACE VIEW "old_{name}" AS SELECT {columns} FROM {scan}')
     return True
+
+
+def _lake_types(con: duckdb.DuckDBPyConnection, name: str) -> list[tuple[str, str]]:
+    """(column, DuckDB type) of the table as the lake stores it (``lake_schema``), in its order."""
+    empty = lake_schema(name).empty_table()
+    con.register("_lake_schema", empty)
+    try:
+        return [(str(r[0]), str(r[1])) for r in con.execute("DESCRIBE SELECT * FROM _lake_schema").fetchall()]
+    finally:
+        con.unregister("_lake_schema")
 
 
 def _tagged(con: duckdb.DuckDBPyConnection, name: str) -> None:
@@ -398,8 +414,14 @@ def migrate_into(old_root: Path, new: Path, catalog: str | None = None) -> Migra
     if this call made it, so nothing half-made is left claiming to be a ledger; a catalog outside NEW
     (PostgreSQL) keeps what was committed, and is refused as not empty by a second try."""
     read_old(old_root)  # before NEW is made: a folder that is no ledger leaves nothing behind
-    if new.exists() and (not new.is_dir() or any(new.iterdir())):
-        raise MigrateError(f"{new} is not empty: migrate into a new folder")
+    if new.exists() and not new.is_dir():
+        raise MigrateError(f"{new} is a file, not a folder: migrate into a new folder")
+    for marker in (LAKE_MARKER, OLD_MARKER):
+        if (new / marker).exists():
+            raise MigrateError(f"{new} is a ledger already ({marker}): migrate into a new folder")
+    held = sorted(new.iterdir()) if new.exists() else []
+    if held:
+        raise MigrateError(f"{new} is not empty ({held[0].name}): migrate into a new folder")
     made = not new.exists()
     spec = catalog or f"sqlite:{new / EMBEDDED_CATALOG}"
     try:

@@ -532,13 +532,18 @@ class LedgerWatch:
                 return False
             reader = Reader(self.root, snapshot=newest)
         except (LakeError, QueryError) as exc:
-            return self._set_lost(f"the ledger at {self.root} cannot be read: {exc}")
+            return self._set_lost(self._unreadable(exc))
         try:
             head = reader.head
         except QueryError as exc:
             reader.close()
-            return self._set_lost(f"the ledger at {self.root} cannot be read: {exc}")
+            return self._set_lost(self._unreadable(exc))
         return self._take_reader(reader, head)
+
+    def _unreadable(self, exc: Exception) -> str:
+        """Why the lake could not be read: its folder gone or unreadable when that is why (a catalog
+        that cannot be opened because the folder moved away is the ledger gone, said as that)."""
+        return self._problem() or f"the ledger at {self.root} cannot be read: {exc}"
 
     def _lake_may_have_moved(self, lake: LakeFolder) -> bool:
         """Whether to ask the catalog (a connection and an attach): when this folder's next commit

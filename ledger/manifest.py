@@ -15,6 +15,10 @@ part-*.parquet`` and names each (path, bytes, SHA-256) in ``manifest.json``, sig
 origin (``ledger.remote``'s check, the one ``query --remote`` makes) and then every listed file's
 size and SHA-256, refusing with ``RemoteError`` before any engine opens a file. ``table_files`` is
 the pure part: a manifest's files per table, with their partition values.
+
+A table with no rows has no file: the manifest names it under ``tables`` (every table the copy
+publishes), and ``Published.empty(table)`` gives it as an empty Arrow table of the ledger's schema
+for that table (its file columns, then its partition column), as ``ledger query`` answers it.
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import pyarrow as pa
+
 from ledger.log_checkpoint import Checkpoint
 from ledger.remote import RemoteError, Source, _manifest_files, _signed_manifest
 
-__all__ = ["FolderSource", "Published", "TableFile", "open_published", "table_files"]
+__all__ = ["FolderSource", "Published", "TableFile", "listed_tables", "open_published", "table_files"]
 
 _BLOCK_BYTES = 1 << 20
 # DataFusion and Spark read these in a path as a pattern (Polars too, unless told glob=False).
@@ -71,6 +77,28 @@ def table_files(manifest: dict[str, Any]) -> dict[str, list[TableFile]]:
     return out
 
 
+def listed_tables(manifest: dict[str, Any], files: dict[str, list[TableFile]]) -> tuple[str, ...]:
+    """Every table the copy publishes: the manifest's ``tables`` (those without files included), or,
+    in a manifest written before it named them, the tables that have files. RemoteError for a name
+    that is not a ledger table, or a file of a table the list leaves out."""
+    from ledger.lake import lake_schema
+
+    named = manifest.get("tables")
+    if named is None:
+        return tuple(sorted(files))
+    if not isinstance(named, list) or not all(isinstance(name, str) for name in named):
+        raise RemoteError("the manifest's tables is not a list of table names")
+    for name in named:
+        try:
+            lake_schema(name)
+        except KeyError:
+            raise RemoteError(f"the manifest names table {name!r}, which a ledger does not have") from None
+    unlisted = sorted(set(files) - set(named))
+    if unlisted:
+        raise RemoteError(f"the manifest has files of table {unlisted[0]!r} but does not list it")
+    return tuple(named)
+
+
 class FolderSource(Source):
     """A published copy in a local folder (``ledger publish DEST`` with DEST a folder)."""
 
@@ -111,13 +139,23 @@ class Published:
     folder: Path
     checkpoint: Checkpoint
     manifest_log_size: int  # the log size the manifest is signed at
-    tables: dict[str, list[TableFile]]
+    tables: dict[str, list[TableFile]]  # the tables that have files
+    listed: tuple[str, ...] = ()  # every table published, those without rows (no files) included
 
     def files(self, table: str) -> list[TableFile]:
-        """The table's files (RemoteError if the manifest names none: a typo, or a table not published)."""
-        if table not in self.tables:
-            raise RemoteError(f"the manifest names no files of table {table!r}")
-        return self.tables[table]
+        """The table's files, none for a published table without rows (RemoteError for a table the
+        manifest does not name: a typo, or a table not published)."""
+        if table not in self.tables and table not in self.listed:
+            raise RemoteError(f"the manifest names no table {table!r}")
+        return self.tables.get(table, [])
+
+    def empty(self, table: str) -> pa.Table:
+        """The table with no rows, with the columns and types its files have (its file columns,
+        then its partition column as a string): what an engine reads for a table without files."""
+        from ledger.lake import lake_schema
+
+        self.files(table)  # a table the manifest names
+        return lake_schema(table).empty_table()
 
     def paths(self, table: str) -> list[str]:
         """The table's files as local paths, for an engine that takes a list."""
@@ -144,7 +182,8 @@ def open_published(folder: str | Path, log_key: str) -> Published:
     source = FolderSource(folder)
     checkpoint, manifest_size, manifest = _signed_manifest(source, log_key)
     tables = table_files(manifest)
+    listed = listed_tables(manifest, tables)
     for files in tables.values():
         for item in files:
             _check_file(source, item)
-    return Published(source.folder, checkpoint, manifest_size, tables)
+    return Published(source.folder, checkpoint, manifest_size, tables, listed)

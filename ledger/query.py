@@ -47,12 +47,14 @@ from ledger.lake import (
     LakeError,
     LakeFolder,
     MaintenanceLock,
+    attached_ledger_id,
     checkpoint_snapshot,
     is_s3,
     lake_schema,
     live_at_snap,
     open_snapshot,
     plain_file_under,
+    replaced_catalog,
     retry_locked,
     snapshot_files,
 )
@@ -196,7 +198,10 @@ class Reader:
             pinned, self.snapshot = open_snapshot(lake.catalog, lake.data_path, snapshot)
         except LakeError as exc:
             raise QueryError(str(exc)) from None
+        # A catalog replaced by another ledger's would answer with that ledger's rows: its own
+        # ledger id (a catalog row, no data file read) must be the one LAKE.json names.
         try:
+            _same_ledger(pinned, lake)
             views = _pinned_views(pinned, lake, self.snapshot)
         except (
             duckdb.Error
@@ -771,6 +776,15 @@ def _folder_stream_root(root: Path, stream: str, size: int) -> bytes | None:
         if head["size"] == size:
             return CompactRange.from_json(head["tree"]).root()
     return None
+
+
+def _same_ledger(pinned: duckdb.DuckDBPyConnection, lake: LakeFolder) -> None:
+    """QueryError when the catalog attached on ``pinned`` names another ledger than ``lake``'s."""
+    stored = attached_ledger_id(pinned)
+    if stored is not None and stored != lake.ledger_id:
+        raise QueryError(
+            f"{lake.folder}: {replaced_catalog(lake.catalog, lake.folder, stored, lake.ledger_id)}"
+        )
 
 
 def _pinned_views(pinned: duckdb.DuckDBPyConnection, lake: LakeFolder, snapshot: int) -> str:

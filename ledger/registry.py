@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import pyarrow.dataset as ds
 
 from ledger.admission import (
     INCIDENT_INGEST,
@@ -103,21 +102,36 @@ class RegistryEntry:
 
 def registry_entries(ledger: Ledger) -> list[RegistryEntry]:
     """The ledger's registry and policy events, in log order, with the positions they came at."""
-    files = sorted(str(path) for path in (ledger.root / "events").rglob("*.parquet"))
-    if not files:
-        return []
-    table = ds.dataset(files, format="parquet").to_table(
-        columns=["commit", "ingest_position", "canonical"],
-        filter=ds.field("ingest_source") == REGISTRY_INGEST,
-    )
+    from ledger.query import Reader  # (ledger.query reads through the store: imported when used)
+
+    # Through the one reader, so a lake (its rows in the catalog's files) and part files read alike.
+    reader = Reader(ledger.root)
+    try:
+        rows = reader.sql(
+            'SELECT "commit", ingest_position, canonical FROM events WHERE ingest_source = ?',
+            [REGISTRY_INGEST],
+        ).rows
+    finally:
+        reader.close()
+    # Each entry carries where every other source stood at its commit (from the commit record).
     entries = []
-    for commit, position, text in sorted(
-        zip(*(table.column(n).to_pylist() for n in ("commit", "ingest_position", "canonical")), strict=True)
-    ):
-        positions = ledger.read_commit(commit)["positions"]
+    for commit, position, text in sorted(rows):
+        positions = _commit_record(ledger, commit)["positions"]
         after = {s: n for s, n in positions.items() if s not in (REGISTRY_INGEST, INCIDENT_INGEST)}
         entries.append(RegistryEntry(position, text.encode(), after))
     return entries
+
+
+def _commit_record(ledger: Ledger, commit: int) -> dict[str, Any]:
+    """Commit ``commit``'s record; on a lake, a commit another host made since this folder last
+    copied the lake's records is copied first (once)."""
+    try:
+        return ledger.read_commit(commit)
+    except FileNotFoundError:
+        if ledger.lake is None:
+            raise
+    ledger.sync_lake_records()
+    return ledger.read_commit(commit)
 
 
 def write_registry_file(entries: Iterable[RegistryEntry], path: Path) -> int:

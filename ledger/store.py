@@ -503,6 +503,8 @@ class Ledger:
                 if self.lake is not None:
                     self._sync_records()  # what other hosts committed meanwhile
                     paths = self.commit_paths()
+                    if not self._swept:  # a redaction killed after its commit point: the bytes go now
+                        self._erase_deleted_once()
                 else:
                     paths = self.commit_paths()  # recovery renames part files, never commit records
                     self._recover(paths)
@@ -510,6 +512,18 @@ class Ledger:
                 yield
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _erase_deleted_once(self) -> None:
+        """Take off the disk the bytes of rows a committed redaction deleted, once per writer (a
+        redaction killed after its catalog commit left them; nothing to do costs two catalog reads).
+        A busy maintenance lock is left for the next writer, never failing this commit."""
+        assert self.lake is not None
+        try:
+            self.lake.erase_deleted()
+        except (duckdb.Error, LakeError) as exc:
+            log.warning("erasing a redaction's deleted rows: %s (left for the next writer)", exc)
+            return
+        self._swept = True
 
     def _recover(self, paths: list[Path]) -> None:
         """Finish a commit whose writer died after its commit point; drop uncommitted tmp files.
@@ -1031,9 +1045,14 @@ def _lake_tables(tables: list[tuple[str, str, pa.Table]]) -> dict[str, pa.Table]
     partition a column again (the lake partitions by it)."""
     grouped: dict[str, list[pa.Table]] = {}
     for name, partition, data in tables:
-        column = pa.array([partition or "_"] * data.num_rows, pa.string())
+        column = pa.repeat(pa.scalar(partition or "_", pa.string()), data.num_rows)
         grouped.setdefault(name, []).append(data.append_column(table_spec(name).partition, column))
-    return {name: pa.concat_tables(parts, promote_options="default") for name, parts in grouped.items()}
+    # A table of one group (a commit of one run) is that group's rows as they are, not a copy; the
+    # lake's writer splits several groups again in one pass (``ledger.lake._by_partition``).
+    return {
+        name: parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="default")
+        for name, parts in grouped.items()
+    }
 
 
 def _wait_for_writer(handle: Any, root: Path) -> None:

@@ -32,7 +32,7 @@ import duckdb
 
 from ledger import duck
 from ledger.fold import SOURCES_APART
-from ledger.parquet_schemas import SIDE_TABLES, TABLES, Table, tables_of
+from ledger.parquet_schemas import ADDED_COLUMNS, SIDE_TABLES, TABLES, Table, tables_of
 from ledger.redaction import REDACTED_PREFIX
 from schemas import catalogue as c
 from schemas.durable import write_durably
@@ -210,9 +210,13 @@ def _part_rows(root: Path, name: str, *, relative: bool) -> str:
 
 
 def views_sql(root: Path, *, relative: bool = False) -> str:
-    """The views over the ledger of part files at ``root``; ``relative``: its files named from the
-    ledger folder (for ``views.sql``, read by a duckdb started in that folder, wherever it was copied)."""
+    """The views over the ledger of part files at ``root`` (an old ledger, or a published copy
+    fetched by ``ledger.remote``); ``relative``: its files named from the ledger folder (for
+    ``views.sql``, read by a duckdb started in that folder, wherever it was copied). A lake is read
+    through ``ledger.query.Reader`` at one snapshot."""
     root = root.resolve()
+    if not (root / "LEDGER.json").is_file():
+        raise ValueError(f"{root} is not a folder of part files (a lake is read by ledger.query.Reader)")
     return named_views({name: _part_rows(root, name, relative=relative) for name in tables_of(root)})
 
 
@@ -250,7 +254,11 @@ def lake_rows(name: str, alias: str = "lake", files: Mapping[str, TableFiles | N
     if listed.partition is not None and duck.column_type(schema.field(listed.partition).type) == "VARCHAR":
         # (the folder's value is the catalog's, checked by snapshot_files, and the file's column)
         hive = f"hive_partitioning = true, hive_types = {{'{listed.partition}': VARCHAR}}"
-    return f"SELECT {columns} FROM read_parquet({_sql_list(listed.paths)}, {hive})"
+    scan = f"read_parquet({_sql_list(listed.paths)}, {hive})"
+    if name in ADDED_COLUMNS:  # files written before a column was added lack it: NULL there
+        widened = scan.removesuffix(")") + ", union_by_name = true)"
+        return f"SELECT {columns} FROM (SELECT * FROM {widened} UNION ALL BY NAME ({empty_rows(name)}))"
+    return f"SELECT {columns} FROM {scan}"
 
 
 def lake_views_sql(
@@ -313,7 +321,7 @@ def lake_init_sql(lake: LakeFolder, *, relative: bool = False) -> str:
     catalog, data = Catalog.parse(lake.catalog), lake.data_path
     if relative:
         catalog, data = lake.relative_catalog(), lake.relative_data_path()
-    loads = " ".join(f"LOAD {name};" for name in catalog.extensions)
+    loads = " ".join(f"LOAD {_extension_named(name, portable=relative)};" for name in catalog.extensions)
     attach = (
         f"ATTACH '{_sql_text(catalog.uri())}' AS {ALIAS} "
         f"(READ_ONLY, DATA_PATH '{_sql_text(data)}', OVERRIDE_DATA_PATH true);"
@@ -324,6 +332,20 @@ def lake_init_sql(lake: LakeFolder, *, relative: bool = False) -> str:
         "(INSTALL each once, or LOAD the files of the duckdb-extension-* wheels)\n"
         f"{loads}\n{attach}\nSET TimeZone = 'UTC';\n{lake_views_sql(lake.tables)}\n"
     )
+
+
+def _extension_named(name: str, *, portable: bool) -> str:
+    """How an init file loads an extension: by name in a file that travels with the ledger (the
+    reader's DuckDB has it installed), else from the wheel this install carries (a shell started here
+    never downloads)."""
+    from ledger.duck import ExtensionMissing, extension_file
+
+    if portable:
+        return name
+    try:
+        return f"'{_sql_text(str(extension_file(name)))}'"
+    except ExtensionMissing:
+        return name
 
 
 def _sql_text(text: str) -> str:

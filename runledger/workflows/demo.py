@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 DEMO_DIR = Path(".runledger/demo")
 MARKER = ".runledger-demo"  # written into every work folder the demo made or took over
-# All the demo writes there.
+# All the demo writes there: the ledger holds its log key (``ledger/.keys``), ``keys`` the trainer's.
 DEMO_OUTPUTS = ("checkpoints", "spool", "ledger", "keys", "config.toml", "report.html")
 PRODUCER = "demo-trainer"  # the trainer's producer key, registered in the ledger
 
@@ -262,12 +262,19 @@ def _fold(workdir: Path, producer_pub: Path, run_id: str) -> IngestStats:
     return ingest_spool(ledger, workdir / "spool")
 
 
-def _sign(workdir: Path, ledger_dir: Path) -> Path:
-    """Every stream's checkpoint signed with a fresh log key; its public key."""
+def _sign(ledger_dir: Path) -> Path:
+    """Every stream's checkpoint signed with a fresh log key, kept with the ledger and recorded as its
+    log key; its public key."""
     from ledger.integrity import sign_checkpoints
+    from ledger.log_key import default_keys, record_log_key
+    from ledger.store import Ledger
     from schemas.note import write_keypair
 
-    private, public = write_keypair(workdir / "keys", "demo")
+    # The log key lives with the ledger (``<ledger>/.keys``), where a plain `ledger checkpoint`,
+    # `publish` or `verify` looks, and the lake records it so no other key can sign for this ledger.
+    private, public = write_keypair(default_keys(ledger_dir), "demo")
+    with Ledger.open(ledger_dir) as ledger:
+        record_log_key(ledger, public.read_text().strip())
     sign_checkpoints(ledger_dir, private.read_text().strip())
     return public
 
@@ -370,7 +377,7 @@ def _conclude(result: DemoResult, *, change_at: int, crash_at: int) -> None:
     ledger holds the whole run by then)."""
     ledger_dir, phase = result.ledger_dir, "the signing"
     try:
-        result.public_key = _sign(result.workdir, ledger_dir)
+        result.public_key = _sign(ledger_dir)
         with signals.interruptible():
             from ledger.integrity import verify_ledger
             from ledger.query import Reader

@@ -1,12 +1,11 @@
-"""Compaction after every commit: which files merge (fixed vectors), sorted metric files, and that no
-answer, proof or verification changes when a ledger that commits one event at a time compacts itself."""
+"""Compaction: which files merge (fixed vectors), the sorted merge of metric files, and that no answer,
+proof or verification changes when a lake that commits one event at a time compacts itself."""
 
 from __future__ import annotations
 
-import os
 import random
-import threading
-import time
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pyarrow as pa
@@ -87,73 +86,40 @@ QUERIES = [
 ]
 
 
-def _one_event_per_commit(root: Path, run: RunBuilder, *, auto: bool) -> Ledger:
+def _one_event_per_commit(root: Path, run: RunBuilder, *, maintain_every: int) -> Ledger:
     ledger = Ledger.create(root)
-    ledger.auto_compact = auto
+    ledger.maintain_every = maintain_every  # 0: the lake never compacts itself
     for i, raw in enumerate(run.events):
         ledger.commit([SourceRecord("spool:t", i, raw)])
     return ledger
 
 
+def _live_data_files(root: Path) -> int:
+    """How many data files the lake's newest snapshot reads (from its embedded SQLite catalog)."""
+    with closing(sqlite3.connect(root / "catalog.sqlite")) as catalog:
+        (count,) = catalog.execute(
+            "SELECT count(*) FROM ducklake_data_file WHERE end_snapshot IS NULL"
+        ).fetchone()
+    return int(count)
+
+
 def test_a_ledger_committing_one_event_at_a_time_compacts_itself_and_no_answer_changes(
     tmp_path: Path,
 ) -> None:
-    run = _story()
-    _one_event_per_commit(tmp_path / "plain", run, auto=False)
-    _one_event_per_commit(tmp_path / "auto", run, auto=True)
+    run = _story(20)
+    _one_event_per_commit(tmp_path / "plain", run, maintain_every=0)
+    _one_event_per_commit(tmp_path / "auto", run, maintain_every=10)
     plain, auto = Reader(tmp_path / "plain"), Reader(tmp_path / "auto")
     for q in QUERIES:
         assert auto.sql(q).rows == plain.sql(q).rows, q
-    assert auto.state("run-a", step=25) == plain.state("run-a", step=25)
-    events = len(run.events)
-    per_partition = [len(list(d.glob("*.parquet"))) for d in (tmp_path / "auto").glob("*/*=*")]
-    assert max(per_partition) < 2 * compaction.COMPACT_FANOUT
-    assert len(list((tmp_path / "plain" / "events").rglob("*.parquet"))) >= events
+    assert auto.state("run-a", step=15) == plain.state("run-a", step=15)
+    # The lake merged its small files as it went: its newest snapshot reads fewer of them.
+    assert _live_data_files(tmp_path / "auto") < _live_data_files(tmp_path / "plain")
     report = verify_ledger(tmp_path / "auto")
     assert report.ok, report.problems
     # Ingest goes on after compactions, and stays idempotent.
     again = Ledger.open(tmp_path / "auto")
     assert again.commit([SourceRecord("spool:t", i, raw) for i, raw in enumerate(run.events)]).accepted == 0
-
-
-def test_merged_metric_files_are_sorted_by_name_then_step(tmp_path: Path) -> None:
-    run = _story()
-    _one_event_per_commit(tmp_path / "l", run, auto=True)
-    merged = [p for p in (tmp_path / "l" / "metrics").rglob("*.parquet") if "-c" in p.name]
-    assert merged
-    for path in merged:
-        rows = pq.read_table(path, columns=["name", "attempt", "step"]).to_pylist()
-        keys = [(r["name"], r["attempt"], r["step"]) for r in rows]
-        assert keys == sorted(keys)
-        meta = pq.ParquetFile(path).metadata
-        encodings = {
-            meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i).encodings
-            for i in range(meta.num_columns)
-        }
-        assert "DELTA_BINARY_PACKED" in encodings["step"]
-        assert "BYTE_STREAM_SPLIT" in encodings["value"]
-
-
-def test_a_failed_compaction_loses_nothing_and_the_next_commit_retries(tmp_path: Path, monkeypatch) -> None:
-    run = _story(20)
-    ledger = Ledger.create(tmp_path / "l")
-
-    def broken(*args, **kwargs):
-        raise OSError("No space left on device")
-
-    monkeypatch.setattr("ledger.store.merge_parts", broken)
-    for i, raw in enumerate(run.events):
-        assert ledger.commit([SourceRecord("spool:t", i, raw)]).accepted == 1
-    assert not list((tmp_path / "l").rglob("*.tmp"))
-    assert len(list((tmp_path / "l" / "events").rglob("*.parquet"))) == 1 + len(
-        run.events
-    )  # + the empty one of create
-    monkeypatch.undo()
-    ledger.commit([SourceRecord("spool:t", len(run.events), run.events[-1])])  # a duplicate: no commit
-    before = Reader(tmp_path / "l").sql(QUERIES[0]).rows
-    assert ledger.compact()["merged_partitions"] > 0
-    assert Reader(tmp_path / "l").sql(QUERIES[0]).rows == before
-    assert verify_ledger(tmp_path / "l").ok
 
 
 def _metric_part(path: Path, rows: list[dict], schema: pa.Schema) -> Path:
@@ -201,55 +167,3 @@ def test_sorted_merge_in_small_chunks_keeps_every_row_and_fills_missing_columns(
 
     assert got == sorted(got, key=key)
     assert sorted(repr(sorted(r.items())) for r in got) == sorted(repr(sorted(r.items())) for r in every)
-
-
-def test_a_query_during_a_merge_waits_for_the_merged_file_instead_of_missing_its_rows(
-    tmp_path: Path, monkeypatch
-) -> None:
-    run = _story(20)
-    ledger = _one_event_per_commit(tmp_path / "l", run, auto=False)
-    reader = Reader(tmp_path / "l")
-    count = "SELECT count(*) FROM metrics_all"
-    expected = reader.sql(count).rows
-    real_replace = os.replace
-    removed = threading.Event()
-
-    def slow_replace(src, dst) -> None:  # the writer pauses between removing old files and the rename
-        if "-c" in Path(dst).name:
-            removed.set()
-            time.sleep(0.5)
-        real_replace(src, dst)
-
-    monkeypatch.setattr("ledger.store.os.replace", slow_replace)
-    merging = threading.Thread(target=ledger.compact)
-    merging.start()
-    assert removed.wait(10)
-    assert not any("-c" in p.name for p in (tmp_path / "l" / "metrics").rglob("*.parquet"))
-    assert reader.sql(count).rows == expected  # without waiting: only the rows of unmerged files
-    merging.join()
-    assert reader.sql(count).rows == expected
-
-
-def test_a_merge_that_fails_after_its_commit_point_is_finished_by_the_next_commit(
-    tmp_path: Path, monkeypatch
-) -> None:
-    run = _story(20)
-    plain = _one_event_per_commit(tmp_path / "plain", run, auto=False)
-    ledger = Ledger.create(tmp_path / "l")
-    real_replace = os.replace
-    failed: list[str] = []
-
-    def failing_replace(src, dst) -> None:  # the first merged file cannot be renamed into place
-        if "-c" in Path(dst).name and not failed:
-            failed.append(str(dst))
-            raise OSError("I/O error")
-        real_replace(src, dst)
-
-    monkeypatch.setattr("ledger.store.os.replace", failing_replace)
-    for i, raw in enumerate(run.events):
-        assert ledger.commit([SourceRecord("spool:t", i, raw)]).accepted == 1
-    assert failed
-    assert not list((tmp_path / "l").rglob("*.tmp"))  # finished by the commits that followed
-    for q in QUERIES:
-        assert Reader(tmp_path / "l").sql(q).rows == Reader(plain.root).sql(q).rows, q
-    assert verify_ledger(tmp_path / "l").ok

@@ -41,8 +41,8 @@ def _long_run() -> RunBuilder:
     return run
 
 
-def _ledger(root: Path, run: RunBuilder, commits: int = 7) -> Reader:
-    ledger = Ledger.create(root)
+def _ledger(root: Path, run: RunBuilder, commits: int = 7, *, part_files: bool = False) -> Reader:
+    ledger = Ledger.create_part_files(root) if part_files else Ledger.create(root)
     raws = run.events
     size = len(raws) // commits + 1
     for first in range(0, len(raws), size):  # several commits: several files per table
@@ -119,7 +119,9 @@ def test_long_history_is_summarised_and_a_range_is_shown_in_full(tmp_path: Path)
 
 def test_a_ledger_made_before_the_state_table_is_read_and_verified_without_it(tmp_path: Path) -> None:
     root = tmp_path / "l"
-    reader = _ledger(root, _long_run())
+    # Only a ledger of part files can be that old (a lake always has the state table): a remote
+    # copy of one, or one `ledger migrate` reads.
+    reader = _ledger(root, _long_run(), part_files=True)
     expected = reader.state("run-a", step=150).to_dict()
     # An older ledger: LEDGER.json lists no tables, and the state table holds only part of the history.
     marker = json.loads((root / "LEDGER.json").read_text())

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pyarrow.dataset as ds
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -43,8 +42,11 @@ def _stream(
 
 
 def _quarantine_rows(root: Path) -> dict[int, dict]:
-    table = ds.dataset(str(root / "quarantine"), format="parquet", partitioning="hive").to_table()
-    return {row["ingest_position"]: row for row in table.to_pylist()}
+    reader = Reader(root)
+    try:
+        return {row["ingest_position"]: row for row in reader.sql("SELECT * FROM quarantine").records()}
+    finally:
+        reader.close()
 
 
 @pytest.mark.parametrize("item", CORPUS, ids=[h.name for h in CORPUS])

@@ -77,7 +77,7 @@ def test_init_creates_the_ledger_its_log_key_and_registry(tmp_path: Path) -> Non
     ledger, keys = tmp_path / "ledger", tmp_path / "keys"
     done = runner.invoke(app, ["init", "--ledger", str(ledger), "--keys", str(keys)])
     assert done.exit_code == 0, done.output
-    assert (ledger / "LEDGER.json").is_file()
+    assert (ledger / "LAKE.json").is_file() and (ledger / "catalog.sqlite").is_file()  # a lake
     assert (keys / "runledger.key").read_text().startswith("PRIVATE+KEY+runledger+")
     assert (keys / "runledger.key").stat().st_mode & 0o777 == 0o600
     assert str(keys / "runledger.pub") in done.output

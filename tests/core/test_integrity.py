@@ -66,8 +66,16 @@ def _verify(tmp: Path) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+def _commit_file(tmp: Path, table: str) -> Path:
+    """The data file of ``table`` that the ledger's second commit (events #20 on) added to the lake."""
+    record = json.loads((tmp / "l" / "_commits" / "0000000001.json").read_bytes())
+    assert record["covers"] == {"spool:t": [20, 41]}, record["covers"]
+    [path] = [Path(f["path"]) for f in record["lake_files"] if f["table"] == table]
+    return path
+
+
 def _events_file(tmp: Path) -> Path:
-    return sorted((tmp / "l" / "events").rglob("part-0000000001-*.parquet"))[0]
+    return _commit_file(tmp, "events")
 
 
 def test_clean_ledger_verifies(signed: Path) -> None:
@@ -83,7 +91,8 @@ def test_edited_byte_is_detected(signed: Path) -> None:
     path.write_bytes(bytes(data))
     code, out = _verify(signed)
     assert code == 1
-    assert "run-a" in out or "unreadable" in out
+    # the file named: its bytes against the SHA-256 its commit record keeps (or, unreadable, its rows)
+    assert f"{path.name}: its bytes are not the SHA-256 its commit record names" in out or "unreadable" in out
 
 
 def test_modified_event_is_named(signed: Path) -> None:
@@ -115,24 +124,24 @@ def test_swapped_rows_are_named(signed: Path) -> None:
     order[7], order[8] = order[8], order[7]
     pq.write_table(table.take(order), path)
     code, out = _verify(signed)
-    assert code == 1
-    assert "reordered: stream run-a event run-a-27 (#27)" in out
+    assert code == 1  # (a lake keeps no stream order within a file: the file's SHA-256 names it)
+    assert f"/{path.name}: its bytes are not the SHA-256 its commit record names" in out
+    assert out.startswith("modified: stream ?: main/events/") and "FAILED (1 problem)" in out
 
 
 def test_forged_event_is_named(signed: Path) -> None:
     path = _events_file(signed)
     table = pq.read_table(path)
     forged = table.slice(0, 1).to_pylist()[0] | {"stream_seq": 42, "id": "forged-1"}
-    pq.write_table(
-        pa.Table.from_pylist([forged], schema=table.schema), path.with_name("part-9999999999-000.parquet")
-    )
+    # (into a file the lake reads: one it does not list is no part of the ledger)
+    pq.write_table(pa.concat_tables([table, pa.Table.from_pylist([forged], schema=table.schema)]), path)
     code, out = _verify(signed)
     assert code == 1
     assert "inserted: stream run-a event forged-1 (#42)" in out
 
 
 def test_edited_metric_value_is_named(signed: Path) -> None:
-    path = sorted((signed / "l" / "metrics").rglob("part-0000000001-*.parquet"))[0]
+    path = _commit_file(signed, "metrics")
     table = pq.read_table(path)
     values = table.column("value").to_pylist()
     values[0] = 123.0
@@ -152,7 +161,7 @@ def test_edited_metric_value_is_named_when_compared_in_passes(
 
     monkeypatch.setattr(integrity, "_ROWS_PER_PASS", rows_per_pass)
     assert _verify(signed)[0] == 0
-    path = sorted((signed / "l" / "metrics").rglob("part-0000000001-*.parquet"))[0]
+    path = _commit_file(signed, "metrics")
     table = pq.read_table(path)
     values = table.column("value").to_pylist()
     values[-1] = 123.0
@@ -171,9 +180,9 @@ def test_rewritten_history_fails_the_signed_checkpoint(signed: Path) -> None:
     for s in range(1, 41):
         run.step(s, loss=9.0)
     run.change(20, "lr", 0.5)
-    ledger = Ledger.create(other)
+    same_id = json.loads((signed / "l" / "LAKE.json").read_bytes())["ledger_id"]
+    ledger = Ledger.create(other, ledger_id=same_id)  # another history under the signed ledger's id
     ledger.commit([SourceRecord("spool:t", i, raw) for i, raw in enumerate(run.events)])
-    (other / "LEDGER.json").write_bytes((signed / "l" / "LEDGER.json").read_bytes())
     (other / "_checkpoints").mkdir()
     (other / "_checkpoints" / cp.name).write_text(cp.read_text())
     result = runner.invoke(app, ["verify", "--ledger", str(other), "--keys", str(signed / "keys")])

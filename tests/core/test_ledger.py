@@ -209,10 +209,9 @@ def test_compaction_changes_no_answer(tmp_path: Path) -> None:
         "SELECT * FROM attempts ORDER BY attempt",
     ]
     before = [Reader(tmp_path / "l").sql(q).rows for q in queries]
-    files_before = len(list((tmp_path / "l").rglob("*.parquet")))
-    result = ledger.compact()
-    assert result["merged_partitions"] > 0
-    assert len(list((tmp_path / "l").rglob("*.parquet"))) < files_before
+    result = ledger.compact()  # the lake's merge: the live files of its newest snapshot, fewer
+    assert result["files_merged"] > result["files_written"] > 0
+    assert result["files_after"] < result["files_before"]
     assert [Reader(tmp_path / "l").sql(q).rows for q in queries] == before
     # Ingest still works after compaction, and stays idempotent.
     assert ledger.commit(_records(run.events)).accepted == 0
@@ -221,13 +220,14 @@ def test_compaction_changes_no_answer(tmp_path: Path) -> None:
 def test_files_are_plain_hive_parquet(tmp_path: Path) -> None:
     run = _story()
     Ledger.create(tmp_path / "l").commit(_records(run.events))
-    files = sorted((tmp_path / "l" / "metrics").glob("run_id=run-a/*.parquet"))
+    tables = tmp_path / "l" / "data" / "main"  # the lake's data folder: a folder per table
+    files = sorted((tables / "metrics").glob("run_id=run-a/*.parquet"))
     assert files
     table = pq.read_table(files[0])
     assert {"attempt", "step", "name", "value"} <= set(table.column_names)
     import pyarrow.dataset as ds
 
-    dataset = ds.dataset(tmp_path / "l" / "metrics", format="parquet", partitioning="hive")
+    dataset = ds.dataset(tables / "metrics", format="parquet", partitioning="hive")
     assert "run-a" in set(dataset.to_table(columns=["run_id"]).column("run_id").to_pylist())
 
 
@@ -258,6 +258,17 @@ def test_arrow_answers_what_sql_answers_and_refuses_the_same(tmp_path: Path) -> 
         reader.arrow("SELECT 1; SELECT 2")
 
 
+def _commit_files(root: Path) -> dict[Path, Path]:
+    """The data files the lake's newest commit added, by table and partition folder (their names
+    are the lake's own, new each time)."""
+    record = json.loads(sorted((root / "_commits").glob("*.json"))[-1].read_bytes())
+    tables = root / "data" / "main"
+    files = [Path(f["path"]) for f in record["lake_files"]]
+    by_folder = {file.parent.relative_to(tables): file for file in files}
+    assert len(by_folder) == len(files), files
+    return by_folder
+
+
 def test_rows_made_arrow_in_chunks_store_what_one_conversion_stores(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -268,16 +279,14 @@ def test_rows_made_arrow_in_chunks_store_what_one_conversion_stores(
     monkeypatch.setattr("ledger.projectors.CHUNK_ROWS", 3)
     result = Ledger.create(tmp_path / "chunked").commit(_records(raws))
     assert result.accepted == len(raws) and result.metric_values == 35 * 4  # loss, lr, tokens, aux
-    files = sorted(p.relative_to(tmp_path / "whole") for p in (tmp_path / "whole").rglob("*.parquet"))
-    assert files == sorted(
-        p.relative_to(tmp_path / "chunked") for p in (tmp_path / "chunked").rglob("*.parquet")
-    )
+    whole, chunked = _commit_files(tmp_path / "whole"), _commit_files(tmp_path / "chunked")
+    assert sorted(whole) == sorted(chunked)  # the same tables and partitions, a file each
     filled = set()
-    for file in files:
-        expected = pq.read_table(tmp_path / "whole" / file).to_pylist()
-        got = pq.read_table(tmp_path / "chunked" / file).to_pylist()
-        if file.parts[0] == "salts":  # fresh random salts: the same rows but for the salt itself
+    for folder, file in whole.items():
+        expected = pq.read_table(file).to_pylist()
+        got = pq.read_table(chunked[folder]).to_pylist()
+        if folder.parts[0] == "salts":  # fresh random salts: the same rows but for the salt itself
             assert all(len(row.pop("salt")) == 16 for row in expected + got)
-        assert got == expected, file
-        filled |= {file.parts[0]} if expected else set()
+        assert got == expected, folder
+        filled |= {folder.parts[0]} if expected else set()
     assert filled >= {"events", "metrics", "configs", "config_changes", "launches", "state_events"}

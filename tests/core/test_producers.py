@@ -10,12 +10,12 @@ import uuid
 from pathlib import Path
 
 import msgspec
-import pyarrow.dataset as ds
 import pytest
 
 from ingest.bus import SpoolSink
 from ingest.spool_ingester import ingest_spool
 from ledger import admission, registry
+from ledger.query import Reader
 from ledger.store import Ledger, SourceRecord
 from ledger.verifier import verify_producer_signature
 from schemas import Envelope, Event, decode_event, encode_event, make_event
@@ -34,11 +34,12 @@ from trainer.telemetry import Emitter
 
 def stored(root: Path) -> list[dict]:
     """Every stored event (canonical JSON, decoded), in commit order."""
-    table = ds.dataset(str(root / "events"), format="parquet", partitioning="hive").to_table(
-        columns=["commit", "ingest_position", "canonical"]
-    )
-    table = table.sort_by([("commit", "ascending"), ("ingest_position", "ascending")])
-    return [json.loads(text) for text in table.column("canonical").to_pylist()]
+    reader = Reader(root)
+    try:
+        texts = reader.sql('SELECT canonical FROM events ORDER BY "commit", ingest_position').rows
+    finally:
+        reader.close()
+    return [json.loads(text) for (text,) in texts]
 
 
 @pytest.fixture

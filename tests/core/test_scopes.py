@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pyarrow.dataset as ds
 import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
 from ingest.bus import SpoolSink
 from ledger.admission import scope_matches
+from ledger.query import Reader
 from ledger.registry import register_producer
 from ledger.store import Ledger
 from schemas import Envelope, make_event
@@ -40,20 +40,20 @@ def ingest(tmp_path: Path, ledger: Path, events: list[Envelope], keys: Keys | No
         sink.emit(event)
     sink.close()
     invoke("ingest", "spool", "--spool", spool, "--ledger", ledger)
-    if not (ledger / "quarantine").exists():
-        return {}
-    table = ds.dataset(str(ledger / "quarantine"), format="parquet", partitioning="hive").to_table()
-    reasons = table.column("reason").to_pylist()  # "<code>: <why>"
-    return {
-        s: r.split(":")[0] for s, r in zip(table.column("event_source").to_pylist(), reasons, strict=True)
-    }
+    reader = Reader(ledger)
+    try:
+        quarantined = reader.sql("SELECT event_source, reason FROM quarantine").rows
+    finally:
+        reader.close()
+    return {s: r.split(":")[0] for s, r in quarantined}  # reason: "<code>: <why>"
 
 
 def stored_sources(ledger: Path) -> set[str]:
-    table = ds.dataset(str(ledger / "events"), format="parquet", partitioning="hive").to_table(
-        columns=["source"]
-    )
-    return set(table.column("source").to_pylist())
+    reader = Reader(ledger)
+    try:
+        return {source for (source,) in reader.sql("SELECT source FROM events").rows}
+    finally:
+        reader.close()
 
 
 @pytest.fixture

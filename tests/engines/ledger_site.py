@@ -3,7 +3,7 @@
 Three runs (one crashes and resumes, one takes a MoE router's stats, one is left running), accepted
 and refused config changes, checkpoints, notes, rank stats, summaries, GitHub events of two owners
 (one an org-level event), and records the ledger quarantines; several commits, so partitions hold
-several part files.
+several files.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from ledger.lake import EMBEDDED_CATALOG
 from ledger.publish import publish
 from ledger.store import Ledger, SourceRecord
 from schemas import encode_event, make_event
@@ -119,15 +118,17 @@ def _quarantined() -> list[bytes]:
     return [b"{not json", b'{"specversion": "1.0"}', b"\xff\xfe binary \x00 bytes"]
 
 
-def build_site(tmp: Path, *, lake: bool = False) -> Site:
-    """The ledger under ``tmp/ledger``, published to ``tmp/site`` with a fresh log key; ``lake``: a
-    ledger on DuckLake (its embedded DuckDB-file catalog, data files in the folder)."""
+def build_site(tmp: Path, *, part_files: bool = False, one_run: bool = False) -> Site:
+    """The ledger under ``tmp/ledger``, published to ``tmp/site`` with a fresh log key: a ledger as
+    ``ledger init`` makes one (a lake: its embedded catalog and data files in the folder), or with
+    ``part_files`` one of the format before it (an old ledger's published copy, not yet migrated).
+    ``one_run``: only run-b (no MoE stats, GitHub events or quarantined records: tables without rows)."""
     root, dest = tmp / "ledger", tmp / "site"
-    if lake:
-        ledger = Ledger.create_on_lake(root, f"sqlite:{root / EMBEDDED_CATALOG}", ledger_id=LEDGER_ID)
+    if part_files:
+        ledger = Ledger.create_part_files(root, ledger_id=LEDGER_ID)
+        ledger.auto_compact = False  # keep several part files per partition
     else:
         ledger = Ledger.create(root, ledger_id=LEDGER_ID)
-        ledger.auto_compact = False  # keep several part files per partition
     batches = [
         _run("run-a", crash=True, moe=True, finish=True, repository="octo/hello"),
         _run("run-b", crash=False, moe=False, finish=True, repository=None),
@@ -135,11 +136,13 @@ def build_site(tmp: Path, *, lake: bool = False) -> Site:
         _run("run-c", crash=False, moe=True, finish=False, repository="lab/tools"),
         _quarantined(),
     ]
+    if one_run:
+        batches = [batches[1]]
     position = 0
     for batch in batches:
         ledger.commit([SourceRecord("spool:engines", position + i, raw) for i, raw in enumerate(batch)])
         position += len(batch)
-    ledger.close()  # a DuckDB-file catalog is one process's at a time: publish and readers open it again
+    ledger.close()  # the writer done: publish and the readers open the ledger again
     private, public = write_keypair(tmp / "keys", f"runledger/{LEDGER_ID}")
     site = Site(root, dest, private.read_text().strip(), public.read_text().strip())
     publish(root, dest, site.private_key)

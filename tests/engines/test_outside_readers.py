@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from ledger import duck
 from ledger.lake import LAKE_MARKER
-from ledger.manifest import Published, open_published, table_files
+from ledger.manifest import Published, listed_tables, open_published, table_files
 from ledger.parquet_schemas import TABLES
 from ledger.publish import publish
 from ledger.query import Reader
@@ -47,10 +47,11 @@ Rows = tuple[list[str], list[dict[str, Any]]]
 # -------------------------------------------------------------------------------- the site, once
 
 
-@pytest.fixture(scope="module", params=["part-files", "lake"])
+@pytest.fixture(scope="module", params=["lake", "part-files"])
 def site(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Site:
-    """The ledger of part files, and the same events in a ledger on DuckLake, each published."""
-    return build_site(tmp_path_factory.mktemp("engines"), lake=request.param == "lake")
+    """A ledger as `ledger init` makes one (a lake), and the same events in a ledger of part files
+    (an old ledger's published copy, before `ledger migrate`), each published."""
+    return build_site(tmp_path_factory.mktemp("engines"), part_files=request.param == "part-files")
 
 
 @pytest.fixture(scope="module")
@@ -303,20 +304,19 @@ def test_a_changed_manifest_or_another_key_is_refused(site: Site, copy: Path, tm
 
 
 def test_a_file_the_manifest_does_not_name_is_not_read(site: Site, tmp_path: Path) -> None:
-    """An old file a compaction replaced, back in DEST (a mirror's, an interrupted clean-up's): a
+    """An old file the lake's merge replaced, back in DEST (a mirror's, an interrupted clean-up's): a
     glob reads its rows twice; the manifest's readers do not read it."""
     pl = pytest.importorskip("polars", reason="polars is not installed (pip install polars)")
-    if (site.root / LAKE_MARKER).exists():
-        pytest.skip(
-            "part files' compaction; the lake's merge: test_the_lake_merged_files_replace_the_published_ones"
-        )
+    if not (site.root / LAKE_MARKER).exists():
+        pytest.skip("files are replaced by the lake's merge: a ledger of part files is migrated first")
     root, dest = Path(shutil.copytree(site.root, tmp_path / "ledger")), tmp_path / "site"
     publish(root, dest, site.private_key)
     before = {p: p.read_bytes() for p in (dest / "data" / "events").rglob("*.parquet")}
-    assert Ledger.open(root).compact()["removed_files"] > 0
+    with Ledger.open(root) as ledger:
+        assert ledger.compact()["files_merged"] > 0
     publish(root, dest, site.private_key)  # deletes the replaced files from DEST
     stale = sorted(p for p in before if not p.exists())
-    assert stale, "the compaction replaced no published file"
+    assert stale, "the merge replaced no published file"
     for path in stale:
         path.write_bytes(before[path])  # back where a glob finds them
     published = open_published(dest, site.log_key)
@@ -346,11 +346,43 @@ def test_table_files_refuses_paths_an_engine_would_misread() -> None:
             table_files(manifest(path))
 
 
+def test_a_table_without_rows_is_listed_and_read_as_empty_with_its_columns(tmp_path: Path) -> None:
+    """A table with no rows publishes no file: the manifest lists it, and an engine gets it empty,
+    with the columns and types `ledger query` answers it with."""
+    pl = pytest.importorskip("polars", reason="polars is not installed (pip install polars)")
+    small = build_site(tmp_path, one_run=True)
+    published = open_published(small.dest, small.log_key)
+    for table in ("github", "quarantine", "moe_layer_stats"):
+        assert table in published.listed and published.files(table) == [], table
+        empty = published.empty(table)
+        reference = Reader(small.root).arrow(f"SELECT * FROM {PHYSICAL.get(table, table)}")
+        assert (empty.num_rows, reference.num_rows) == (0, 0), table
+        assert empty.schema.names == reference.schema.names, table
+        assert pl.from_arrow(empty).columns == reference.schema.names
+    assert published.files("metrics"), "a table with rows still has its files"
+    with pytest.raises(RemoteError, match="the manifest names no table 'metric'"):
+        published.files("metric")
+
+
+def test_a_manifests_table_list_is_checked() -> None:
+    files = {"files": [{"path": "data/metrics/run_id=a/part-1.parquet", "bytes": 1, "sha256": "0" * 64}]}
+    found = table_files(files)
+    assert listed_tables(files, found) == ("metrics",)  # a manifest written before it listed them
+    assert listed_tables({**files, "tables": ["metrics", "github"]}, found) == ("metrics", "github")
+    for tables, why in [
+        (["github"], "has files of table 'metrics' but does not list it"),
+        (["metrics", "no_such"], "names table 'no_such', which a ledger does not have"),
+        ("metrics", "is not a list of table names"),
+    ]:
+        with pytest.raises(RemoteError, match=re.escape(why)):
+            listed_tables({**files, "tables": tables}, found)
+
+
 def test_the_lake_merged_files_replace_the_published_ones(site: Site, tmp_path: Path) -> None:
     """A ledger on DuckLake: the lake's merge replaces its commits' files; the next publish names the
     merged files, deletes the replaced ones from DEST, and every engine still reads each row once."""
     if not (site.root / LAKE_MARKER).exists():
-        pytest.skip("the lake's merge (part files: test_a_file_the_manifest_does_not_name_is_not_read)")
+        pytest.skip("the lake's merge: a ledger of part files is migrated first")
     root, dest = Path(shutil.copytree(site.root, tmp_path / "ledger")), tmp_path / "site"
     publish(root, dest, site.private_key)
     before = set(open_published(dest, site.log_key).paths("events"))

@@ -15,10 +15,8 @@ from ingest.bus import SpoolSink
 from ingest.github_backfill import backfill
 from ingest.github_webhook import DeliveryLog, create_app, signature_of
 from ingest.spool_ingester import ingest_spool
-from ledger.code_views import install
 from ledger.query import Reader
 from ledger.store import Ledger
-from ledger.views import connect
 from schemas import config_hash, make_event
 from schemas import payloads as p
 from tests.support.github import FixtureGitHub, fixture_json, running_uvicorn
@@ -108,10 +106,9 @@ def webhook_deliveries(spool: Path, tmp_path: Path) -> None:
     sink.close()
 
 
-def rows(con: Any, sql: str, *params: Any) -> list[dict[str, Any]]:
-    result = con.execute(sql, list(params))
-    names = [d[0] for d in result.description]
-    return [dict(zip(names, row, strict=True)) for row in result.fetchall()]
+def rows(reader: Reader, sql: str, *params: Any) -> list[dict[str, Any]]:
+    """The rows ``ledger query`` answers (the code views are among its names)."""
+    return reader.sql(sql, list(params)).records()
 
 
 def test_code_views_join_github_to_attempts(github_api_no_limits: FixtureGitHub, tmp_path: Path) -> None:
@@ -130,8 +127,7 @@ def test_code_views_join_github_to_attempts(github_api_no_limits: FixtureGitHub,
     ledger = Ledger.create(tmp_path / "ledger")
     for spool in (backfill_spool, hook_spool, trainer_spool):
         ingest_spool(ledger, spool)
-    con = connect(tmp_path / "ledger")
-    install(con)
+    con = Reader(tmp_path / "ledger")
 
     # The merged PR and commit C3 came by webhook AND by backfill: two observations (each producer's
     # own event, both kept in the log and in github_all), one fact in the github view. (Before the

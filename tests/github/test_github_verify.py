@@ -4,56 +4,86 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ingest.bus import SpoolSink
 from ingest.github_backfill import backfill
 from ingest.spool_ingester import ingest_spool
 from ledger.integrity import ADDED_COLUMNS, verify_ledger
+from ledger.lake_migrate import migrate_into
 from ledger.store import Ledger
 from tests.support.github import FixtureGitHub
 
 
-def _ledger(api: FixtureGitHub, tmp_path: Path) -> Path:
+def _spool(api: FixtureGitHub, tmp_path: Path) -> Path:
     sink = SpoolSink(tmp_path / "spool")
     backfill("octo-org/hello-world", sink, token=None, base_url=api.base_url, seconds_between_requests=None)
     sink.close()
+    return tmp_path / "spool"
+
+
+def _ledger(api: FixtureGitHub, tmp_path: Path) -> Path:
     ledger = Ledger.create(tmp_path / "ledger")
-    assert ingest_spool(ledger, tmp_path / "spool").accepted == 12
+    assert ingest_spool(ledger, _spool(api, tmp_path)).accepted == 12
+    ledger.close()
     assert verify_ledger(ledger.root).ok
     return ledger.root
 
 
-def _github_parts(root: Path) -> list[Path]:
-    return [p for p in sorted((root / "github").rglob("*.parquet")) if pq.read_metadata(p).num_rows]
+def _github_files(root: Path) -> list[Path]:
+    """The github table's data files that hold rows: a lake's (under data/), or a part-file ledger's."""
+    found = sorted((root / "data" / "main" / "github").rglob("*.parquet")) or sorted(
+        (root / "github").rglob("*.parquet")
+    )
+    return [p for p in found if pq.read_metadata(p).num_rows]
+
+
+def _rewrite(path: Path, table: pa.Table) -> None:
+    """Write ``table`` over ``path`` as another program would: a new file renamed over the old."""
+    forged = path.with_name("forged.tmp")
+    pq.write_table(table, forged)
+    forged.replace(path)
 
 
 def test_rows_written_before_the_fact_columns_still_verify(
     github_api_no_limits: FixtureGitHub, tmp_path: Path
 ) -> None:
-    root = _ledger(github_api_no_limits, tmp_path)
-    for part in _github_parts(root):  # as a ledger written before org/fact/via existed holds them
+    """A ledger written before org/fact/via existed verifies, and so does the lake it is migrated to."""
+    old = Ledger.create_part_files(tmp_path / "old")
+    assert ingest_spool(old, _spool(github_api_no_limits, tmp_path)).accepted == 12
+    old.close()
+    parts = _github_files(old.root)
+    assert parts, "the old ledger holds no github rows"
+    for part in parts:  # as a ledger written before org/fact/via existed holds them
         table = pq.read_table(part)
         pq.write_table(table.drop_columns(sorted(ADDED_COLUMNS["github"])), part)
-    report = verify_ledger(root)
+    report = verify_ledger(old.root)
     assert report.ok, [p.line() for p in report.problems]
+    migrate_into(old.root, tmp_path / "lake", None)
+    migrated = verify_ledger(tmp_path / "lake")
+    assert migrated.ok, [p.line() for p in migrated.problems][:5]
 
 
 def test_a_dropped_column_or_an_edited_fact_is_still_reported(
     github_api_no_limits: FixtureGitHub, tmp_path: Path
 ) -> None:
     root = _ledger(github_api_no_limits, tmp_path)
-    part = _github_parts(root)[0]
+    part = _github_files(root)[0]
     table = pq.read_table(part)
-    pq.write_table(table.drop_columns(["body"]), part)  # not a column added later: its loss is an edit
+    _rewrite(part, table.drop_columns(["body"]))  # not a column added later: its loss is an edit
     dropped = verify_ledger(root)
-    assert {p.kind for p in dropped.problems} == {"table-mismatch"}
-    assert len(dropped.problems) == sum(1 for b in table["body"].to_pylist() if b is not None)
+    # The file's bytes are not the ones its commit recorded; each row whose body was lost is named.
+    assert [p.kind for p in dropped.problems if p.kind != "table-mismatch"] == ["modified"]
+    assert part.name in dropped.problems[0].detail
+    mismatched = [p for p in dropped.problems if p.kind == "table-mismatch"]
+    assert len(mismatched) == sum(1 for b in table["body"].to_pylist() if b is not None)
 
     facts = table["fact"].to_pylist()
     facts[0] = "issues/1/opened/2024-01-01T00:00:00Z"  # a forged fact: the view would merge it away
-    pq.write_table(table.set_column(table.schema.get_field_index("fact"), "fact", [facts]), part)
+    _rewrite(part, table.set_column(table.schema.get_field_index("fact"), "fact", [facts]))
     forged = verify_ledger(root)
     assert [(p.kind, p.stream_seq) for p in forged.problems] == [
-        ("table-mismatch", table["stream_seq"][0].as_py())
+        ("modified", None),
+        ("table-mismatch", table["stream_seq"][0].as_py()),
     ]

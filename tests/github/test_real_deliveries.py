@@ -30,7 +30,7 @@ from ingest.bus import SpoolSink
 from ingest.github_backfill import backfill
 from ingest.github_webhook import DeliveryLog, create_app, signature_of
 from ledger.integrity import verify_ledger
-from ledger.views import connect
+from ledger.query import Reader
 from tests.support.github import ROOT, FixtureGitHub, fixture_json, read_events, running_uvicorn
 
 SECRET = b"real deliveries, real signatures"
@@ -100,10 +100,12 @@ def ingest_and_verify(spools: list[Path], ledger: Path) -> None:
 
 
 def records(ledger: Path, sql: str, *params: Any) -> list[dict[str, Any]]:
-    con = connect(ledger)
-    result = con.execute(sql, list(params))
-    names = [d[0] for d in result.description]
-    return [dict(zip(names, row, strict=True)) for row in result.fetchall()]
+    """The rows ``ledger query`` answers, at the ledger's newest snapshot."""
+    reader = Reader(ledger)
+    try:
+        return reader.sql(sql, list(params)).records()
+    finally:
+        reader.close()
 
 
 def delivery_guid(event: str, n: int) -> str:
@@ -206,7 +208,7 @@ def test_verify_still_catches_a_tampered_github_row(
             assert receiver.deliver(event, payload, delivery_guid(event, n)).status_code == 202
     ledger = tmp_path / "ledger"
     ingest_and_verify([receiver.spool], ledger)
-    for part in sorted((ledger / "github").rglob("*.parquet")):
+    for part in sorted((ledger / "data" / "main" / "github").rglob("*.parquet")):  # the lake's files
         table = pq.read_table(part)
         if table.num_rows == 0:
             continue
@@ -216,8 +218,10 @@ def test_verify_still_catches_a_tampered_github_row(
         pq.write_table(table, part)
         break
     report = verify_ledger(ledger)
-    assert [p.kind for p in report.problems] == ["table-mismatch"]
-    assert report.problems[0].event_id.startswith("delivery/")
+    # The file is not the bytes its commit recorded, and the edited row is named by its delivery.
+    assert [p.kind for p in report.problems] == ["modified", "table-mismatch"]
+    assert part.name in report.problems[0].detail
+    assert (report.problems[1].event_id or "").startswith("delivery/")
 
 
 # ------------------------------------------------------------------------- one second, many facts

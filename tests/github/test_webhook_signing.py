@@ -15,7 +15,6 @@ import uuid
 from pathlib import Path
 
 import httpx
-import pyarrow.dataset as ds
 import pytest
 from typer.testing import CliRunner
 
@@ -23,6 +22,7 @@ from cli.main import app
 from ingest.github_webhook import hmac_attestation, signature_of
 from ingest.spool_ingester import ingest_spool
 from ledger.integrity import verify_ledger
+from ledger.query import Reader
 from ledger.registry import register_producer
 from ledger.store import Ledger
 from ledger.verifier import verify_producer_signature
@@ -116,14 +116,8 @@ def test_the_receiver_process_signs_and_attests_real_deliveries(tmp_path: Path) 
     register_producer(ledger, "github-webhook", public.read_text(), scope)
     stats = ingest_spool(ledger, spool)
     assert (stats.accepted, stats.quarantined) == (len(events), 0)
-    marks = ds.dataset(str(ledger.root / "events"), format="parquet", partitioning="hive").to_table(
-        columns=["type", "authenticated"]
-    )
-    github_marks = [
-        m
-        for t, m in zip(marks["type"].to_pylist(), marks["authenticated"].to_pylist(), strict=True)
-        if t.startswith("github.")
-    ]
+    marks = Reader(ledger.root).sql("SELECT type, authenticated FROM events").rows
+    github_marks = [m for t, m in marks if t.startswith("github.")]
     assert github_marks == [True] * len(events)
     report = verify_ledger(ledger.root)
     assert report.ok, [p.line() for p in report.problems]

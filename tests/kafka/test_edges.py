@@ -202,6 +202,7 @@ def test_a_client_run_says_how_many_events_wait_off_kafka(tmp_path: Path) -> Non
     run = runledger.init(
         run_id="offkafka",
         spool=tmp_path / "spool",
+        state_dir=tmp_path / "runs",  # this test's attempts, not the working folder's .runledger/runs
         kafka_bootstrap=f"127.0.0.1:{refused}",
         handle_signals=False,
         flush_timeout_s=5,
@@ -224,7 +225,9 @@ def test_drain_spool_sends_the_drop_report_a_producer_kept_at_its_end_once(
     from ingest.spool import PENDING_DIR, PendingSlot
 
     # A real event's bytes stand for the report (made by a run on a spool of its own).
-    made = runledger.init(run_id="kept", spool=tmp_path / "made", handle_signals=False)
+    made = runledger.init(
+        run_id="kept", spool=tmp_path / "made", state_dir=tmp_path / "runs", handle_signals=False
+    )
     made.log({"loss": 0.5}, step=0)
     made.finish()
     last = [r for r in SpoolReader(tmp_path / "made").read(0) if r.corrupt is None][-1].payload

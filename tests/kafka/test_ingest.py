@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -218,6 +219,10 @@ def test_until_idle_does_not_count_the_wait_for_partitions(kafka_broker, make_to
     check_ledger(tmp_path / "ledger", events)
 
 
+def _mtime_ns(path: Path) -> int:
+    return path.stat().st_mtime_ns
+
+
 def test_a_dead_writers_leftover_files_do_not_change_the_config_fold(tmp_path: Path) -> None:
     """Two ingesters share a ledger; one dies between writing its files and its commit point."""
     run = list(synthetic_run("r1", 120, config_every=10))
@@ -232,11 +237,15 @@ def test_a_dead_writers_leftover_files_do_not_change_the_config_fold(tmp_path: P
     survivor.commit(records("kafka:t:0", run[:30]))
     dead.commit(records("kafka:t:1", other))  # another writer's commit: the survivor reloads configs
     # What the dead writer had written for the next stretch of the same stream when it was killed:
+    # data files in the lake's folder that no catalog snapshot names (it died before its commit).
     scratch = Ledger.create(tmp_path / "scratch")
     scratch.commit(records("kafka:t:0", run[:30]))
     scratch.commit(records("kafka:t:0", run[30:90], 30))
-    newest = sorted((tmp_path / "scratch" / "configs" / "run_id=r1").glob("*.parquet"))[-1]
-    shutil.copy(newest, root / "configs" / "run_id=r1" / "part-0000000002-000.parquet.tmp")
+    scratch.close()
+    newest = max((tmp_path / "scratch" / "data").rglob("configs/run_id=r1/*.parquet"), key=_mtime_ns)
+    orphan = root / "data" / "main" / "configs" / "run_id=r1" / f"ducklake-{uuid.uuid4()}.parquet"
+    assert orphan.parent.is_dir(), "not the folder the lake keeps this partition's files in"
+    shutil.copy(newest, orphan)
     survivor.commit(records("kafka:t:0", run[30:], 30))
     bad = Reader(root).sql("SELECT step FROM config_changes WHERE hash_matches IS NOT true").rows
     assert bad == [], f"changes folded onto the wrong config at steps {[r[0] for r in bad]}"

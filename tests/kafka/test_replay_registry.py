@@ -9,11 +9,11 @@ import shutil
 import time
 from pathlib import Path
 
-import pyarrow.dataset as ds
-
 from ingest.kafka_ingester import run_ingester
 from ledger import registry
 from ledger.integrity import sign_checkpoints
+from ledger.lake import LAKE_MARKER
+from ledger.query import Reader
 from ledger.store import Ledger
 from schemas import make_event
 from schemas.note import write_keypair
@@ -44,14 +44,9 @@ def _note(i: int):
 
 def _admission(root: Path) -> tuple[dict[str, bool | None], list[tuple[str, str]]]:
     """{stored event id: authenticated} and sorted (event id, quarantine reason) of a ledger."""
-    events = ds.dataset(str(root / "events"), format="parquet", partitioning="hive").to_table(
-        columns=["id", "authenticated"]
-    )
-    quarantine = ds.dataset(str(root / "quarantine"), format="parquet", partitioning="hive").to_table(
-        columns=["event_id", "reason"]
-    )
-    marks = dict(zip(events["id"].to_pylist(), events["authenticated"].to_pylist(), strict=True))
-    refused = sorted(zip(quarantine["event_id"].to_pylist(), quarantine["reason"].to_pylist(), strict=True))
+    reader = Reader(root)
+    marks = {str(i): a for i, a in reader.sql("SELECT id, authenticated FROM events").rows}
+    refused = sorted((str(i), str(r)) for i, r in reader.sql("SELECT event_id, reason FROM quarantine").rows)
     return marks, refused
 
 
@@ -78,7 +73,7 @@ def test_a_replayed_ledger_keeps_the_registry_and_admits_the_same_way(
         deadline = time.monotonic() + 120
 
         def read() -> int:
-            if not (live / "LEDGER.json").exists():
+            if not (live / LAKE_MARKER).exists():
                 return 0
             return sum(n for s, n in Ledger.open(live).positions().items() if s.startswith("kafka:"))
 

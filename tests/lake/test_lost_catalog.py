@@ -19,6 +19,7 @@ from ledger import lake as lake_module
 from ledger import store as store_module
 from ledger.duck import connect
 from ledger.lake import COMMIT_FENCE, EMBEDDED_CATALOG, LakeError, LakeFolder, LakeTables
+from ledger.query import QueryError, Reader
 from ledger.store import Ledger, LedgerError, SourceRecord
 from tests.lake.conftest import Backend
 from tests.lake.support import Postgres
@@ -90,6 +91,31 @@ def test_another_ledgers_catalog_is_refused_naming_both_ids(spool: Path, tmp_pat
             f"{theirs.ledger_id}, but {root / 'LAKE.json'} names ledger {mine.ledger_id}: the catalog was "
             "replaced (restore this ledger's from a backup)\n"
         ), args
+
+
+def test_a_reader_refuses_another_ledgers_catalog_naming_both_ids(spool: Path, tmp_path: Path) -> None:
+    """The Reader (``query``, ``state``: no writer opened) checks the catalog's own ledger id
+    against LAKE.json's before it answers with the other ledger's rows."""
+    root = _ledger(spool, tmp_path / "ledger")
+    other = _ledger(spool, tmp_path / "other")
+    mine = LakeFolder.read(root)
+    theirs = LakeFolder.read(other)
+    assert mine is not None and theirs is not None and mine.ledger_id != theirs.ledger_id
+    with contextlib.closing(Reader(root)) as reader:  # its own catalog: read as before
+        assert reader.head.ledger_id == mine.ledger_id
+    shutil.copyfile(other / EMBEDDED_CATALOG, root / EMBEDDED_CATALOG)
+    line = (
+        f"{root}: the lake catalog sqlite:{root / EMBEDDED_CATALOG} holds ledger {theirs.ledger_id}, but "
+        f"{root / 'LAKE.json'} names ledger {mine.ledger_id}: the catalog was replaced (restore this "
+        "ledger's from a backup)"
+    )
+    with pytest.raises(QueryError) as refused:
+        Reader(root)
+    assert str(refused.value) == line
+    for args in (["query", "SELECT count(*) FROM events"], ["state", "latest"]):
+        result = runner.invoke(app, [*args, "--ledger", str(root)], env=ENV)
+        assert result.exit_code == 1, result.output
+        assert result.stderr == f"error: {line}\n", args
 
 
 def test_a_catalog_that_holds_no_lake_is_refused_and_left_as_it_was(spool: Path, tmp_path: Path) -> None:

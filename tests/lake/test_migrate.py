@@ -38,6 +38,7 @@ def _cli(target: typer.Typer, *args: str | Path) -> str:
 def old(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("migrate")
     _cli(app, "simulate", "reference-535b", "--spool", root / "spool", *SMALL)
+    Ledger.create_part_files(root / "ledger").close()  # the old format: `ingest` keeps a ledger's format
     _cli(
         app, "ingest", "spool", "--spool", root / "spool", "--ledger", root / "ledger", "--batch-size", "500"
     )

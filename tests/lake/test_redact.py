@@ -29,6 +29,7 @@ from ledger.store import Ledger, SourceRecord
 from schemas.note import write_keypair
 from tests.lake.conftest import Backend
 from tests.merkle.test_redaction import SECRET, _config_story, _story, _strings_in, app, invoke
+from tests.support.factory import RunBuilder
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,14 +37,14 @@ ROOT = Path(__file__).resolve().parents[2]
 class LakeSite:
     """A ledger on the backend's lake holding one run with a secret in a note, and a log key pair."""
 
-    def __init__(self, tmp: Path, backend: Backend, run: object = None) -> None:
+    def __init__(self, tmp: Path, backend: Backend, run: RunBuilder | None = None) -> None:
         self.backend = backend
         self.root = tmp / "ledger"
         private, public = write_keypair(tmp / "keys", "runledger-log")
         self.key_file, self.skey, self.vkey = private, private.read_text().strip(), public.read_text().strip()
         self.run = run or _story()
         with Ledger.create_on_lake(self.root, backend.catalog, backend.data, ledger_id="redact-test") as led:
-            led.commit([SourceRecord("spool:t", i, raw) for i, raw in enumerate(self.run.events)])  # type: ignore[attr-defined]
+            led.commit([SourceRecord("spool:t", i, raw) for i, raw in enumerate(self.run.events)])
 
     def reader(self) -> Reader:
         return Reader(self.root)
@@ -136,12 +137,11 @@ def test_redaction_on_a_lake_erases_the_payload_from_every_file_and_the_catalog(
         Reader(site.root, snapshot=old_snapshot)
 
     # The published copy holds no trace either.
-    if backend.kind == "duckdb":
-        publish(site.root, tmp_path / "site", site.skey)
-        assert SECRET not in _strings_in(tmp_path / "site")
-        assert "hunter2" not in "".join(
-            p.read_text(errors="replace") for p in (tmp_path / "site").rglob("*") if p.is_file()
-        )
+    publish(site.root, tmp_path / "site", site.skey)
+    assert SECRET not in _strings_in(tmp_path / "site")
+    assert "hunter2" not in "".join(
+        p.read_text(errors="replace") for p in (tmp_path / "site").rglob("*") if p.is_file()
+    )
 
 
 def test_cli_redact_history_state_verify_on_a_lake(tmp_path: Path, backend: Backend) -> None:
@@ -308,8 +308,6 @@ def test_a_damaged_catalog_is_one_line_for_redact_state_and_verify_and_loses_not
 ) -> None:
     if backend.kind == "postgres":
         pytest.skip("a server's catalog is not a file here to damage")
-    if backend.kind == "duckdb" and damage != "truncated":
-        pytest.skip("a DuckDB file's blocks carry checksums: any damaged block is refused at attach")
     site = LakeSite(tmp_path, backend)
     note = _note(site)
     events = site.one("SELECT count(*) FROM events")
@@ -342,8 +340,6 @@ def test_threads_redacting_at_once_all_land_on_a_lake_that_takes_several_writers
 ) -> None:
     """Six threads of one process, each its own ``redact`` (its own ledger and lake connection), on
     six events: every redaction lands, each once, and the ledger verifies."""
-    if backend.kind == "duckdb":
-        pytest.skip("a DuckDB-file catalog has one writer at a time (refused in one line: test_lake)")
     import threading
 
     site = LakeSite(tmp_path, backend)

@@ -18,6 +18,7 @@ from cli.main import app
 from ledger.integrity import sign_checkpoints, verify_ledger
 from ledger.lake import LakeFolder, LakeTables
 from ledger.lake_migrate import migrate
+from ledger.store import Ledger
 from schemas.note import generate_keypair
 
 runner = CliRunner()
@@ -36,6 +37,7 @@ def ledgers(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A ledger of part files and the same ledger migrated into a lake (SQLite catalog)."""
     root = tmp_path_factory.mktemp("lake-verify")
     _cli("simulate", "reference-535b", "--spool", root / "spool", *SMALL)
+    Ledger.create_part_files(root / "old").close()  # the old format: `ingest` keeps a ledger's format
     _cli("ingest", "spool", "--spool", root / "spool", "--ledger", root / "old", "--batch-size", "250")
     with LakeTables(f"sqlite:{root / 'lake' / 'catalog.sqlite'}", root / "lake" / "data") as lake:
         assert not migrate(root / "old", lake, root / "lake").mismatches

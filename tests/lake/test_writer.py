@@ -5,9 +5,11 @@ or racing copies of one) share nothing but the catalog and the data files, and l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,9 +23,11 @@ from typer.testing import CliRunner
 from cli.main import app
 from ingest.spool import SpoolWriter
 from ledger.lake import LakeFolder, LakeTables
+from ledger.log_key import KEYS_DIR, recorded_log_key
 from ledger.manifest import open_published
 from ledger.query import Reader
 from ledger.store import Ledger, LedgerError
+from schemas.note import write_keypair
 from tests.lake.conftest import Backend
 from tests.support.factory import RunBuilder
 
@@ -99,6 +103,7 @@ def test_a_ledger_on_the_lake_holds_what_a_ledger_of_part_files_holds(tmp_path: 
         "init", "--ledger", lake, "--keys", keys, unsigned, "--catalog", f"sqlite:{tmp_path / 'cat.sqlite'}"
     )
     assert out.startswith(f"created ledger {lake} (id ")
+    Ledger.create_part_files(files).close()  # the old format, which `init` then sets up as it is
     _cli("init", "--ledger", files, "--keys", keys, unsigned)
     for ledger in (lake, files):
         _cli("ingest", "spool", "--spool", tmp_path / "spool", "--ledger", ledger, "--batch-size", "40")
@@ -266,7 +271,7 @@ def test_a_lake_of_another_ledger_or_a_folder_of_part_files_is_refused(tmp_path:
     made.close()
     with pytest.raises(LedgerError, match=r"the lake at .* is ledger lab-a, not lab-b"):
         Ledger.create_on_lake(tmp_path / "two", catalog, tmp_path / "one" / "data", ledger_id="lab-b")
-    Ledger.create(tmp_path / "files")
+    Ledger.create_part_files(tmp_path / "files").close()
     with pytest.raises(LedgerError, match="is a ledger of part files"):
         Ledger.create_on_lake(tmp_path / "files", catalog)
     result = runner.invoke(app, ["init", "--ledger", str(tmp_path / "x"), "--catalog", "postgres:"], env=ENV)
@@ -283,8 +288,13 @@ CLI_INIT = [sys.executable, "-m", "cli.main", "init"]
 def test_racing_creators_of_one_new_lake_agree_on_its_ledger_id(backend: Backend, tmp_path: Path) -> None:
     """Three `ledger init` at once on one new catalog, each from its own folder: one makes the tables
     and names the ledger in that transaction, the others find it made and take its name; one policy
-    event starts the registry, and the folders whose own lost the race say they joined."""
+    event starts the registry, and the folders whose own lost the race say they joined. Each folder
+    brings the same log key (a joining host must bring the ledger's: ``test_join_host``), so the one
+    that records it first records the key every folder holds."""
     catalog = _backend_catalog(backend)
+    _, public = write_keypair(tmp_path / "key", "runledger")
+    for i in range(3):
+        shutil.copytree(tmp_path / "key", tmp_path / f"host-{i}" / KEYS_DIR)
     procs = [
         subprocess.Popen(
             [
@@ -312,6 +322,8 @@ def test_racing_creators_of_one_new_lake_agree_on_its_ledger_id(backend: Backend
     assert said.count("created") == 1  # the others joined (a lake just made, or a policy that landed first)
     ids = {Ledger.open(tmp_path / f"host-{i}").ledger_id for i in range(3)}
     assert len(ids) == 1
+    with contextlib.closing(Ledger.open(tmp_path / "host-0")) as joined:
+        assert recorded_log_key(joined) == public.read_text().strip()
     with LakeTables(catalog, backend.data) as lake:
         assert lake.state()["ledger_id"] in ids
         named = lake.con.execute("SELECT count(*) FROM lake.ledger_state WHERE key = 'ledger_id'").fetchone()

@@ -1,11 +1,12 @@
 """`ledger redact`: an event's payload and salt erased from the ledger and its published copy, while
 every per-stream proof, every signed checkpoint and every public log entry stays as it was.
 
-Attacked: redact twice, an unknown id, SIGKILL before and after the redaction's commit record, the
+Attacked: redact twice, an unknown id, SIGKILL before and after the redaction's commit point, the
 same spool ingested again after it, an event sharing its files with others, a forged marker."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -24,11 +26,13 @@ from typer.testing import CliRunner
 from cli import ledger_cmd, merkle_cmd, redact_cmd
 from ingest.spool import SpoolWriter
 from ledger import verifier
+from ledger.duck import connect
 from ledger.integrity import prove_consistency, prove_inclusion, sign_checkpoints, verify_ledger
 from ledger.publish import publish
 from ledger.query import QueryError, Reader
 from ledger.redaction import entry_digest, entry_matches, is_redacted, redact
 from ledger.store import Ledger, LedgerError, SourceRecord
+from ledger.stored_files import lake_file_list
 from ledger.tiles import entries_path, tile_path, walk_entries
 from schemas import payloads as p
 from schemas.canonical import config_hash
@@ -101,13 +105,42 @@ class Site:
         return verifier.verify_checkpoint(note, self.vkey, "runledger/redact-test/run-a")
 
 
-def _strings_in(folder: Path) -> str:
-    """Every string and binary value of every Parquet file under ``folder``, read back."""
+def _strings_of(paths: list[Path]) -> str:
+    """Every string and binary value of the Parquet files ``paths``, read back."""
     out: list[str] = []
-    for path in sorted(folder.rglob("*.parquet")):
+    for path in paths:
         for column in pq.read_table(path).columns:
             out.extend(repr(v) for v in column.to_pylist() if isinstance(v, str | bytes | list))
     return "\n".join(out)
+
+
+def _strings_in(folder: Path) -> str:
+    """Every string and binary value of every Parquet file under ``folder`` (listed by the lake's
+    catalog or not: erased bytes must be gone from the disk, not only from the newest snapshot)."""
+    return _strings_of(sorted(folder.rglob("*.parquet")))
+
+
+def _table_files(root: Path, table: str) -> list[Path]:
+    """The data files of ``table`` in the ledger's newest snapshot, as its catalog lists them."""
+    with Ledger.open(root) as ledger:
+        assert ledger.lake is not None
+        with ledger.lake.reader() as con:
+            return [Path(data) for data, _ in lake_file_list(ledger.lake, con, table)]
+
+
+def _strings_of_table(root: Path, table: str) -> str:
+    """Every string and binary value of ``table``'s files in the ledger's newest snapshot."""
+    return _strings_of(_table_files(root, table))
+
+
+def _salts_by_seq(paths: list[Path]) -> dict[tuple[str, int], bytes]:
+    """(stream, stream_seq) -> salt, from salt files (the ledger's, or a published copy's)."""
+    salts: dict[tuple[str, int], bytes] = {}
+    for path in paths:
+        t = pq.read_table(path)
+        keys = zip(t["stream"].to_pylist(), t["stream_seq"].to_pylist(), strict=True)
+        salts |= dict(zip(keys, t["salt"].to_pylist(), strict=True))
+    return salts
 
 
 def test_redaction_keeps_every_proof_and_erases_the_payload(tmp_path: Path) -> None:
@@ -176,16 +209,7 @@ def test_redaction_keeps_every_proof_and_erases_the_payload(tmp_path: Path) -> N
 def test_published_entry_is_salted_and_checkable_with_its_salt(tmp_path: Path) -> None:
     site = Site(tmp_path)
     publish(site.root, site.dest, site.skey)
-    salts: dict[tuple[str, int], bytes] = {}
-    for path in (site.dest / "data" / "salts").rglob("*.parquet"):
-        t = pq.read_table(path)
-        salts |= dict(
-            zip(
-                zip(t["stream"].to_pylist(), t["stream_seq"].to_pylist(), strict=True),
-                t["salt"].to_pylist(),
-                strict=True,
-            )
-        )
+    salts = _salts_by_seq(sorted((site.dest / "data" / "salts").rglob("*.parquet")))
     stored = dict(
         ((s, q), c)
         for s, q, c in Reader(site.root).sql("SELECT stream, stream_seq, canonical FROM events").rows
@@ -204,14 +228,7 @@ def test_published_entry_is_salted_and_checkable_with_its_salt(tmp_path: Path) -
 def test_redacted_before_its_first_publish_gets_the_entry_it_would_have_had(tmp_path: Path) -> None:
     site = Site(tmp_path)
     note = site.note_id()
-    (salt,) = [
-        v
-        for path in (site.root / "salts").rglob("*.parquet")
-        for s, q, v in zip(
-            *(pq.read_table(path)[c].to_pylist() for c in ("stream", "stream_seq", "salt")), strict=True
-        )
-        if (s, q) == ("run-a", 11)
-    ]
+    salt = _salts_by_seq(_table_files(site.root, "salts"))[("run-a", 11)]
     canonical = Reader(site.root).sql("SELECT canonical FROM events WHERE id = ?", [note]).rows[0][0]
     want = entry_digest(canonical.encode(), salt)
     site.redact(note)
@@ -287,24 +304,30 @@ def test_redact_twice_and_unknown_ids_are_one_line_errors(tmp_path: Path) -> Non
     assert verify_ledger(site.root, site.vkey).ok
 
 
+# A redaction killed before its commit point (inside the lake's transaction: its deletes run and its
+# new data files added, not yet committed) or just after it (the catalog committed; neither the
+# folder's copy of the commit record written nor the erased rows' bytes taken off the disk).
 _KILLER = """
 import os, signal, sys
+import ledger.lake as lake
 import ledger.store as store
 from ledger.redaction import redact
-real = store.write_durably
-def write(path, data, **kw):
-    if sys.argv[2] == "before" and "_commits" in str(path):
+real_insert, real_write = lake._insert_rows, store.write_durably
+def insert(con, table, rows):
+    if sys.argv[2] == "before":
         os.kill(os.getpid(), signal.SIGKILL)
-    real(path, data, **kw)
+    real_insert(con, table, rows)
+def write(path, data, **kw):
     if sys.argv[2] == "after" and "_commits" in str(path):
         os.kill(os.getpid(), signal.SIGKILL)
-store.write_durably = write
+    real_write(path, data, **kw)
+lake._insert_rows, store.write_durably = insert, write
 redact(sys.argv[1], sys.argv[3], reason="leak", actor="alice", private_key=open(sys.argv[4]).read())
 """
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
-def test_sigkill_around_the_commit_record(tmp_path: Path, when: str) -> None:
+def test_sigkill_around_the_commit_point(tmp_path: Path, when: str) -> None:
     site = Site(tmp_path)
     note = site.note_id()
     env = os.environ | {"PYTHONPATH": str(ROOT)}
@@ -316,10 +339,9 @@ def test_sigkill_around_the_commit_record(tmp_path: Path, when: str) -> None:
         timeout=120,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    assert list(site.root.rglob("*.tmp"))  # it died with its new files unrenamed
+    assert SECRET in _strings_in(site.root)  # it died with the payload's bytes still on the disk
     ledger = Ledger.open(site.root)
-    ledger.commit([])  # the next writer: sweeps (before) or finishes (after) the redaction
-    assert not list(site.root.rglob("*.tmp"))
+    ledger.commit([])  # the next writer: nothing to finish (before) or finishes the redaction (after)
     canonical = Reader(site.root).sql("SELECT canonical FROM events WHERE id = ?", [note]).rows[0][0]
     assert is_redacted(canonical) == (when == "after")
     report = verify_ledger(site.root, site.vkey)
@@ -359,12 +381,25 @@ def test_the_same_spool_ingested_again_never_brings_it_back(tmp_path: Path) -> N
     assert verify_ledger(root, site_keys[1].read_text()).ok
 
 
+def _stock_lake(root: Path) -> duckdb.DuckDBPyConnection:
+    """Stock DuckDB with the ledger's lake attached for writing: what anyone holding write access to
+    the catalog can do by hand, beside the ledger's writer."""
+    con = connect(extensions=["ducklake", "sqlite_scanner"])
+    con.execute(f"ATTACH 'ducklake:sqlite:{root / 'catalog.sqlite'}' AS hand")
+    return con
+
+
 def test_a_forged_marker_is_tampering_and_a_stray_salt_is_named(tmp_path: Path) -> None:
     site = Site(tmp_path)
-    salts = next((site.root / "salts").rglob("*.parquet"))
-    kept = salts.read_bytes()
+    with contextlib.closing(_stock_lake(site.root)) as con:
+        kept = con.execute(
+            "SELECT * FROM hand.salts WHERE stream = 'run-a' AND stream_seq = 11"
+        ).to_arrow_table()
+    assert kept.num_rows == 1
     # Someone blanks an event by hand, without a redaction record: "modified", as any edit.
-    path = next((site.root / "events").rglob("part-0000000000-*.parquet"))
+    (path,) = [
+        f for f in _table_files(site.root, "events") if 3 in pq.read_table(f)["stream_seq"].to_pylist()
+    ]
     original = path.read_bytes()
     table = pq.read_table(path)
     texts = table["canonical"].to_pylist()
@@ -372,16 +407,25 @@ def test_a_forged_marker_is_tampering_and_a_stray_salt_is_named(tmp_path: Path) 
     column = pa.array(texts, pa.string())
     pq.write_table(table.set_column(table.schema.get_field_index("canonical"), "canonical", column), path)
     report = verify_ledger(site.root, site.vkey)
-    assert [(pr.kind, pr.stream_seq) for pr in report.problems] == [("modified", 3), ("table-mismatch", 3)]
+    # (the file, whose bytes are not those its commit record names; then the row it holds)
+    assert [(pr.kind, pr.stream_seq) for pr in report.problems] == [
+        ("modified", None),
+        ("modified", 3),
+        ("table-mismatch", 3),
+    ]
     assert report.redactions == []
     path.write_bytes(original)
     # A real redaction, then its salt put back (say, from a backup): named, since salt and a guess
     # would check against the public digest.
     site.redact(site.note_id())
     assert verify_ledger(site.root, site.vkey).ok
-    (salts.parent / "part-9999999999-000.parquet").write_bytes(kept)
+    with contextlib.closing(_stock_lake(site.root)) as con:
+        con.register("kept", kept)
+        con.execute("INSERT INTO hand.salts SELECT * FROM kept")
     report = verify_ledger(site.root, site.vkey)
-    assert [(pr.kind, pr.stream_seq) for pr in report.problems] == [("redaction", 11)]
+    assert [(pr.kind, pr.stream_seq) for pr in report.problems] == [("redaction", 11)], [
+        pr.line() for pr in report.problems
+    ]
 
 
 def test_a_record_signed_by_another_key_is_a_problem(tmp_path: Path) -> None:
@@ -454,7 +498,7 @@ def test_a_config_secret_leaves_every_later_config_row_too(tmp_path: Path) -> No
     )
     first = secret_change[0][0]  # the change that set it (the later one only tests it)
     redact(root, first, reason="token in config", actor="alice", private_key=site.skey)
-    assert SECRET not in _strings_in(root / "configs")  # every later whole config, projected again
+    assert SECRET not in _strings_of_table(root, "configs")  # every later whole config, projected again
     reader = Reader(root)
     assert [r[0] for r in reader.sql("SELECT cause FROM configs ORDER BY stream_seq").rows] == [
         "start",
@@ -500,7 +544,7 @@ def test_changes_ingested_after_a_redaction_build_on_the_erased_config(tmp_path:
     redact(root, secret, reason="token in config", actor="alice", private_key=site.skey)
     run.change(6, "lr", 0.9)
     writer.commit([records[10], SourceRecord("spool:c", 11, run.events[11])])  # the test op, then lr
-    configs = _strings_in(root / "configs")
+    configs = _strings_of_table(root, "configs")
     assert SECRET not in configs and '{"lr":0.9,"token":"none"}' in configs
     assert verify_ledger(root, site.vkey).ok
 
@@ -524,7 +568,7 @@ def test_a_github_comment_body_is_erased_from_its_repo_stream(tmp_path: Path) ->
         for i, body in enumerate(["looks good", f"my password is {GH_SECRET}", "merged"])
     ]
     site.ledger.commit([SourceRecord("spool:gh", i, encode_event(env)) for i, env in enumerate(comments)])
-    assert GH_SECRET in _strings_in(site.root / "github")
+    assert GH_SECRET in _strings_of_table(site.root, "github")
     done = site.redact("comment-1", reason="a password in a comment")
     assert done.target.stream == "acme/model" and done.salted
     reader = Reader(site.root)

@@ -246,8 +246,13 @@ class IngesterProc:
         return self.wait(60)
 
     def wait(self, timeout: float) -> int:
+        """Its exit status; past ``timeout`` it is killed (no ingester outlives its test) and
+        TimeoutExpired raised."""
         try:
             return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
         finally:
             self._handle.close()
 

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from ledger.integrity import checkpoint_path, prove_consistency, verify_ledger
 from ledger.log_checkpoint import parse_and_verify_checkpoint
+from ledger.log_key import recorded_log_key
 from ledger.query import Reader
 from ledger.store import Ledger
 from ledger.verifier import verify_consistency
@@ -33,7 +34,11 @@ def checkpoint_path_parts(ledger: Ledger, stream: str) -> tuple[str, ...]:
 
 
 def _log_key(result: study.StudyResult) -> str:
-    return (result.workdir / "keys" / "study-log.pub").read_text().strip()
+    # The log key lives with the ledger, and its lake records it as the ledger's.
+    vkey = (result.ledger / ".keys" / "study-log.pub").read_text().strip()
+    with Ledger.open(result.ledger) as ledger:
+        assert recorded_log_key(ledger) == vkey
+    return vkey
 
 
 def test_predictions_are_signed_before_any_training(result: study.StudyResult) -> None:
@@ -164,9 +169,8 @@ def test_cli_quick_study(tmp_path: Path) -> None:
     assert f"{100 * mean:.3f}%" in text
     assert f"pre-registered: {data['preregistration']['size']} events signed before training" in text
     assert f"ledger verify --ledger {work / 'ledger'}" in text
-    verify = CliRunner().invoke(
-        app, ["verify", "--ledger", str(work / "ledger"), "--keys", str(work / "keys")]
-    )
+    # The hint's command as printed: the log key is found in the ledger's own key folder.
+    verify = CliRunner().invoke(app, ["verify", "--ledger", str(work / "ledger")])
     assert verify.exit_code == 0, verify.output
 
 

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pytest
 from typer.testing import CliRunner
 
@@ -22,8 +21,8 @@ from cli.main import app
 from ingest.spool import SpoolReader
 from ingest.spool_ingester import IngestStats, ingest_spool
 from ledger import registry
+from ledger.query import Reader
 from ledger.store import Ledger
-from ledger.views import connect
 from schemas import Event, decode_event
 from schemas.note import write_keypair
 from schemas.payloads import ProducerScope
@@ -83,9 +82,10 @@ def outputs(stdout: str) -> list[dict[str, Any]]:
     return found
 
 
-def to_ledger(spool: Path, root: Path) -> tuple[IngestStats, duckdb.DuckDBPyConnection]:
+def to_ledger(spool: Path, root: Path) -> tuple[IngestStats, Reader]:
+    """The spool folded into a new ledger, and a reader of it (as every command reads it)."""
     stats = ingest_spool(Ledger.create(root), spool)
-    return stats, connect(root)
+    return stats, Reader(root)
 
 
 def spooled(spool: Path) -> list[Event]:
@@ -120,54 +120,50 @@ def test_project_import_pages_retries_429_maps_restart_and_skips_unreadable_runs
     pages = [(s.variables["run"], s.variables["minStep"]) for s in wandb_api.operations("HistoryPage")]
     assert pages == [(RESTARTED, 0), (RESTARTED, 1000), (LONG, 0), (LONG, 1000)]
 
-    stats, con = to_ledger(spool, tmp_path / "ledger")
+    stats, reader = to_ledger(spool, tmp_path / "ledger")
     assert stats.quarantined == 0
-    assert con.execute(
-        "SELECT DISTINCT run_id FROM events WHERE run_id IS NOT NULL ORDER BY 1"
-    ).fetchall() == [
+    assert reader.sql("SELECT DISTINCT run_id FROM events WHERE run_id IS NOT NULL ORDER BY 1").rows == [
         (LONG,),
         (RESTARTED,),
     ]
     # Every logged value, as W&B holds it; a loss W&B stored as "NaN" is null, which the metrics view
     # leaves out (that step's other values are there).
     for run in (RESTARTED, LONG):
-        loss = dict(
-            con.execute("SELECT step, value FROM metrics WHERE run_id=? AND name='loss'", [run]).fetchall()
-        )
+        loss = dict(reader.sql("SELECT step, value FROM metrics WHERE run_id=? AND name='loss'", [run]).rows)
         expected = {r["_step"]: r["loss"] for r in fixture_rows(run)}
         nan_steps = [step for step, value in expected.items() if value == "NaN"]
         assert nan_steps == ([1337] if run == LONG else [])
         assert loss.keys() == expected.keys() - set(nan_steps)
         for step, value in loss.items():
             assert math.isclose(value, expected[step], rel_tol=1e-12), (run, step)
-        drop = con.execute(
+        drop = reader.sql(
             "SELECT count(*) FROM metrics WHERE run_id=? AND name='router/layer2/token_drop_rate'", [run]
-        ).fetchone()
+        ).rows[0]
         assert drop == (len(expected),)
 
     # The restart: attempt 2 starts at the first row W&B kept after the relaunch (step 700; W&B refused
     # 601-699), launched at that row's time minus its runtime, with the W&B run URL in external.
-    attempts = con.execute(
+    attempts = reader.sql(
         "SELECT attempt, kind, start_step, epoch(started_at), external FROM attempts WHERE run_id=? ORDER BY 1",
         [RESTARTED],
-    ).fetchall()
+    ).rows
     rows = fixture_rows(RESTARTED)
     relaunch = rows[700]
     assert [(a, k, s) for a, k, s, _, _ in attempts] == [(1, "start", 0), (2, "resume", 699)]
     assert math.isclose(attempts[1][3], relaunch["_timestamp"] - relaunch["_runtime"], abs_tol=1e-3)
     external = json.loads(attempts[1][4]) if isinstance(attempts[1][4], str) else attempts[1][4]
     assert external["wandb_url"] == f"{wandb_api.base_url}/{PROJECT}/runs/{RESTARTED}"
-    by_attempt = con.execute(
+    by_attempt = reader.sql(
         "SELECT attempt, min(step), max(step) FROM metrics WHERE run_id=? AND name='loss' GROUP BY 1 ORDER BY 1",
         [RESTARTED],
-    ).fetchall()
+    ).rows
     assert by_attempt == [(1, 0, 699), (2, 700, 1199)]
     # System samples dated into the attempt that was live, run ends mapped from W&B's state.
-    system = con.execute(
+    system = reader.sql(
         "SELECT attempt, count(*) FROM rank_stats WHERE run_id=? GROUP BY 1 ORDER BY 1", [RESTARTED]
     )
-    assert [a for a, _ in system.fetchall()] == [1, 2]
-    ends = dict(con.execute("SELECT run_id, status FROM run_ends").fetchall())
+    assert [a for a, _ in system.rows] == [1, 2]
+    ends = dict(reader.sql("SELECT run_id, status FROM run_ends").rows)
     assert ends == {RESTARTED: "completed", LONG: "failed"}  # W&B "finished" and "crashed"
 
 
@@ -214,15 +210,10 @@ def test_an_interrupted_history_read_resumes_at_the_next_row(
     events = spooled(spool)
     ids = [e.envelope.id for e in events]
     assert len(ids) == len(set(ids))  # nothing emitted twice
-    ledger_stats, con = to_ledger(spool, tmp_path / "ledger")
+    ledger_stats, reader = to_ledger(spool, tmp_path / "ledger")
     assert ledger_stats.duplicates == 0 and ledger_stats.quarantined == 0
-    assert con.execute(
-        "SELECT count(DISTINCT step), min(step), max(step) FROM metrics WHERE name='lr'"
-    ).fetchone() == (
-        1500,
-        0,
-        1499,
-    )
+    lr_steps = reader.sql("SELECT count(DISTINCT step), min(step), max(step) FROM metrics WHERE name='lr'")
+    assert lr_steps.rows == [(1500, 0, 1499)]
     # Each source's seq is contiguous across the two processes: no gap, no fork.
     for source in {e.envelope.source for e in events}:
         seqs = [e.envelope.seq for e in events if e.envelope.source == source]
@@ -256,7 +247,7 @@ def test_signed_import_is_admitted_by_its_registered_key_and_an_unregistered_key
     assert result.exit_code == 0
     stats = ingest_spool(Ledger.open(root), forged)
     assert stats.accepted == 0 and stats.quarantined == len(spooled(forged))
-    reasons = connect(root).execute("SELECT DISTINCT reason FROM quarantine").fetchall()
+    reasons = Reader(root).sql("SELECT DISTINCT reason FROM quarantine").rows
     assert [r.split(":")[0] for (r,) in reasons] == ["unknown-key"]
 
     monkeypatch.setenv("RUNLEDGER_PRODUCER_KEY", str(tmp_path / "keys" / "missing.key"))
@@ -292,9 +283,9 @@ def test_hostile_history_rows_are_counted_not_fatal(wandb_api: WandbApiServer, t
     assert result.exit_code == 0, result.output
     [stats] = outputs(result.stdout)
     assert stats["rows"] == 39  # the row without _step is not a step
-    stats_ledger, con = to_ledger(spool, tmp_path / "ledger")
+    stats_ledger, reader = to_ledger(spool, tmp_path / "ledger")
     assert stats_ledger.quarantined == 0
-    unicode = con.execute("SELECT step, value FROM metrics WHERE name = 'débit/échantillons ✓'").fetchall()
+    unicode = reader.sql("SELECT step, value FROM metrics WHERE name = 'débit/échantillons ✓'").rows
     assert unicode == [(6, 0.5)]
     steps = {
         e.envelope.step: e.envelope.data
@@ -303,7 +294,7 @@ def test_hostile_history_rows_are_counted_not_fatal(wandb_api: WandbApiServer, t
     }
     assert steps[7].grad_norm is None and steps[9].loss is None  # "-Infinity" and "NaN" → null
     assert steps[7].loss == rows[7]["loss"] and steps[8].scalars["flag"] == 1.0  # a bool as 1/0, as bridged
-    long_key = con.execute("SELECT value FROM metrics WHERE step = 5 AND length(name) = 65536").fetchall()
+    long_key = reader.sql("SELECT value FROM metrics WHERE step = 5 AND length(name) = 65536").rows
     assert long_key == [(2.5,)]
 
 
@@ -488,10 +479,10 @@ def test_a_restart_whose_runtime_w_and_b_carried_on_is_found_by_the_clock_gap(
     result = ingest([f"{PROJECT}/{LONG}", "--spool", str(spool)])
     assert result.exit_code == 0, result.output
     assert outputs(result.stdout)[0]["attempts"] == 2
-    _, con = to_ledger(spool, tmp_path / "ledger")
-    attempts = con.execute(
+    _, reader = to_ledger(spool, tmp_path / "ledger")
+    attempts = reader.sql(
         "SELECT attempt, start_step, epoch(started_at) FROM attempts WHERE run_id=? ORDER BY 1", [LONG]
-    ).fetchall()
+    ).rows
     assert [(a, s) for a, s, _ in attempts] == [(1, 0), (2, 799)]
     assert math.isclose(attempts[1][2], rows[800]["_timestamp"] - rows[800]["_runtime"], abs_tol=1e-3)
 

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pytest
 from typer.testing import CliRunner
 
@@ -21,8 +20,8 @@ from ingest.bus import SpoolSink
 from ingest.spool_ingester import ingest_spool
 from ingest.wandb_import import find_offline_runs, import_offline_run
 from ingest.wandb_mirror import WandbMirror
+from ledger.query import Reader
 from ledger.store import Ledger
-from ledger.views import connect
 from schemas import Envelope, config_hash
 from tests.support.trainer import ROOT, read_spool, tiny_config, tiny_config_file
 from trainer import mirror as mirror_lib
@@ -38,22 +37,23 @@ pytestmark = [
 STEP_FIELDS = ("loss", "grad_norm", "lr", "tokens", "total_tokens", "tokens_per_second", "mfu", "step_time_s")
 
 
-def to_ledger(spool: Path, root: Path) -> duckdb.DuckDBPyConnection:
+def to_ledger(spool: Path, root: Path) -> Reader:
+    """The spool folded into a new ledger, and a reader of it (as every command reads it)."""
     ingest_spool(Ledger.create(root), spool)
-    return connect(root)
+    return Reader(root)
 
 
-def series(con: duckdb.DuckDBPyConnection, run_id: str, name: str) -> list[tuple[int, float]]:
-    rows = con.execute(
+def series(reader: Reader, run_id: str, name: str) -> list[tuple[int, float]]:
+    rows = reader.sql(
         "SELECT step, value FROM metrics WHERE run_id = ? AND name = ? ORDER BY step", [run_id, name]
-    ).fetchall()
+    ).rows
     return [(int(step), value) for step, value in rows]
 
 
-def externals(con: duckdb.DuckDBPyConnection, run_id: str) -> list[tuple[int, str, dict[str, str]]]:
-    rows = con.execute(
+def externals(reader: Reader, run_id: str) -> list[tuple[int, str, dict[str, str]]]:
+    rows = reader.sql(
         "SELECT attempt, kind, external FROM attempts WHERE run_id = ? ORDER BY attempt", [run_id]
-    ).fetchall()
+    ).rows
     return [(attempt, kind, json.loads(external)) for attempt, kind, external in rows]
 
 
@@ -114,10 +114,10 @@ def test_trained_run_round_trips_through_wandb(wandb_dir: Path, tmp_path: Path) 
         ("router/entropy", "routing_entropy"),
     ]:
         assert series(from_wandb, "mirrored", wandb_name) == series(trained, "mirrored", ledger_name)
-    layers = trained.execute(
+    layers = trained.sql(
         "SELECT step, layer, token_drop_rate, aux_loss FROM moe_layer_stats "
         "WHERE run_id = 'mirrored' ORDER BY step, layer"
-    ).fetchall()
+    ).rows
     assert {layer for _, layer, _, _ in layers} == {0, 1}
     for layer in (0, 1):
         mine = [(s, d) for s, n, d, _ in layers if n == layer]
@@ -131,25 +131,23 @@ def test_trained_run_round_trips_through_wandb(wandb_dir: Path, tmp_path: Path) 
     configs = (
         "SELECT coalesce(step, 0), cause, config FROM configs WHERE run_id = 'mirrored' ORDER BY stream_seq"
     )
-    ours = [(step, cause, json.loads(c)) for step, cause, c in trained.execute(configs).fetchall()]
-    theirs = [(step, cause, json.loads(c)) for step, cause, c in from_wandb.execute(configs).fetchall()]
-    assert [(step, cause) for step, cause, _ in ours] == [(0, "start"), (6, "file_edit")]
-    assert [(step, cause) for step, cause, _ in theirs] == [(0, "start"), (6, "api")]
-    for (_, _, mine), (_, _, logged) in zip(ours, theirs, strict=True):
+    our_configs = [(step, cause, json.loads(c)) for step, cause, c in trained.sql(configs).rows]
+    their_configs = [(step, cause, json.loads(c)) for step, cause, c in from_wandb.sql(configs).rows]
+    assert [(step, cause) for step, cause, _ in our_configs] == [(0, "start"), (6, "file_edit")]
+    assert [(step, cause) for step, cause, _ in their_configs] == [(0, "start"), (6, "api")]
+    for (_, _, mine), (_, _, logged) in zip(our_configs, their_configs, strict=True):
         assert logged.keys() == mine.keys()
         assert config_hash(integral_floats_as_ints(logged)) == config_hash(integral_floats_as_ints(mine))
-    assert result.config is not None and ours[-1][2] == resolved(result.config)
-    assert ours[-1][2]["moe"]["capacity_factor"] == theirs[-1][2]["moe"]["capacity_factor"] == 0.5
+    assert result.config is not None and our_configs[-1][2] == resolved(result.config)
+    assert (
+        our_configs[-1][2]["moe"]["capacity_factor"] == their_configs[-1][2]["moe"]["capacity_factor"] == 0.5
+    )
     accepted = "SELECT count(*) FROM config_changes WHERE run_id = 'mirrored' AND hash_matches"
-    assert trained.execute(accepted).fetchall() == from_wandb.execute(accepted).fetchall() == [(1,)]
+    assert trained.sql(accepted).rows == from_wandb.sql(accepted).rows == [(1,)]
 
     # The end: finished with exit code 0, and the summary the trainer wrote.
     ends = "SELECT status, total_tokens FROM run_ends WHERE run_id = 'mirrored'"
-    assert (
-        from_wandb.execute(ends).fetchall()
-        == trained.execute(ends).fetchall()
-        == [("completed", result.total_tokens)]
-    )
+    assert from_wandb.sql(ends).rows == trained.sql(ends).rows == [("completed", result.total_tokens)]
     summary = next(e.data.values for e in events if e.type == "runledger.run.summary")
     assert summary["status"] == "completed" and summary["final_step"] == 10
     assert summary["total_tokens"] == result.total_tokens and summary["exit_code"] == 0

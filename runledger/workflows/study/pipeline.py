@@ -178,6 +178,7 @@ class _Results:
 def _open_study(options: StudyOptions) -> _Study:
     """Keys, a fresh ledger that admits the study's producer key, and the sink its events go to."""
     from ingest.bus import open_sink
+    from ledger.log_key import default_keys, record_log_key
     from ledger.registry import register_producer
     from ledger.store import Ledger
     from schemas.note import write_keypair
@@ -188,8 +189,10 @@ def _open_study(options: StudyOptions) -> _Study:
     started = time.perf_counter()
     study_id = f"token-drop-study-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     producer_key, producer_pub = write_keypair(workdir / "keys", "study-producer")
-    log_key, _ = write_keypair(workdir / "keys", "study-log")
     ledger = Ledger.create(workdir / "ledger")
+    # The log key lives with the ledger (where `ledger checkpoint`/`verify` look) and the lake records it.
+    log_key, log_pub = write_keypair(default_keys(ledger.root), "study-log")
+    record_log_key(ledger, log_pub.read_text().strip())
     register_producer(
         ledger, "study-producer", producer_pub.read_text(), ProducerScope(sources=["trainer/", "study/"])
     )
