@@ -831,9 +831,10 @@ class _TableCheck:
     def _spilled(self, name: str, report: Report) -> set[tuple[Any, Any]]:
         spec = TABLES[name]
         files = []
+        stored_columns: set[str] = set()
         for file in self.stored.of(name):
             try:
-                pq.read_schema(file.path)
+                stored_columns |= set(pq.read_schema(file.path).names)
                 files.append(file.path.as_posix())
             except Exception as exc:
                 report.problems.append(Problem("?", "unreadable", f"{file.shown}: {exc}"[:240]))
@@ -845,16 +846,21 @@ class _TableCheck:
         types = con.execute(f"DESCRIBE SELECT * FROM {want}").fetchall()
         # Both sides as the expected rows' columns and types (a stored file may lack a column: NULLs).
         columns = ", ".join(f'CAST("{col}" AS {kind}) AS "{col}"' for col, kind, *_ in types)
+        # (a column added after every stored file was written: NULL in all of them, as the events say)
+        stored = ", ".join(
+            f'CAST({_sql_name(col) if col in stored_columns | {spec.partition} else "NULL"} AS {kind}) AS "{col}"'
+            for col, kind, *_ in types
+        )
         if files and self.stored.lake is None:  # part files: the partition from the directory's name
             have = (
-                f"SELECT {columns}, -1 AS _side FROM read_parquet(?, hive_partitioning = true, "
+                f"SELECT {stored}, -1 AS _side FROM read_parquet(?, hive_partitioning = true, "
                 f"hive_types = {{'{spec.partition}': VARCHAR}}, union_by_name = true)"
             )
             params: list[Any] | None = [files]
         elif files:  # a lake's: from the file's own column, as the store names an empty one
             part = f'"{spec.partition}"'
             have = (
-                f"SELECT {columns}, -1 AS _side FROM (SELECT * REPLACE (coalesce(nullif({part}, ''), '_') "
+                f"SELECT {stored}, -1 AS _side FROM (SELECT * REPLACE (coalesce(nullif({part}, ''), '_') "
                 f"AS {part}) FROM read_parquet(?, hive_partitioning = false, union_by_name = true))"
             )
             params = [files]
@@ -895,12 +901,12 @@ class _TableCheck:
             except Exception as exc:
                 report.problems.append(Problem("?", "unreadable", f"{file.shown}: {exc}"[:240]))
                 continue
-            keys = list(zip(data["stream"].to_pylist(), data["stream_seq"].to_pylist(), strict=True))
+            rows = list(zip(data["stream"].to_pylist(), data["stream_seq"].to_pylist(), strict=True))
             for column in absent:
-                older[column] |= set(keys)
+                older[column] |= set(rows)
             for column in ADDED_COLUMNS.get(name, frozenset()) - absent:  # a row migrated from before it
                 nulls = data[column].is_null().to_pylist()
-                older[column] |= {key for key, null in zip(keys, nulls, strict=True) if null}
+                older[column] |= {row for row, null in zip(rows, nulls, strict=True) if null}
             actual_parts.append(data.append_column(spec.partition, partition))
         schema = _with_partition(name)
         want = pa.concat_tables(self.expected[name]) if self.expected[name] else schema.empty_table()
@@ -927,6 +933,10 @@ def _partition_column(file: StoredFile, column: str, rows: int) -> pa.Array:
 
 def _sql_text(text: str) -> str:
     return text.replace("'", "''")
+
+
+def _sql_name(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _with_partition(name: str) -> pa.Schema:

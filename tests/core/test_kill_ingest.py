@@ -47,7 +47,9 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(tmp_path: Path) -
             kills += 1
         proc.wait()
     assert kills >= 10
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)  # (bounded: a 2-core CI machine under load)
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=900
+    )  # (bounded: a 2-core CI machine under load)
     assert done.returncode == 0, done.stderr
     reader = Reader(ledger)
     n = len(run.events)
