@@ -55,6 +55,7 @@ import bisect
 import contextlib
 import logging
 from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -112,6 +113,10 @@ class LedgerView(Protocol):
     def last_commit(self) -> int: ...
 
     def commit_paths(self) -> list[Path]: ...
+
+    def events_reader(self) -> AbstractContextManager[Any]:
+        """A connection on which ``events`` is the ledger's events table, at one moment."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -456,24 +461,19 @@ def load_state(ledger: LedgerView) -> AdmissionState:
 
 def scan_state(ledger: LedgerView, commit: int) -> AdmissionState:
     """The admission state as of ``commit`` (the last), from the events table: for a ledger written
-    before commit records kept it. Read through the one reader (a lake's snapshot, or part files):
+    before commit records kept it, read through ``events_reader`` (a lake snapshot, or part files):
     the registry's events in log order, and each source's head (its highest seq, the first stored if
     a fork repeated it)."""
-    from ledger.query import Reader
-
     state = AdmissionState(commit=commit)
-    reader = Reader(ledger.root)
-    try:
-        registry = reader.sql(
+    with ledger.events_reader() as con:
+        registry = con.execute(
             'SELECT canonical FROM events WHERE ingest_source = ? ORDER BY "commit", ingest_position',
             [REGISTRY_INGEST],
-        ).rows
-        heads = reader.sql(
+        ).fetchall()
+        heads = con.execute(
             "SELECT source, seq, canonical FROM events WHERE source IS NOT NULL "
             'QUALIFY row_number() OVER (PARTITION BY source ORDER BY seq DESC, "commit", ingest_position) = 1'
-        ).rows
-    finally:
-        reader.close()
+        ).fetchall()
     for (text,) in registry:
         decoded = decode_event(text.encode())
         if isinstance(decoded, Event) and decoded.envelope.type in REGISTRY_TYPES:

@@ -54,6 +54,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from ledger import duck
 from ledger.admission import ADMISSION_REASONS, AdmissionRound, AdmissionState, admission_round
 from ledger.compaction import merge_parts, tail_to_merge
 from ledger.file_writes import write_all
@@ -512,6 +513,22 @@ class Ledger:
                 yield
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def events_reader(self) -> Iterator[Any]:
+        """A connection on which ``events`` is this ledger's events table: the lake's newest snapshot,
+        or a ledger of part files' files (``ledger.admission`` rebuilds its state from it)."""
+        if self.lake is not None:
+            with self.lake.reader() as con:
+                yield con
+            return
+        files = duck.connect()
+        try:
+            glob = (self.root / "events" / "*" / "*.parquet").as_posix().replace("'", "''")
+            files.execute(f"CREATE VIEW events AS SELECT * FROM read_parquet('{glob}', union_by_name = true)")
+            yield files
+        finally:
+            files.close()
 
     def _erase_deleted_once(self) -> None:
         """Take off the disk the bytes of rows a committed redaction deleted, once per writer (a
