@@ -10,9 +10,10 @@ a producer key of the ledger is never accepted as its log key.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -135,27 +136,26 @@ def _spills(directory: Path) -> list[Path]:
     return sorted(directory.glob(f"{SPILL_PREFIX}*"))
 
 
-def _verify_in(scratch: str, ledger: str) -> None:
-    """`ledger verify` in a forked process whose temp directory is ``scratch``."""
-    tempfile.tempdir = scratch
-    CliRunner().invoke(app, ["verify", "--ledger", ledger])
-
-
 def test_a_killed_verify_leaves_no_scratch_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    ledger = _ledger(tmp_path / "ledger", steps=800).root  # long enough a verify to be caught in
+    made = _ledger(tmp_path / "ledger", steps=800)  # long enough a verify to be caught in
+    ledger = made.root
+    made.close()
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    context = multiprocessing.get_context("fork")  # the test's imports: no interpreter to start
-    proc = context.Process(target=_verify_in, args=(str(scratch), str(ledger)))
-    proc.start()
+    # A process of its own whose temp folder is ``scratch`` (a fork of this one would inherit its
+    # DuckDB state: a child that garbage-collects a parent's connection crashes).
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "verify", "--ledger", str(ledger)],
+        env={**os.environ, "TMPDIR": str(scratch)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
-    while not _spills(scratch) and proc.is_alive() and time.monotonic() < deadline:
+    while not _spills(scratch) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.001)
     assert _spills(scratch), "the verify ended before its scratch folder was seen"
-    assert proc.pid is not None
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.join(timeout=60)
-    assert proc.exitcode == -signal.SIGKILL
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
     assert _spills(scratch)  # SIGKILL runs no clean-up: the folder is there until the next verify
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     code, out = _verify("--ledger", ledger)

@@ -22,7 +22,7 @@ def _launch(root: str, start: multiprocessing.synchronize.Event, out: multiproce
 
 
 def test_racing_launches_get_distinct_attempt_numbers(tmp_path: Path) -> None:
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("forkserver")  # (a fork of pytest would inherit its DuckDB state)
     start, out = ctx.Event(), ctx.Queue()
     workers = [ctx.Process(target=_launch, args=(str(tmp_path), start, out)) for _ in range(LAUNCHES)]
     for worker in workers:
