@@ -337,6 +337,9 @@ def run_demo(
                 result.stop = DemoStop(signum, "the fold", training=False)
         if result.stop is None:
             _conclude(result, change_at=change_at, crash_at=crash_at)
+            signum = signals.take()  # after the report: everything the demo makes is whole
+            if result.stop is None and signum is not None:
+                result.stop = DemoStop(signum, "the end", training=False)
         result.elapsed_s = time.perf_counter() - started
         return result
 
