@@ -141,6 +141,8 @@ def user_errors(ledger: Path | None = None) -> Iterator[None]:
     try:
         yield
     except LedgerError as exc:
+        if disk_full(exc) is not None:  # (a lake's error in one line, a full disk behind it)
+            raise disk_full_error(exc, _disk_candidates(ledger)) from None
         message = str(exc)
         hint = ledger_hint(ledger) if ledger is not None and message.startswith("no ledger at") else ""
         if hint:  # in place of "create one with …", which would make a second, empty ledger

@@ -320,7 +320,9 @@ class Ledger:
             except (LakeError, duckdb.Error) as exc:
                 if opened is not None:
                     opened.close()
-                raise LedgerError(f"lake {catalog}: {str(exc).strip().splitlines()[0]}") from None
+                raise LedgerError(
+                    f"lake {catalog}: {str(exc).strip().splitlines()[0]}"
+                ) from exc  # (kept: a full disk behind it is told as one)
             except BaseException:
                 if opened is not None:
                     opened.close()
@@ -359,7 +361,7 @@ class Ledger:
         except (LakeError, duckdb.Error) as exc:
             if lake is not None:
                 lake.close()
-            raise LedgerError(_lake_problem(root, folder, exc)) from None
+            raise LedgerError(_lake_problem(root, folder, exc)) from exc
         (root / COMMITS).mkdir(exist_ok=True)
         ledger = cls(root)
         ledger.lake, ledger.lake_folder, ledger.ledger_id = lake, folder, folder.ledger_id
@@ -368,7 +370,7 @@ class Ledger:
             ledger.sync_lake_records()  # beside a writer in this folder: after its records
         except (LakeError, duckdb.Error) as exc:  # a damaged SQLite catalog loads, and fails here
             lake.close()
-            raise LedgerError(_lake_problem(root, folder, exc)) from None
+            raise LedgerError(_lake_problem(root, folder, exc)) from exc
         ledger._load_head()
         return ledger
 
