@@ -49,6 +49,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.bench_ledger import EXPERTS, LAYERS, TOP_K, Workload, _config, make_workload, pyarrow_ceiling
+from ledger.projectors import STEP_SCALARS
 
 TOKENS = 4096
 MAX_LOAD_NAMES = [f"router/max_load/L{layer:02d}" for layer in range(LAYERS)]  # the workaround's scalars
@@ -208,17 +209,7 @@ def values_of(w: Workload, max_load: bool = False) -> int:
     return w.steps * per_step + counted * LAYERS * EXPERTS
 
 
-SCALAR_NAMES = [
-    "loss",
-    "grad_norm",
-    "lr",
-    "tokens",
-    "total_tokens",
-    "tokens_per_second",
-    "mfu",
-    "step_time_s",
-]
-SCALAR_NAMES += [f"s{k}" for k in range(12)]
+SCALAR_NAMES = [*STEP_SCALARS, *(f"s{k}" for k in range(12))]  # the typed fields' rows, then named scalars
 
 
 def _step_scalar_values(w: Workload, step: int) -> list[float]:

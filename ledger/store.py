@@ -385,13 +385,6 @@ class Ledger:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def require_part_files(self, what: str) -> None:
-        """LedgerError when this ledger is on DuckLake and ``what`` reads part files only, so far."""
-        if self.lake is not None:
-            raise LedgerError(
-                f"{self.root} is a ledger on DuckLake: {what} reads ledgers of part files only, so far"
-            )
-
     def sync_lake_records(self) -> int:
         """Copy into the folder the lake's commit records it lacks (beside a writer in this folder:
         after its records). Returns how many."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +22,11 @@ from ledger import duck
 from ledger.publish import publish
 from ledger.query import Reader
 from ledger.store import Ledger, SourceRecord
-from schemas import encode_event, make_event
 from schemas import payloads as p
 from schemas.note import write_keypair
 from tests.merkle.test_remote_direct import serving as serving_ranges
 from tests.merkle.test_remote_doors import serving
-from tests.support.factory import T0, RunBuilder
+from tests.support.factory import RunBuilder
 
 ENV = {"COLUMNS": "300", "RUNLEDGER_PROGRESS_S": "off"}
 LAYERS = 3
@@ -57,27 +55,6 @@ QUERIES = [
 @dataclass
 class Producer(RunBuilder):
     """A trainer process of its own: a second one claiming the same run id records the run twice."""
-
-    source: str = ""
-
-    def _emit(self, payload: Any, step: int | None, **kw: Any) -> bytes:
-        self.clock += 1
-        env = make_event(
-            payload,
-            source=self.source or f"trainer/{self.run_id}/rank0",
-            stream=self.run_id,
-            run_id=self.run_id,
-            attempt=self.attempt,
-            step=step,
-            seq=self.seq,
-            id=f"{self.run_id}-{self.seq}",
-            time=T0 + timedelta(seconds=self.clock),
-            **kw,
-        )
-        self.seq += 1
-        raw = encode_event(env)
-        self.events.append(raw)
-        return raw
 
     def train(self, first: int, last: int) -> None:
         """Steps ``first``..``last``, each with its loss and every layer's router stats."""

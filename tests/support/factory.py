@@ -25,12 +25,13 @@ class RunBuilder:
     clock: int = 0
     events: list[bytes] = field(default_factory=list)
     applied: list[tuple[int, int, dict[str, Any]]] = field(default_factory=list)  # (attempt, step, config)
+    source: str = ""  # the producer's source; default trainer/<run>/rank0
 
     def _emit(self, payload: Any, step: int | None, **kw: Any) -> bytes:
         self.clock += 1
         env = make_event(
             payload,
-            source=f"trainer/{self.run_id}/rank0",
+            source=self.source or f"trainer/{self.run_id}/rank0",
             stream=self.run_id,
             run_id=self.run_id,
             attempt=self.attempt,
