@@ -9,10 +9,11 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
 .PHONY: setup demo test kafka-jars fixtures browser nginx go-tools lint bench clean
 
+# Every user's install at once (issue 41): the extras ledger (analysts), operator, trainer and the test tools.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[ledger,operator,trainer,test]'
 	@rm -f $(VENV)/.installed-*
 	@touch $(STAMP)
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from cli.extras import command_needs
 from cli.output import (
     Format,
     VerboseOption,
@@ -30,19 +30,23 @@ from cli.output import (
     third_party_warnings,
 )
 from runledger import signals
+
+# The demo's names for the options' defaults and help: that module imports only the standard library
+# and runledger's own light core at its top (the trainer, the bus and the ledger inside ``run_demo``).
 from runledger.workflows.demo import (
     DEMO_DIR,
     DEMO_OUTPUTS,
     MARKER,
     DemoError,
     DemoObserver,
-    DemoResult,
-    DemoStop,
     prepare_workdir,
 )
 
 if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
     from ingest.spool_ingester import IngestStats
+    from runledger.workflows.demo import DemoResult, DemoStop
     from trainer.loop import TrainResult
     from trainer.telemetry import StepReport
 
@@ -77,7 +81,9 @@ def demo(
 
     Example: ledger demo --workdir /tmp/demo --steps 60 --crash-at 40 --change-at 20
     """
-    from runledger.workflows.demo import run_demo
+    # The trainer extra (torch, Megatron-Core) first: without it, one line naming it, the folder untouched.
+    with command_needs("ledger demo", "trainer"):
+        from runledger.workflows.demo import run_demo
 
     # The folder is made ready whole (only the demo's outputs removed): a signal waits for it.
     with signals.deferred():
@@ -140,6 +146,8 @@ class _ConsoleObserver(DemoObserver):
 
     @contextmanager
     def training(self, steps: int) -> Iterator[None]:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
         with Progress(
             TextColumn("{task.description}"),
             BarColumn(),

@@ -19,7 +19,7 @@ import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -48,11 +48,13 @@ from cli.output import (
     progress,
     user_errors,
 )
-from ingest.bus import EventSink, default_spool_dir, open_sink
+from cli.quarantine_summary import QuarantineTally, say_quarantined
 from ingest.kafka_config import COMMIT_BATCH_MAX
-from ingest.spool import SpoolLockedError
-from schemas import Envelope
-from schemas.signing import PRODUCER_KEY_ENV, Sealer
+
+if TYPE_CHECKING:  # the bus and the signer load cryptography (~25 ms): imported by the commands using them
+    from ingest.bus import EventSink
+    from schemas import Envelope
+    from schemas.signing import Sealer
 
 
 def ingest_spool(
@@ -72,16 +74,16 @@ def ingest_spool(
     with user_errors(ledger), progress("ingest spool", "records") as report:
         if not spool.is_dir():
             raise fail(f"no spool at {spool}")
+        tally = QuarantineTally(then=commits_counted(report))
         with Ledger.create(ledger) as target:
-            stats = spool_ingester.ingest_spool(
-                target, spool, batch_size=batch_size, on_commit=commits_counted(report)
-            )
+            stats = spool_ingester.ingest_spool(target, spool, batch_size=batch_size, on_commit=tally)
     console.print(
         f"ingested {plural(stats.accepted, 'event')} ({plural(stats.metric_values, 'metric value')}) in "
         f"{plural(stats.commits, 'commit')}; {plural(stats.duplicates, 'duplicate')} dropped, "
         f"{stats.quarantined} quarantined"
         + (f"; {plural(stats.missing, 'spool position')} held no record (recorded)" if stats.missing else "")
     )
+    say_quarantined(tally, ledger)
 
 
 def ingest_kafka(
@@ -149,6 +151,7 @@ def ingest_kafka(
 
     stop = threading.Event()
     started = time.monotonic()
+    tally = QuarantineTally()
     with kafka_errors(), stop_on_signals(stop):
         if not create and not any((ledger / marker).exists() for marker in (LAKE_MARKER, "LEDGER.json")):
             raise fail(f"no ledger at {ledger} (drop --no-create to make one)")
@@ -168,11 +171,13 @@ def ingest_kafka(
                 instance_id=instance_id,
                 connect_timeout_s=connect_timeout,
                 wait_for_topic_s=wait_for_topic,
+                on_commit=tally,
+                on_warning=_warn,
             )
         except TopicUnavailableError as exc:
-            # A subscription to it would ingest nothing, silently: say so, with the way to wait.
-            hint = "" if wait_for_topic else "; --wait-for-topic SECONDS waits for it"
-            raise fail(f"{exc}{hint}") from None
+            # A subscription to it would ingest nothing, silently: say so, with the ways to make it
+            # (a broker's auto-created topic has one partition) or to wait for it.
+            raise fail(f"{exc}{_missing_topic_hint(str(exc), topic or [], wait_for_topic)}") from None
     seconds = time.monotonic() - started
     console.print(
         f"ingested {plural(stats.accepted, 'event')} ({plural(stats.metric_values, 'metric value')}) in "
@@ -180,6 +185,24 @@ def ingest_kafka(
         f"dropped, {stats.skipped} already held, "
         f"{stats.quarantined} quarantined ({stats.deadlettered} dead-lettered)"
     )
+    say_quarantined(tally, ledger)
+
+
+def _warn(line: str) -> None:
+    """A warning from a long-running ingester: one line on stderr, as it happens."""
+    err_console.print(f"warning: {line}", highlight=False, markup=False, emoji=False)
+
+
+def _missing_topic_hint(problem: str, topics: list[str], waited_s: float) -> str:
+    """What to do about a topic that is not there: make it with partitions (and, when the ingester
+    did not wait, that it can wait)."""
+    if "does not exist" not in problem:
+        return "" if waited_s else "; --wait-for-topic SECONDS waits for it"
+    from ingest.kafka_config import events_topic
+
+    name = next((t for t in topics if f"topic {t} does not exist" in problem), events_topic())
+    wait = "" if waited_s else ", or --wait-for-topic SECONDS waits for it"
+    return f"; `ledger kafka topic create {name} --partitions 12` makes it{wait}"
 
 
 def ingest_github(
@@ -223,6 +246,8 @@ def ingest_github(
         raise fail(f"not a repository name: {repo!r} (expected OWNER/REPO)", 2)
     start = _parse_since(since) if since is not None else None
     token = _token(token_file)
+    from ingest.bus import default_spool_dir
+
     where = spool if spool is not None else default_spool_dir()
     try:
         store = JsonCursorStore(cursor_file if cursor_file is not None else default_cursor_file(where))
@@ -350,6 +375,8 @@ def _ingest_wandb_online(
     _, _, run_name = parse_target(target)
     if run_id is not None and run_name is None:
         raise fail("--run-id needs one run (ENTITY/PROJECT/RUN)", 2)
+    from ingest.bus import default_spool_dir
+
     where = spool if spool is not None else default_spool_dir()
     try:
         cursors = CursorStore(cursor_file if cursor_file is not None else default_cursor_file(where))
@@ -378,6 +405,8 @@ def _producer_sealer() -> Sealer | None:
     """The ingest commands' signer: the key file named by ``RUNLEDGER_PRODUCER_KEY``, as for the
     trainer. Not chained: an import may stop and resume in a new process (and GitHub events all have
     ``seq`` 0), so a chain would restart at genesis; each event is still signed."""
+    from schemas.signing import PRODUCER_KEY_ENV, Sealer
+
     try:
         return Sealer.from_env(chain=False)
     except OSError as exc:
@@ -391,6 +420,9 @@ def _producer_sealer() -> Sealer | None:
 def _open_sink(spool: Path | None, what: str = "") -> EventSink:
     """The producer's sink (signed when a key is set); with ``what``, it shows its progress (events
     written) until it is closed."""
+    from ingest.bus import default_spool_dir, open_sink
+    from ingest.spool import SpoolLockedError
+
     sealer = _producer_sealer()
     where = spool if spool is not None else default_spool_dir()
     try:

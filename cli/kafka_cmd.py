@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.output import commits_counted, console, fail, plural, progress, user_errors
+from cli.output import commits_counted, console, err_console, fail, plural, progress, user_errors
+from cli.quarantine_summary import QuarantineTally, say_quarantined
 from ingest.kafka_config import COMMIT_BATCH_MAX
 
 if TYPE_CHECKING:  # kafka-python is slow to import: the CLI loads it only for Kafka commands
@@ -104,6 +105,7 @@ def replay(
     from ledger.registry import read_registry
 
     with kafka_errors(), progress("replay", "records") as report:
+        tally = QuarantineTally(then=commits_counted(report))
         registry = read_registry(registry_from) if registry_from is not None else []
         stats = kafka_replay.replay(
             bootstrap,
@@ -113,7 +115,7 @@ def replay(
             connect_timeout_s=connect_timeout,
             ledger_id=ledger_id,
             registry=registry,
-            on_commit=commits_counted(report),
+            on_commit=tally,
         )
     rate = stats.metric_values / stats.seconds if stats.seconds else 0.0
     console.print(
@@ -123,6 +125,7 @@ def replay(
         f"{stats.quarantined} quarantined, in {stats.seconds:.1f} s; ledger id {stats.ledger_id}"
         + (f"; {plural(stats.registry_events, 'registry event')} kept" if registry_from is not None else "")
     )
+    say_quarantined(tally, to)
 
 
 def drain_spool(
@@ -185,3 +188,120 @@ def undelivered_exit(done: str, undelivered: Undelivered) -> typer.Exit:
     from ingest.kafka_sink import UNDELIVERED_EXIT_CODE
 
     return fail(f"{done}; {undelivered.line()}", UNDELIVERED_EXIT_CODE)
+
+
+GroupLagOption = Annotated[
+    str | None,
+    typer.Option("--group", help="Also show this consumer group's members, committed offsets and lag."),
+]
+
+
+def topic_create(
+    topic: Annotated[str, typer.Argument(help="The topic, e.g. runledger.events.")],
+    partitions: Annotated[
+        int,
+        typer.Option(
+            "--partitions",
+            min=1,
+            help="Partitions (a group's ingesters share the work by whole partitions: at most this many work).",
+        ),
+    ] = 12,
+    replication_factor: Annotated[
+        int,
+        typer.Option("--replication-factor", min=1, help="Copies of each partition (at most the brokers)."),
+    ] = 1,
+    config: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--config",
+            help="A topic setting KEY=VALUE, e.g. retention.ms=-1 (repeatable; used only when the topic is made).",
+            show_default=False,
+        ),
+    ] = None,
+    bootstrap: BootstrapOption = None,
+    connect_timeout: ConnectTimeoutOption = 15.0,
+) -> None:
+    """Create a topic with N partitions (a broker's auto-created topic has one: a second ingester of
+    the group would sit idle). A topic already there with N partitions is fine (exit 0); with
+    another count, one line and exit 1.
+
+    Example: ledger kafka topic create runledger.events --partitions 12 --bootstrap localhost:9092
+    """
+    from ingest.kafka_admin import TopicExistsError, admin_client, create_topic
+
+    configs = _topic_configs(config or [])
+    with kafka_errors(), admin_client(bootstrap, connect_timeout) as admin:
+        try:
+            made, count = create_topic(admin, topic, partitions, replication_factor, configs)
+        except TopicExistsError as exc:
+            raise fail(
+                f"{exc} (`ledger kafka topic add-partitions {topic} --partitions N` adds some)"
+            ) from None
+    said = "created" if made else "exists"
+    console.print(f"topic {topic} {said} with {plural(count, 'partition')}", highlight=False)
+
+
+def _topic_configs(pairs: list[str]) -> dict[str, str]:
+    """``--config KEY=VALUE`` options as a dict; a malformed one is a usage error (exit 2)."""
+    configs: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise fail(f"--config {pair!r}: give KEY=VALUE, e.g. retention.ms=-1", 2)
+        configs[key.strip()] = value.strip()
+    return configs
+
+
+def topic_add_partitions(
+    topic: Annotated[str, typer.Argument(help="The topic.")],
+    partitions: Annotated[int, typer.Option("--partitions", min=1, help="The partition count to reach.")],
+    bootstrap: BootstrapOption = None,
+    connect_timeout: ConnectTimeoutOption = 15.0,
+) -> None:
+    """Raise a topic's partition count (Kafka cannot lower it). A key's partition follows the count,
+    so a stream's events sent before and after the change may be read, and numbered, out of order
+    across it: pick the count up front (docs/kafka.md); this is for a group that needs more.
+
+    Example: ledger kafka topic add-partitions runledger.events --partitions 12
+    """
+    from ingest.kafka_admin import add_partitions, admin_client
+
+    with kafka_errors(), admin_client(bootstrap, connect_timeout) as admin:
+        try:
+            before, after = add_partitions(admin, topic, partitions)
+        except ValueError as exc:
+            raise fail(str(exc)) from None
+    change = "already has" if before == after else f"{before} ->"
+    console.print(f"topic {topic} {change} {plural(after, 'partition')}", highlight=False)
+    if before != after:  # the cost the docs warn of, said where it was paid
+        err_console.print(
+            "note: keys now map to other partitions: a stream's events sent across this change may "
+            "be ledgered out of order across it",
+            highlight=False,
+        )
+
+
+def topic_describe(
+    topic: Annotated[str, typer.Argument(help="The topic.")],
+    group: GroupLagOption = None,
+    bootstrap: BootstrapOption = None,
+    connect_timeout: ConnectTimeoutOption = 15.0,
+) -> None:
+    """A topic's partitions and their end offsets; with --group, the group's members, committed
+    offsets and lag (Kafka's committed offsets are the ingester's hint: the ledger holds the truth).
+
+    Example: ledger kafka topic describe runledger.events --group runledger-ingest
+    """
+    from ingest.kafka_admin import admin_client, describe_topic
+
+    with kafka_errors(), admin_client(bootstrap, connect_timeout) as admin:
+        info = describe_topic(admin, topic, group)
+    head = f"topic {info.name}: {plural(len(info.partitions), 'partition')}, replication {info.replication_factor}"
+    if info.group is not None:
+        head += f"; group {info.group}: {plural(info.group_members or 0, 'member')}"
+    console.print(head, highlight=False)
+    for p in info.partitions:
+        line = f"  partition {p.partition}: end {p.end_offset}"
+        if info.group is not None:
+            line += f", committed {'-' if p.committed is None else p.committed}, lag {'-' if p.lag is None else p.lag}"
+        console.print(line, highlight=False)

@@ -20,6 +20,7 @@ from cli.output import (
     LedgerOption,
     LimitOption,
     OutputOption,
+    Program,
     SnapshotOption,
     console,
     err_console,
@@ -89,7 +90,15 @@ def _reader(ledger: Path, snapshot: int | None = None, at_checkpoint: Path | Non
             text = at_checkpoint.read_text()
         except (OSError, UnicodeDecodeError) as exc:
             raise fail(f"--at-checkpoint {at_checkpoint}: {exc}") from None
-    reader = Reader(ledger, snapshot=snapshot, at_checkpoint=text, limits=limits)
+    # The program alone (no writer of this process holds the catalog) lists a SQLite catalog's files
+    # with Python's sqlite3: no DuckDB extension loaded for it (issue 41).
+    reader = Reader(
+        ledger,
+        snapshot=snapshot,
+        at_checkpoint=text,
+        limits=limits,
+        sqlite3_catalog=Program.is_whole_process,
+    )
     if reader.snapshot is not None and (snapshot is not None or at_checkpoint is not None):
         err_console.print(f"as of lake snapshot {reader.snapshot}", highlight=False)
     return reader

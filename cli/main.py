@@ -11,12 +11,14 @@ from __future__ import annotations
 from cli import startup  # noqa: F401
 
 # isort: split
+import importlib.util
 import logging
 import os
+import sys
+from types import ModuleType
 from typing import Annotated, Any, Protocol
 
 import typer
-import typer.rich_utils
 from typer.core import TyperArgument
 
 from cli import (
@@ -32,6 +34,7 @@ from cli import (
     publish_cmd,
     redact_cmd,
     report_cmd,
+    s3_cmd,
     schemas_cmd,
     serve_cmd,
     shell_cmd,
@@ -40,7 +43,7 @@ from cli import (
     train_cmd,
 )
 from cli.interrupts import InterruptibleGroup
-from cli.output import fail
+from cli.output import Program, fail
 from runledger import signals
 
 
@@ -75,7 +78,23 @@ def _usage_error(self: _ClickError) -> None:  # the parameter's name is typer's,
     fail(exc.format_message() + hint, exc.exit_code)
 
 
-typer.rich_utils.rich_format_error = _usage_error  # typer's _main looks it up at each error
+def _lazy_module(name: str) -> ModuleType:
+    """``name`` registered as imported, its code run at its first attribute read: what is set on it
+    before then stays set (``importlib.util.LazyLoader`` re-applies it after the run)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no module {name}")
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# typer's help and error printer (rich's Markdown, tracebacks: ~85 ms) is read only by help and errors;
+# lazily loaded, a command that runs never imports it, and our one-line error is still the one used.
+_rich_utils: Any = sys.modules.get("typer.rich_utils") or _lazy_module("typer.rich_utils")
+_rich_utils.rich_format_error = _usage_error  # typer's _main looks it up at each error
 
 
 class _App(typer.Typer):
@@ -85,6 +104,7 @@ class _App(typer.Typer):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         signals.install(starting=True)
+        Program.is_whole_process = True
         return super().__call__(*args, **kwargs)
 
 
@@ -106,6 +126,11 @@ ingest_app = typer.Typer(
 schemas_app = typer.Typer(help="The event catalogue.", no_args_is_help=True)
 serve_app = typer.Typer(help="Long-running receivers.", no_args_is_help=True)
 kafka_app = typer.Typer(help="Kafka bus utilities.", no_args_is_help=True)
+kafka_topic_app = typer.Typer(
+    help="Kafka topics: create with N partitions, describe, add partitions.", no_args_is_help=True
+)
+s3_app = typer.Typer(help="S3 buckets for lakes and published copies.", no_args_is_help=True)
+s3_bucket_app = typer.Typer(help="S3 buckets.", no_args_is_help=True)
 keys_app = typer.Typer(help="The Ed25519 key pair that signs log checkpoints.", no_args_is_help=True)
 producers_app = typer.Typer(
     help="Producer keys and what each may write (kept as events in the log).", no_args_is_help=True
@@ -186,6 +211,14 @@ serve_app.command("page")(page_cmd.serve_page)
 
 app.add_typer(kafka_app, name="kafka")
 kafka_app.command("drain-spool")(kafka_cmd.drain_spool)
+kafka_app.add_typer(kafka_topic_app, name="topic")
+kafka_topic_app.command("create")(kafka_cmd.topic_create)
+kafka_topic_app.command("describe")(kafka_cmd.topic_describe)
+kafka_topic_app.command("add-partitions")(kafka_cmd.topic_add_partitions)
+
+app.add_typer(s3_app, name="s3")
+s3_app.add_typer(s3_bucket_app, name="bucket")
+s3_bucket_app.command("create")(s3_cmd.bucket_create)
 
 app.add_typer(keys_app, name="keys")
 keys_app.command("init")(merkle_cmd.keys_init)

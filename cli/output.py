@@ -29,13 +29,10 @@ from datetime import date, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-import msgspec
 import typer
 from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
-
-from schemas.durable import write_durably
 
 DEFAULT_LEDGER = Path(".runledger/ledger")
 DEMO_LEDGER = Path(".runledger/demo/ledger")  # where `make demo` (`ledger demo`) leaves its ledger
@@ -58,6 +55,15 @@ FORMAT_BY_SUFFIX = {
     ".txt": Format.table,
 }
 TABLE_ROWS_DEFAULT = 40  # rows a terminal table shows unless --limit says otherwise (as duckdb's CLI)
+
+
+class Program:
+    """Whether this process is the ``ledger`` program itself (set by ``cli.main``'s app when called
+    as the program), not a test or a library calling the app: only the program is sure to hold no
+    other connection to a lake's catalog, so only it reads a SQLite catalog with Python's sqlite3."""
+
+    is_whole_process = False
+
 
 # The one way every command finds its ledger.
 LedgerOption = Annotated[
@@ -136,10 +142,13 @@ def user_errors(ledger: Path | None = None) -> Iterator[None]:
 
     Given the command's ``ledger``, a missing ledger's line points at the ledger that does exist.
     """
-    from ledger.store import LedgerError  # here, not at the top: pyarrow is slow to import
+    from ledger.duck import ExtensionMissing  # here, not at the top: pyarrow is slow to import
+    from ledger.store import LedgerError
 
     try:
         yield
+    except ExtensionMissing as exc:  # a wheel the command's extra brings (its line names the extra)
+        raise fail(str(exc)) from None
     except LedgerError as exc:
         if disk_full(exc) is not None:  # (a lake's error in one line, a full disk behind it)
             raise disk_full_error(exc, _disk_candidates(ledger)) from None
@@ -291,6 +300,8 @@ def _write_parquet(columns: Sequence[str], rows: Sequence[Sequence[Any]], output
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from schemas.durable import write_durably
+
     try:
         table = pa.table({c: [r[i] for r in rows] for i, c in enumerate(columns)})
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
@@ -422,6 +433,8 @@ def _fit(natural: list[int], width: int) -> tuple[list[int], list[int]]:
 
 def print_json(value: Any, output: Path | None = None) -> None:
     """The one way a command prints a JSON document (stats, a state, a proof): indented, to stdout or --output."""
+    import msgspec
+
     if output is not None:
         resolve_format(Format.json, output)
     _write_text(
@@ -434,6 +447,9 @@ def _write_text(text: str, output: Path | None) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
+        # Imported here: `schemas` brings NumPy, which a command that prints to stdout never needs.
+        from schemas.durable import write_durably
+
         write_durably(output, text)
 
 

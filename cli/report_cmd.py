@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from cli.extras import command_needs
 from cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, user_errors
 
 FromStep = Annotated[
@@ -76,7 +77,8 @@ def plot(
     ledger: LedgerOption = DEFAULT_LEDGER,
 ) -> None:
     """Draw metrics against step as an image, with the same event markers as the report."""
-    from ledger.report import write_plot
+    with command_needs("ledger plot", "operator"):
+        from ledger.report import write_plot
 
     if output.suffix.lower() not in (".png", ".svg"):
         raise fail(f"--output {output}: give a .png or .svg file", 2)

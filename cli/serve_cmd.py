@@ -12,8 +12,6 @@ from typing import Annotated
 import typer
 
 from cli.output import SpoolOption, fail
-from ingest.bus import default_spool_dir
-from ingest.spool import SpoolLockedError
 
 
 def serve_webhooks(
@@ -73,7 +71,9 @@ def serve_webhooks(
 
     Example: ledger serve webhooks --secret-file webhook.secret --port 8787
     """
+    from ingest.bus import default_spool_dir
     from ingest.github_webhook import default_delivery_db, read_secret, receiver_sealer, serve
+    from ingest.spool import SpoolLockedError
 
     try:
         read_secret(secret_file)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from cli.extras import command_needs
 from cli.output import Format, VerboseOption, console, fail, print_rows, third_party_warnings
 
 if TYPE_CHECKING:
@@ -78,7 +79,9 @@ def token_drop(
 
     Example: ledger study token-drop --quick --workdir /tmp/study
     """
-    from runledger.workflows.study import StudyError, StudyOptions, run_study
+    # The trainer extra (torch, Megatron-Core, matplotlib for the figure): else one line naming it.
+    with command_needs("ledger study token-drop", "trainer"):
+        from runledger.workflows.study import StudyError, StudyOptions, run_study
 
     changes: dict[str, Any] = {
         "steps": steps,

@@ -25,6 +25,8 @@ from typing import Annotated, Any
 
 import typer
 
+from cli.extras import command_needs
+
 # Progress and the summary go to stderr; errors through `fail`, as in every command.
 from cli.output import VerboseOption, err_console, fail, third_party_warnings
 
@@ -89,11 +91,13 @@ def train(
 
     Example: ledger train config.toml --steps 200 --set moe.capacity_factor=1.25
     """
-    from cli.kafka_cmd import undelivered_of
-    from runledger.emitter import rank_spool
-    from trainer import loop
-    from trainer.config import ConfigError
-    from trainer.telemetry import StepReport, open_rank_sink
+    # The trainer extra (torch, Megatron-Core) before anything else: else one line naming it.
+    with command_needs("ledger train", "trainer"):
+        from cli.kafka_cmd import undelivered_of
+        from runledger.emitter import rank_spool
+        from trainer import loop
+        from trainer.config import ConfigError
+        from trainer.telemetry import StepReport, open_rank_sink
 
     if step is not None and not resume:
         raise fail("a checkpoint STEP needs --resume", 2)

@@ -145,6 +145,7 @@ class _Seeker(ConsumerRebalanceListener):
     def on_partitions_assigned(self, assigned: Any) -> None:
         self.ingester.seek_from_ledger(list(assigned))
         self.ingester.assigned_at = time.monotonic()
+        self.ingester.group_check_due = True  # checked after the callback: no admin call inside it
 
 
 @dataclass
@@ -177,8 +178,10 @@ class _GroupIngester(Ingester):
         stop_event: threading.Event,
         max_event_bytes: int = MAX_EVENT_BYTES,
         on_commit: Callable[[CommitResult], None] | None = None,
+        on_warning: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__(ledger, writer=name, max_event_bytes=max_event_bytes, on_commit=on_commit)
+        self.on_warning = on_warning or log.warning
         self.consumer = consumer
         self.settings = settings
         self.kwargs = kwargs
@@ -192,6 +195,8 @@ class _GroupIngester(Ingester):
         self.assigned_at = 0.0  # monotonic time of the latest assignment (the idle clock restarts)
         self.last_data = time.monotonic()
         self.lost_since: float | None = None  # since when the consumer has been out of its group
+        self.group_check_due = False  # a new assignment: compare the group's members with partitions
+        self._warned: set[str] = set()  # each idle-members warning is said once
 
     def subscribe(self) -> None:
         self.consumer.subscribe(self.settings.topics, listener=_Seeker(self))
@@ -224,6 +229,8 @@ class _GroupIngester(Ingester):
             return None
         polled = self.consumer.poll(timeout_ms=self.settings.poll_ms, max_records=self.settings.batch_max)
         self.stats.polls += 1
+        if self.group_check_due:
+            self._check_group_size()
         if not polled:
             if self._idle():
                 return None
@@ -232,6 +239,25 @@ class _GroupIngester(Ingester):
         self.last_data = time.monotonic()
         self.lost_since = None
         return self._records(polled)
+
+    def _check_group_size(self) -> None:
+        """After an assignment: a group with more members than its topics have partitions leaves some
+        members idle (Kafka gives a partition to one member only); say so once, with the fix. Only
+        advice: a broker that does not answer in time is logged, never stops the ingester."""
+        self.group_check_due = False
+        group = str(self.settings.config["group_id"])
+        try:
+            members = _group_members(self.kwargs, group, self.settings.session_timeout_s)
+        except (KafkaError, BrokerUnavailableError) as exc:
+            log.info("group size not checked: %s", exc)
+            return
+        counts = {
+            topic: len(self.consumer.partitions_for_topic(topic) or ()) for topic in self.settings.topics
+        }
+        warning = idle_members_warning(group, members, counts)
+        if warning is not None and warning not in self._warned:
+            self._warned.add(warning)
+            self.on_warning(warning)
 
     def _idle(self) -> bool:
         """Idle means: partitions in hand and nothing on them. Time spent joining the group, or since
@@ -388,6 +414,47 @@ def _letter(
     return value, key, headers
 
 
+def _group_members(kwargs: dict[str, Any], group: str, timeout_s: float) -> int:
+    """How many members consumer group ``group`` has now (one DescribeGroups; its coordinator is
+    known, since this consumer was just assigned through it)."""
+    timeout_ms = int(timeout_s * 1000)
+    try:
+        admin = KafkaAdminClient(
+            **kwargs,
+            bootstrap_timeout_ms=timeout_ms,
+            request_timeout_ms=timeout_ms,
+            client_id=f"runledger-group-check-{os.getpid()}",
+        )
+    except KafkaTimeoutError:
+        raise BrokerUnavailableError(
+            f"no Kafka broker answered at {describe(kwargs)} within {timeout_s:g} s"
+        ) from None
+    try:
+        described = admin.describe_groups([group]).get(group) or {}
+    finally:
+        with contextlib.suppress(Exception):
+            admin.close()
+    return len(described.get("members") or [])
+
+
+def idle_members_warning(group: str, members: int, topic_partitions: dict[str, int]) -> str | None:
+    """The line an ingester says when its group has more members than its topics have partitions
+    (the extra members get none and sit idle), or None. Kafka adds partitions to a topic only when
+    asked (``ledger kafka topic add-partitions``), never by itself."""
+    partitions = sum(topic_partitions.values())
+    if members <= partitions:
+        return None
+    names = sorted(topic_partitions)
+    topics = f"topic {names[0]} has" if len(names) == 1 else f"topics {', '.join(names)} have"
+    idle = members - partitions
+    return (
+        f"consumer group {group} has {members} members but {topics} {partitions} "
+        f"partition{'s' if partitions != 1 else ''}: {idle} {'sits' if idle == 1 else 'sit'} idle; "
+        f"`ledger kafka topic add-partitions {names[0]} --partitions {members}` "
+        f"(or kafka-topics --alter --partitions {members}) gives each one"
+    )
+
+
 def _ignore_commit_result(offsets: Any, response: Any) -> None:
     if isinstance(response, Exception):
         log.debug("offset hint not committed: %s", response)
@@ -524,6 +591,7 @@ def run_ingester(
     max_event_bytes: int = MAX_EVENT_BYTES,
     group_lost_s: float = 10.0,
     wait_for_topic_s: float = 0.0,
+    on_warning: Callable[[str], None] | None = None,
 ) -> IngestStats:
     """Consume ``topics`` in consumer group ``group`` into the ledger until ``stop_event`` is set
     (or nothing arrived for ``idle_timeout_s`` while partitions were assigned: joining the group and
@@ -539,6 +607,8 @@ def run_ingester(
     ``wait_for_topic_s``: how long a missing or unreadable topic may take to appear before
     ``TopicUnavailableError`` (0: it must be there now); a subscription to a missing topic would
     otherwise wait forever and ingest nothing.
+    ``on_warning``: told (once each) when the group has more members than the topics have
+    partitions, so some members sit idle (default: logged).
     """
     topics = list(topics or [events_topic()])
     check_topics(bootstrap, topics, wait_s=wait_for_topic_s, connect_timeout_s=connect_timeout_s)
@@ -577,6 +647,7 @@ def run_ingester(
         stop_event=stop_event or threading.Event(),
         max_event_bytes=max_event_bytes,
         on_commit=on_commit,
+        on_warning=on_warning,
     )
     ingester.subscribe()
     try:

@@ -118,7 +118,8 @@ def extension_file(name: str) -> Path:
         module = importlib.import_module(f"duckdb_extension_{name}")
     except ImportError as exc:
         raise ExtensionMissing(
-            f"DuckDB extension {name!r}: install the duckdb-extension-{name} wheel for duckdb {duckdb.__version__}"
+            f"DuckDB extension {name!r}: install the duckdb-extension-{name} wheel for duckdb "
+            f"{duckdb.__version__} (pip install 'runledger[{'ledger' if name == 'httpfs' else 'operator'}]')"
         ) from exc
     (folder,) = module.__path__
     path = Path(folder) / "extensions" / f"v{duckdb.__version__}" / f"{name}.duckdb_extension"

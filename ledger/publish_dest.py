@@ -342,3 +342,22 @@ def open_dest(dest: str | Path | Dest) -> Dest:
     if "://" in text:
         raise DestError(f"{text!r}: DEST is a folder or s3://bucket/prefix")
     return FolderDest(Path(text))
+
+
+def create_bucket(url: str, config: S3Config | None = None) -> bool:
+    """Make the bucket of ``s3://bucket[/prefix]`` on the server ``config`` names (default: the AWS_*
+    variables): True when made, False when it was there. ``publish`` and a lake on S3 never make
+    one (a typo would become a new bucket); this is the one deliberate way. Failures: ``DestError``."""
+    from pyarrow import fs
+
+    bucket, _ = parse_s3_url(url)
+    config = config or S3Config.from_env()
+    s3 = config.filesystem(allow_bucket_creation=True)
+    # Look first: a server answers CreateBucket on a bucket that is there in its own way.
+    try:
+        if s3.get_file_info(bucket).type != fs.FileType.NotFound:  # type: ignore[attr-defined]
+            return False
+        s3.create_dir(bucket)  # type: ignore[attr-defined]
+    except OSError as exc:
+        raise DestError(_s3_message(exc, f"s3://{bucket}", config)) from None
+    return True

@@ -17,15 +17,10 @@ the client library is loaded on first use of one of its names (module ``__getatt
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-try:
-    __version__ = version("runledger")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
-
 if TYPE_CHECKING:
+    __version__: str
     from runledger.client import NonFiniteError, Placement, Run, RunConfig, RunExistsError, init
 
 # name → the module that defines it, imported on first access
@@ -46,9 +41,21 @@ def __getattr__(name: str) -> Any:
 
     if name == "wandb":  # the W&B bridge, a submodule: ``runledger.wandb.tee()``
         return importlib.import_module("runledger.wandb")
+    if name == "__version__":  # importlib.metadata costs ~30 ms: only `--version` and the client ask
+        globals()[name] = _installed_version()
+        return globals()[name]
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'runledger' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # later lookups skip this function
     return value
+
+
+def _installed_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("runledger")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "0+unknown"

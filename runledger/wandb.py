@@ -51,8 +51,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import wandb
-from wandb.sdk import wandb_config, wandb_summary
+# The bridge uses the wandb the user's environment already has: runledger does not install it.
+try:
+    import wandb
+    from wandb.sdk import wandb_config, wandb_summary
+except ModuleNotFoundError as exc:
+    if (exc.name or "").split(".")[0] != "wandb":
+        raise
+    raise ModuleNotFoundError(
+        "runledger.wandb bridges a W&B run: install wandb (pip install wandb); runledger does not",
+        name="wandb",
+    ) from None
 
 from runledger import attempts as attempts_lib
 from runledger import client, host_values

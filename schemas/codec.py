@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import numpy as np
 
 from schemas.canonical import canonical_json_value
 from schemas.catalogue import CATALOGUE, TYPE_OF_STRUCT, EventType
@@ -306,6 +305,8 @@ def _running_max(marks: bytes) -> int:
     """The deepest point of a sequence of "{" and "}": the maximum of its running sum."""
     if not marks:
         return 0
+    import numpy as np  # here, not at the top: `import schemas` stays quick for the CLI and the client
+
     steps = 124 - np.frombuffer(marks, dtype=np.int8)  # "{" (123) -> +1, "}" (125) -> -1
     return max(0, int(np.cumsum(steps, dtype=np.int64).max()))
 

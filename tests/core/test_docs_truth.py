@@ -15,7 +15,7 @@ from cli.main import app
 from ledger.store import QUARANTINE_REASONS
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]  # guides, notes/ and reference/
 
 
 def _codes(text: str) -> list[str]:
@@ -51,7 +51,7 @@ def _command_lines() -> list[tuple[str, str]]:
         for line in [*spans, *(line for block in blocks for line in block.splitlines())]:
             match = _COMMAND.match(line.strip().removeprefix("$ "))
             if match:
-                found.append((path.name, match.group(1).split("#")[0]))
+                found.append((path.relative_to(REPO).as_posix(), match.group(1).split("#")[0]))
     return found
 
 

@@ -146,7 +146,8 @@ def test_missing_topic_is_one_line_or_waited_for(kafka_broker, tmp_path: Path) -
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == [
         f"error: topic {missing} does not exist on {kafka_broker.bootstrap} (PLAINTEXT); "
-        "--wait-for-topic SECONDS waits for it"
+        f"`ledger kafka topic create {missing} --partitions 12` makes it, "
+        "or --wait-for-topic SECONDS waits for it"
     ]
     assert not ledger.exists()  # nothing made for a topic that is not there
 
