@@ -33,7 +33,7 @@ PACKAGES: list[str] = sorted(
 )
 VERSION = PYPROJECT["project"]["version"]
 FOLDERS = [name for name in PACKAGES if name != "runledger"]
-APP = "cli.main:app"
+APP = "cli.entry:main"
 PIP = [sys.executable, "-m", "pip"]  # the dev venv's pip and setuptools: no network, no build isolation
 
 
