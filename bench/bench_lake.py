@@ -1,13 +1,13 @@
-"""Today's store beside LakeTables (issue 26), figures from one run.
+"""LakeTables under the ledger (issue 26), figures from one run.
 
-1. The same batches: a `ledger simulate` spool ingested by today's store (``--batch-size`` events per
-   commit), then each of its commits written again, with identical rows, as one LakeTables commit
-   (``ledger.lake_migrate``) on a SQLite catalog: events/s of the whole of today's ingest, of its
-   part-file writing alone (``Ledger._write_files``, timed), and of the lake commits alone.
+1. Ingest: a `ledger simulate` spool ingested into a ledger (a lake on its embedded SQLite catalog,
+   ``--batch-size`` events per commit): events/s of the whole ingest and of its lake commits alone
+   (``LakeTables.commit``, timed). (The part-file store it was first measured beside is gone, issue
+   39: those figures are in docs/ducklake.md.)
 2. Writers: LakeTables commits of synthetic batches (events + one metric each) by 1, 2 and 4 writer
    processes, one source each, on a PostgreSQL catalog (and 1 on a SQLite file).
-3. A `metrics`-style join (metrics ⋈ events) on the same rows: today's ``Reader.sql`` vs a lake reader
-   pinned at one snapshot.
+3. A `metrics`-style join (metrics ⋈ events) on the same rows: ``Reader.sql`` (its views over the
+   pinned snapshot's files) vs the lake's own connection (DuckLake's scans).
 
     .venv/bin/python -m bench.bench_lake [--steps 2000] [--batch-size 1000] [--batches 8] [--rows 2000]
 
@@ -29,10 +29,8 @@ from typing import Any
 from typer.testing import CliRunner
 
 from cli.main import app
-from ledger.lake import LakeTables
-from ledger.lake_migrate import migrate
+from ledger.lake import LakeFolder, LakeTables
 from ledger.query import Reader
-from ledger.store import Ledger
 from tests.lake.support import Postgres, commit_batches, spawn
 
 # Reader's ``metrics`` is a view (each key once, ledger.views); the stored rows are ``metrics_recorded``.
@@ -80,47 +78,37 @@ def _same_answers(a: list[tuple[Any, ...]], b: list[tuple[Any, ...]]) -> bool:
 
 
 def same_batches(work: Path, steps: int, batch_size: int) -> dict[str, float]:
-    spool, old = work / "spool", work / "ledger"
+    spool, ledger = work / "spool", work / "ledger"
     _cli("simulate", "reference-535b", "--spool", spool, "--steps", str(steps))
-    Ledger.create_part_files(old)  # today's store, the baseline (`ingest` on a new folder makes a lake)
-    writes: list[float] = []
-    merges: list[float] = []
-    undo = [_timed(Ledger, "_write_files", writes), _timed(Ledger, "_compact_tails", merges)]
+    commits: list[float] = []
+    undo = _timed(LakeTables, "commit", commits)  # (the ingest runs in this process)
     started = time.perf_counter()
     try:
-        _cli("ingest", "spool", "--spool", spool, "--ledger", old, "--batch-size", str(batch_size))
+        _cli("ingest", "spool", "--spool", spool, "--ledger", ledger, "--batch-size", str(batch_size))
     finally:
-        for step in undo:
-            step()
+        undo()
     ingest_s = time.perf_counter() - started
-    events = Reader(old).sql("SELECT count(*) FROM events").rows[0][0]
-    commits: list[float] = []
-    with LakeTables(f"sqlite:{work / 'lake' / 'c.sqlite'}", work / "lake" / "data") as lake:
-        undo_commit = _timed(lake, "commit", commits)
-        try:
-            done = migrate(old, lake)
-        finally:
-            undo_commit()
-        if done.mismatches:
-            raise RuntimeError(f"lake differs: {done.mismatches}")
-        with lake.reader() as con:
-            lake_join = JOIN.format(metrics="metrics")
-            lake_ms = _median_ms(lambda: con.execute(lake_join).fetchall())
-            lake_rows = con.execute(lake_join).fetchall()
-    reader = Reader(old)
-    old_join = JOIN.format(metrics="metrics_recorded")
-    old_ms = _median_ms(lambda: reader.sql(old_join))
-    if not _same_answers([tuple(r) for r in reader.sql(old_join).rows], [tuple(r) for r in lake_rows]):
+    reader = Reader(ledger)
+    events = reader.sql("SELECT count(*) FROM events").rows[0][0]
+    folder = LakeFolder.read(ledger)
+    assert folder is not None
+    # The join on the lake's own connection: DuckLake's scans, the catalog asked in each statement.
+    with LakeTables(folder.catalog, folder.data_path, create=False) as lake, lake.reader() as con:
+        lake_join = JOIN.format(metrics="metrics")
+        lake_ms = _median_ms(lambda: con.execute(lake_join).fetchall())
+        lake_rows = con.execute(lake_join).fetchall()
+    reader_join = JOIN.format(metrics="metrics_recorded")
+    reader_ms = _median_ms(lambda: reader.sql(reader_join))
+    if not _same_answers([tuple(r) for r in reader.sql(reader_join).rows], [tuple(r) for r in lake_rows]):
         raise RuntimeError("the join's answers differ")
+    reader.close()
     return {
         "events": events,
-        "commits": done.commits,
-        "today_ingest_events_per_s": round(events / ingest_s),
-        "today_part_files_events_per_s": round(events / sum(writes)),
-        "today_part_files_and_tail_merges_events_per_s": round(events / (sum(writes) + sum(merges))),
+        "commits": len(commits),
+        "ingest_events_per_s": round(events / ingest_s),
         "lake_commit_events_per_s": round(events / sum(commits)),
-        "join_today_reader_ms": old_ms,
-        "join_lake_pinned_ms": lake_ms,
+        "join_reader_pinned_ms": reader_ms,
+        "join_lake_connection_ms": lake_ms,
     }
 
 

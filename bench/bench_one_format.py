@@ -1,5 +1,6 @@
 """A new ledger on the one table format (DuckLake, embedded SQLite catalog: ``Ledger.create``) beside
-the old format (part files: ``Ledger.create_part_files``), the baseline, in one run (issue 39,
+the old format (part files: ``Ledger.create_part_files`` of commit 36b09ff, the last that had it,
+run from a copy of that commit's files: ``bench.base_tree``), the baseline, in one run (issue 39,
 "Measured").
 
 For each size (events of the reference workload: ``ledger simulate reference-535b``, the whole
@@ -35,18 +36,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.bench_lake_ledger import CLI, ENV, ROOT, _events, _run
+from bench.base_tree import BaseTree, unpack_base
+from bench.bench_lake_ledger import CLI, ENV, ROOT, _run
 from bench.measure import Measured, run_measured
-from ledger.store import Ledger
 from runledger.workflows.simulate import RUN_ID
 from schemas.note import write_keypair
 
 PART_FILES, LAKE = "part files", "lake (SQLite, embedded)"
+EVENTS_SQL = (
+    "SELECT count(*), count(DISTINCT (stream, stream_seq)), sum(hash(canonical)::HUGEINT) FROM events"
+)
 FORMATS = (PART_FILES, LAKE)
 EVENTS_PER_STEP = 2.97  # `ledger simulate reference-535b --steps 7000`: 20,793 events (crashes re-emit steps)
 DEFAULT_EVENTS = (20_000, 100_000)
 LARGE_EVENTS = 300_000
 LOG_KEY = "bench-log"
+BASE = BaseTree(ROOT / ".base36")  # replaced in ``main`` by the baseline's unpacked files
 
 
 @dataclass
@@ -68,21 +73,31 @@ def make_spool(work: Path, steps: int) -> Path:
     return spool
 
 
-def new_ledger(work: Path, fmt: str, steps: int) -> Path:
-    """A folder for a new ledger: the baseline made as part files beforehand (the CLI opens a ledger
-    that is there); the lake left for ``ledger ingest spool`` to make, as a new user's ingest does."""
+def new_ledger(work: Path, fmt: str, steps: int, base: BaseTree) -> Path:
+    """A folder for a new ledger: the baseline made as part files beforehand by the baseline's code
+    (its CLI opens a ledger that is there); the lake left for ``ledger ingest spool`` to make, as a
+    new user's ingest does."""
     folder = work / f"{'files' if fmt == PART_FILES else 'lake'}-{steps}"
     if fmt == PART_FILES:
-        Ledger.create_part_files(folder).close()
+        base.create_part_files(folder)
     return folder
 
 
-def measured(args: list[str | Path], what: str) -> Measured:
-    """A CLI subprocess timed by GNU time; a failure stops the bench with the command's output."""
-    m = run_measured([*CLI, *map(str, args)], env=ENV, cwd=ROOT)
+def measured(args: list[str | Path], what: str, fmt: str = LAKE) -> Measured:
+    """A CLI subprocess timed by GNU time, the part files' by the baseline's code (``BASE``); a
+    failure stops the bench with the command's output."""
+    if fmt == PART_FILES:
+        m = run_measured(BASE.python("-m", "cli.main", *args), env=BASE.env, cwd=BASE.folder)
+    else:
+        m = run_measured([*CLI, *map(str, args)], env=ENV, cwd=ROOT)
     if m.returncode != 0:
         raise RuntimeError(f"{what} exited {m.returncode}: {m.stdout.strip()[-2000:]}")
     return m
+
+
+def _events(ledger: Path, fmt: str) -> str:
+    """The events' count, distinct positions and a hash of every canonical event, as CSV."""
+    return measured(["query", EVENTS_SQL, "-f", "csv", "--ledger", ledger], "events", fmt).stdout
 
 
 # ----------------------------------------------------------------- the phases
@@ -93,9 +108,10 @@ def ingest(size: Size, spool: Path, ledgers: dict[str, Path], batch_size: int) -
         m = measured(
             ["ingest", "spool", "--spool", spool, "--ledger", ledger, "--batch-size", str(batch_size)],
             "ingest",
+            fmt,
         )
-        answers[fmt] = _events(ledger)
-        size.events = int(str(answers[fmt][0][0]))  # count(*): an int, typed object by the reader
+        answers[fmt] = _events(ledger, fmt)
+        size.events = int(answers[fmt].splitlines()[1].split(",")[0])  # (a header line, then the row)
         size.figures[fmt] |= {
             "ingest_s": m.seconds,
             "ingest_cpu_s": m.cpu_s,
@@ -118,7 +134,7 @@ def one_shot(size: Size, ledgers: dict[str, Path], repeat: int) -> None:
         runs: dict[str, list[Measured]] = {fmt: [] for fmt in ledgers}
         for _ in range(repeat):
             for fmt, ledger in ledgers.items():
-                runs[fmt].append(measured([*args, "--ledger", ledger], name))
+                runs[fmt].append(measured([*args, "--ledger", ledger], name, fmt))
         outputs = {fmt: done[-1].stdout for fmt, done in runs.items()}
         for fmt, done in runs.items():
             size.figures[fmt][name] = statistics.median(m.seconds for m in done)
@@ -139,7 +155,7 @@ def sign_publish_verify(size: Size, work: Path, ledgers: dict[str, Path]) -> Non
             "verify": ["verify", "--ledger", ledger, "--keys", keys],
         }
         for name, args in steps.items():
-            m = measured(args, name)
+            m = measured(args, name, fmt)
             size.figures[fmt] |= {
                 f"{name}_s": m.seconds,
                 f"{name}_cpu_s": m.cpu_s,
@@ -152,7 +168,7 @@ def run_size(work: Path, events: int, batch_size: int, repeat: int) -> Size:
     here = work / str(size.steps)
     here.mkdir()
     spool = make_spool(here, size.steps)
-    ledgers = {fmt: new_ledger(here, fmt, size.steps) for fmt in FORMATS}
+    ledgers = {fmt: new_ledger(here, fmt, size.steps, BASE) for fmt in FORMATS}
     ingest(size, spool, ledgers, batch_size)
     one_shot(size, ledgers, repeat)
     sign_publish_verify(size, here, ledgers)
@@ -216,7 +232,9 @@ def main() -> None:
     # Every ledger in a folder of its own, removed at the end whatever happens.
     work = Path(tempfile.mkdtemp(prefix="bench-one-format-"))
     sizes: list[Size] = []
+    global BASE
     try:
+        BASE = unpack_base(work / "base")  # the part-file format's code, run as subprocesses
         for events in sizes_asked:
             started = time.perf_counter()
             sizes.append(run_size(work, events, args.batch_size, args.repeat))

@@ -15,7 +15,8 @@ expert counts, a 60-key config changed twice), written the way a user writes it:
 End to end is ``init`` → the last event queryable in the ledger. Stores: a new ledger as
 ``ledger ingest spool`` makes one today (``Ledger.create``: a lake with its SQLite catalog in the
 folder, made in the timed span; the default), part files (``Ledger.create_part_files``, the format
-before DuckLake, made in the span), and with ``--lake`` a lake on a catalog named by hand made in the
+before DuckLake, made in the span: run by this bench as commit 36b09ff had it, the last with that
+format, in a subprocess on a copy of that commit's files, ``bench.base_tree``), and with ``--lake`` a lake on a catalog named by hand made in the
 span (``Ledger.create_on_lake``) and before it, as ``ledger init --catalog`` makes one once for every
 run. The baseline is ``bench_ledger.pyarrow_ceiling`` over the same values (no envelope, validation,
 hashing, durability), timed in the same process right after. Each size is run ``--repeat`` times;
@@ -35,8 +36,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -48,6 +52,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from bench.base_tree import unpack_base
 from bench.bench_ledger import EXPERTS, LAYERS, TOP_K, Workload, _config, make_workload, pyarrow_ceiling
 from ledger.projectors import STEP_SCALARS
 
@@ -193,9 +198,8 @@ def run_peer(
     if store == LAKE:
         with Ledger.create_on_lake(ledger_dir, catalog) as ledger:
             stats = ingest_spool(ledger, spool, batch_size=batch_size)
-    elif store == PART_FILES:  # the baseline: the format before DuckLake
-        with Ledger.create_part_files(ledger_dir) as ledger:
-            stats = ingest_spool(ledger, spool, batch_size=batch_size)
+    elif store == PART_FILES:  # (this tree has no part files: ``measure_part_files`` runs the old one)
+        raise ValueError("part files are measured by the baseline's own bench: measure_part_files")
     else:  # what `ledger ingest spool` runs (a new folder: the embedded lake; else the one there)
         with Ledger.create(ledger_dir) as ledger:
             stats = ingest_spool(ledger, spool, batch_size=batch_size)
@@ -320,6 +324,34 @@ def measure(
     }
 
 
+BASELINE_TIMEOUT_S = 3600
+
+
+def measure_part_files(work: Path, n_steps: int, repeat: int, *, max_load: bool) -> dict[str, Any]:
+    """The part-file store's figures, measured by this bench as commit 36b09ff had it (the last with
+    that format), in a subprocess on that commit's files: the same workload, client and pyarrow
+    baseline, the format's own code."""
+    folder = work / "base36"  # (unpacked once per bench run)
+    if not (folder / "bench" / "bench_peer.py").exists():
+        unpack_base(folder)
+    args = ["--stores", "files", "--steps", str(n_steps), "--repeat", str(repeat)]
+    args += ["--max-load", "on" if max_load else "off", "--json"]
+    env = {**os.environ, "PYTHONPATH": str(folder)}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_peer", *args],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=BASELINE_TIMEOUT_S,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the baseline's bench_peer failed: {done.stderr.strip()[-2000:]}")
+    (figures,) = json.loads(done.stdout.strip().splitlines()[-1])
+    return dict(figures)
+
+
 def print_table(results: list[dict[str, Any]]) -> None:
     print(
         f"{'store':>17} {'max_load':>8} {'steps':>6} {'values':>10} {'events':>7} {'log→durable s':>14} {'ingest s':>9} "
@@ -383,7 +415,9 @@ def main() -> None:
             [LAKE, LAKE_MADE_BEFORE] if args.lake else []
         )
         results = [
-            measure(work, n, args.repeat, store=store, max_load=with_loads)
+            measure_part_files(work, n, args.repeat, max_load=with_loads)
+            if store == PART_FILES
+            else measure(work, n, args.repeat, store=store, max_load=with_loads)
             for n in args.steps
             for with_loads in loads
             for store in stores

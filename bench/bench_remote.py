@@ -185,7 +185,6 @@ def _s3_legs(root: Path, site: Path, skey: str, vkey: str, work: Path) -> dict[s
 
 def bench(events: int, work: Path) -> dict[str, float]:
     ledger = Ledger.create(work / "ledger", ledger_id="bench")
-    ledger.auto_compact = False
     skey, vkey = generate_keypair("bench-log")
     _grow(ledger, 0, events)
     started = time.perf_counter()

@@ -522,13 +522,7 @@ def compact(ledger: LedgerOption = DEFAULT_LEDGER) -> None:
 
     with user_errors(ledger), Ledger.open(ledger) as opened:
         result = opened.compact()
-    # One line in the lake's terms (a ledger of part files, until migrated: its partitions).
-    if "merged_partitions" in result:
-        console.print(
-            f"merged {plural(result['merged_partitions'], 'partition')}, "
-            f"removed {plural(result['removed_files'], 'file')}"
-        )
-        return
+    # One line in the lake's terms: DuckLake's merge, cleanup and snapshot expiry.
     removed = result["files_deleted"] + result["orphans_deleted"]
     console.print(
         f"merged {plural(result['files_merged'], 'file')} into {result['files_written']}, "

@@ -16,7 +16,10 @@ stay in ``ledger.store``):
   copies of one ingester conflict in the engine and the loser gets ``stale`` (nothing of it lands);
   writers of different sources touch different fence tables and never conflict. (DuckLake conflicts
   at table level when one transaction inserts into a table another deleted from, so one shared
-  positions table updated in place would serialise every writer.)
+  positions table updated in place would serialise every writer.) On a SQLite catalog, where
+  writers' transactions take turns (``CommitTurns``) and cannot race, a fence moves by adding a row
+  (its position: its largest) and the writer's own small tables keep their rows in the catalog
+  (``WRITER_INLINED_ROWS``): a commit writes a data file only for the ledger's tables and its record.
 * ``reader(snapshot)``: a DuckDB connection where every table is one snapshot.
 * ``maintain()``: DuckLake's own merge / expire / clean-up.
 """
@@ -89,6 +92,13 @@ _PSEUDO_SOURCES = "ledger/%"  # fences of the ledger's own, not sources: read_po
 LOCKED_RETRIES = 60
 LOCKED_BACKOFF_S = (0.01, 0.5)  # first and largest sleep; doubled each try, with jitter
 CONFLICT_RETRIES = 20
+# The writer's own small tables (positions, state, each source's fence) keep their rows in the
+# catalog (DuckLake's data inlining, set per table): a commit then writes no Parquet file for them and
+# a fence's move deletes a catalog row, not a file (each such file cost the commit ~25 ms in its
+# COMMIT and the fence's DELETE read it back: ~20 ms). Set on a table once it is committed (DuckLake
+# refuses the option on a table of the same transaction): its first rows are a file, the rest inline.
+# ledger_commits is not (a row holds a whole commit record); nor is any ledger table (read as files).
+WRITER_INLINED_ROWS = 10_000
 INIT_RACE_RETRIES = 10  # attaching a new catalog that another writer is initializing (``_lost_init_race``)
 # Rows per Parquet row group, the ledger's files and the lake's merges alike ("": every other table).
 # ledger_commits: a row holds a whole commit record (~700 B an event: 3.5 MB for 5,000 events); its
@@ -950,6 +960,9 @@ class LakeTables:
         self.maintenance = MaintenanceLock(self.catalog)
         self.turns = CommitTurns(self.catalog)
         self._fences: set[str] = set()  # sources whose fence table is known to exist
+        self._inlined: set[str] = set()  # writer tables known to keep their rows in the catalog
+        # (snapshot, source -> next position): the fences as this writer's last commit left them
+        self._fences_at: tuple[int, dict[str, int]] | None = None
         self._folders: dict[str, Path] = {}  # table -> its data folder (``_table_folder``)
         self.name_new = name_new  # the ledger id a new lake is named in its creating transaction
         # (ledger commit n, snapshot s): no commit record above n existed at s (``records_after``)
@@ -1320,6 +1333,7 @@ class LakeTables:
     ) -> int | None:
         con = self.con
         rows = 0
+        inlined = self._inline_writer_tables(positions)
         for sql, params in edits:
             con.execute(sql, list(params))
         for name, table in sorted(tables.items()):
@@ -1328,7 +1342,7 @@ class LakeTables:
             rows += table.num_rows
         for name, path in written:
             con.execute(f"CALL ducklake_add_data_files('{ALIAS}', ?, ?)", [name, str(path)])
-        self._fence(positions)
+        fenced = self._fence(positions)
         if rows == 0 and not positions and not state:
             con.execute("ROLLBACK")
             return None
@@ -1353,8 +1367,43 @@ class LakeTables:
         )
         con.execute(f"CALL {ALIAS}.set_commit_message(?, ?)", [writer, commit_id])
         con.execute("COMMIT")
+        self._inlined |= inlined
         (snapshot,) = con.execute(f"FROM ducklake_last_committed_snapshot('{ALIAS}')").fetchone() or (None,)
-        return int(snapshot) if snapshot is not None else None
+        if snapshot is None:
+            return None
+        self._fences_at = (int(snapshot), fenced)
+        return int(snapshot)
+
+    def _inline_writer_tables(self, positions: Mapping[str, tuple[int, int]]) -> set[str]:
+        """Inside the transaction: the inlining option set on each committed writer table this commit
+        writes that lacks it (``WRITER_INLINED_ROWS``); the tables it holds after COMMIT. One catalog
+        read while a table may lack it, none once every one is known to have it."""
+        if self.catalog.kind != "sqlite":  # (deletes of inlined rows are not raced on PostgreSQL here)
+            return set()
+        wanted = {POSITIONS, STATE} | {fence_table(s) for s in positions}
+        if wanted <= self._inlined:
+            return set()
+        meta = f"__ducklake_metadata_{ALIAS}"
+        named = ", ".join(_literal(t) for t in sorted(wanted - self._inlined))
+        # Live catalog rows: a table of this same transaction (a new lake's) is not there yet.
+        rows = self.con.execute(
+            f"SELECT t.table_name, EXISTS (SELECT 1 FROM {meta}.ducklake_metadata m WHERE m.scope = 'table' "
+            "AND m.scope_id = t.table_id AND m.key = 'data_inlining_row_limit') "
+            f"FROM {meta}.ducklake_table t WHERE t.end_snapshot IS NULL AND t.table_name IN ({named})"
+        ).fetchall()
+        self._inlined |= {str(table) for table, has in rows if has}
+        setting = sorted(str(table) for table, has in rows if not has)
+        for table in setting:
+            try:
+                self.con.execute(
+                    f"CALL {ALIAS}.set_option('data_inlining_row_limit', {WRITER_INLINED_ROWS}, "
+                    f"table_name => {_literal(table)})"
+                )
+            except duckdb.CatalogException:  # made by another writer after this transaction began
+                raise duckdb.TransactionException(
+                    f"conflict: {ALIAS}.{table} is newer than this transaction"
+                ) from None
+        return set(setting)
 
     def _write_files(self, tables: Mapping[str, pa.Table]) -> list[tuple[str, Path]]:
         """Each table's rows as one Parquet file per partition value, written by the ledger (pyarrow,
@@ -1409,9 +1458,12 @@ class LakeTables:
         finally:
             self.con.unregister(view)
 
-    def _fence(self, positions: Mapping[str, tuple[int, int]]) -> None:
+    def _fence(self, positions: Mapping[str, tuple[int, int]]) -> dict[str, int]:
         """Inside the transaction: check each source's stored next position and move it. A racing
-        copy that moves the same fence conflicts at COMMIT (both delete its one row)."""
+        copy that moves the same fence conflicts at COMMIT (both delete its one row). Each fence's
+        position after this commit (every one this writer knows of) is returned."""
+        if self.catalog.kind == "sqlite":
+            return self._fence_in_turn(positions)
         stale: dict[str, int] = {}
         for source, (expected, new) in sorted(positions.items()):
             table = f"{ALIAS}.{fence_table(source)}"
@@ -1438,6 +1490,46 @@ class LakeTables:
             self.con.execute(f"INSERT INTO {table} VALUES (?, ?)", [source, new])
         if stale:
             raise _Stale(stale)
+        return {s: new for s, (_, new) in positions.items()}
+
+    def _fence_in_turn(self, positions: Mapping[str, tuple[int, int]]) -> dict[str, int]:
+        """``_fence`` on a SQLite catalog, where every writer's transaction holds the commit turn
+        (``CommitTurns``) from BEGIN to COMMIT, so no two overlap and none can race: a fence is
+        checked and then moved by adding a row (its position is its rows' largest, as ``_fenced``
+        and every reader take it; a writer of an earlier version, deleting the row that holds the
+        expected position, still finds exactly one). Its stored position is read only when the
+        lake moved since this writer's last commit (another writer's snapshot, or maintenance):
+        otherwise it is the one this writer left (reading a fence scans the catalog: ~15 ms CPU)."""
+        known = self._unmoved_fences()
+        stale: dict[str, int] = {}
+        for source, (expected, _new) in sorted(positions.items()):
+            if source in known:
+                stored = known[source]
+            elif self._fence_exists(source):
+                stored = self._fenced(source)
+            else:
+                stored = 0
+            if stored != expected:
+                stale[source] = stored
+        if stale:
+            raise _Stale(stale)
+        for source, (expected, new) in sorted(positions.items()):
+            table = f"{ALIAS}.{fence_table(source)}"
+            if expected == 0 and not self._fence_exists(source):
+                self.con.execute(f"CREATE TABLE {table} (source VARCHAR, next_position BIGINT)")
+            self.con.execute(f"INSERT INTO {table} VALUES (?, ?)", [source, new])
+        return known | {s: new for s, (_, new) in positions.items()}
+
+    def _unmoved_fences(self) -> dict[str, int]:
+        """The fences as this writer's last commit left them, if no snapshot came after it (read
+        live, in the commit turn: nothing can come after it until COMMIT); else none known."""
+        if self._fences_at is None:
+            return {}
+        at, fences = self._fences_at
+        row = self.con.execute(
+            f"SELECT max(snapshot_id) FROM __ducklake_metadata_{ALIAS}.ducklake_snapshot"
+        ).fetchone()
+        return dict(fences) if row is not None and row[0] == at else {}
 
     def _fence_exists(self, source: str) -> bool:
         """Whether the source's fence table exists (once made, it stays: remembered)."""
@@ -1714,6 +1806,10 @@ class LakeTables:
         meta = f"__ducklake_metadata_{ALIAS}"
         done = {"files_erased": 0, "snapshots_expired": 0, "files_recorded": 0}
         with contextlib.closing(self.con.cursor()) as cur:
+            # A lake where no data file ever ended or took deletions has nothing to erase: one cheap
+            # read of the catalog's own tables (the full search joins DuckLake's snapshots: ~40 ms).
+            if not self._retry(lambda: _any_file_ended_or_deleted(cur), con=cur):
+                return done
             held = self._retry(lambda: _files_with_deletions(cur), con=cur)
             ended = self._retry(lambda: _files_ended_by_a_commit(cur), con=cur)
             if not held and not ended:
@@ -1900,6 +1996,17 @@ def _files_with_deletions(con: duckdb.DuckDBPyConnection) -> list[tuple[str, int
         "WHERE d.end_snapshot IS NULL ORDER BY 1, 2"
     ).fetchall()
     return [(str(t), int(i)) for t, i in rows if t in TABLES or t in SIDE_TABLES]
+
+
+def _any_file_ended_or_deleted(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether any data file of the lake (any table's) ever left a snapshot or took a delete file:
+    a superset of what ``erase_deleted`` looks for, read from the catalog's own tables."""
+    meta = f"__ducklake_metadata_{ALIAS}"
+    row = con.execute(
+        f"SELECT EXISTS (SELECT 1 FROM {meta}.ducklake_data_file WHERE end_snapshot IS NOT NULL) "
+        f"OR EXISTS (SELECT 1 FROM {meta}.ducklake_delete_file)"
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def _restat_text_columns(con: duckdb.DuckDBPyConnection, tables: list[str]) -> None:

@@ -74,14 +74,13 @@ from ledger.sql_guard import (
     read_only_statement,
     run_limited,
 )
-from ledger.store import COMMITS, Ledger, LedgerError, StreamHead, settled_merges
+from ledger.store import COMMITS, Ledger, LedgerError, StreamHead
 from ledger.views import _empty_relation, connect, incident_range_facts, incident_ranges_query, lake_views_sql
 from schemas import Envelope, decode_event
 from schemas import catalogue as c
 from schemas.config_patch import ConfigPatchError, apply_config_patch
 
 _T = TypeVar("_T")
-_MERGE_RETRIES = 3  # a query that overlapped a compaction runs again, this many times at most
 SPILL_AREA = (
     ".spill"  # under a ledger's folder: its readers' spill folders (``ledger.sql_guard.SpillFolder``)
 )
@@ -126,8 +125,8 @@ class RecordHead:
 
 
 class Reader:
-    """Read-only access to one ledger: a folder of part files, or a folder whose tables are in a
-    DuckLake (``LAKE.json``, written by ``ledger migrate``), read at one snapshot (``snapshot``: that
+    """Read-only access to one ledger: a published copy's folder of part files (``ledger.remote``), or
+    a folder whose tables are in a DuckLake (``LAKE.json``), read at one snapshot (``snapshot``: that
     one, default the newest when the reader opens). Every statement runs under ``limits`` (default
     ``QueryLimits()``: 300 s, 2 GiB or a quarter of the memory, 10 GB of spill in ``<ledger>/.spill``)."""
 
@@ -138,10 +137,14 @@ class Reader:
         snapshot: int | None = None,
         at_checkpoint: str | None = None,
         limits: QueryLimits | None = None,
+        sqlite3_catalog: bool = False,
     ) -> None:
         self.root = Path(root)
+        # issue 41: read a SQLite catalog's file list with Python's sqlite3 (``_open_lake``): only in a
+        # process holding no other connection to the catalog (``ledger.lake_snapshot_files``).
+        self._sqlite3_catalog = sqlite3_catalog
         self.snapshot: int | None = None  # the lake snapshot every statement sees (a lake only)
-        self._ledger: Ledger | None = None  # a ledger of part files only
+        self._ledger: Ledger | None = None  # a published copy only
         self._lake: LakeFolder | None = None  # a lake only
         self._head: RecordHead | None = None  # read when first asked for (a lake: ~20 ms)
         self.limits = limits if limits is not None else QueryLimits()
@@ -152,13 +155,10 @@ class Reader:
         if lake is not None:
             self._open_lake(lake, snapshot, at_checkpoint)
             return
+        self._ledger = Ledger.open(root)  # a published copy (a ledger of the old format: refused)
         if snapshot is not None or at_checkpoint is not None:
             option = "--snapshot" if snapshot is not None else "--at-checkpoint"
-            raise QueryError(
-                f"{option}: {self.root} is a ledger of part files, which keeps no snapshots "
-                "(`ledger migrate` puts it on DuckLake)"
-            )
-        self._ledger = Ledger.open(root)
+            raise QueryError(f"{option}: {self.root} is a published copy, which keeps no snapshots")
         heads = self._ledger.stream_heads()  # (loads the newest record: ``last_commit`` is that one's)
         self._head = RecordHead(self._ledger.ledger_id, self._ledger.last_commit, heads)
         self._spill = spill_folder(self.root / SPILL_AREA)
@@ -171,9 +171,6 @@ class Reader:
             limits=self.limits,
             spill=self._spill.path,
         )
-        # Commits from this number on may be compactions a query overlaps (only the newest can be
-        # unfinished when the reader opens).
-        self._watch = self._ledger.last_commit
         # The fold's events are read from their own small table where the ledger keeps one.
         self._state_table = "state_events" in tables_of(self.root)
 
@@ -186,6 +183,46 @@ class Reader:
         DuckLake's extensions), closed before any statement runs: the statements' connection loads
         no catalog scanner and no DuckLake (their functions open files with their own I/O, past
         DuckDB's lock), only views over the listed Parquet files (and httpfs for S3)."""
+        # -- issue 41: with ``sqlite3_catalog``, a SQLite catalog's plain file list is read with
+        # Python's sqlite3 (``ledger.lake_snapshot_files``: no extension loaded); else DuckLake's.
+        listed = None
+        if self._sqlite3_catalog and at_checkpoint is None:
+            from ledger.lake_snapshot_files import sqlite_snapshot_files
+
+            listed = sqlite_snapshot_files(lake, snapshot)
+        if listed is not None:
+            self.snapshot = listed.snapshot
+            views = lake_views_sql(lake.tables, files=dict(listed.files), rows={}, stored_schema=True)
+        else:
+            views = self._ducklake_views(lake, snapshot, at_checkpoint)
+        # -- end issue 41
+        self._lake = lake
+        self._spill = spill_folder(self.root / SPILL_AREA)
+        self.con = _plain_connection(lake.data_path)
+        self.con.execute("SET TimeZone = 'UTC'")
+        self.con.execute("SET parquet_metadata_cache = true")  # (as over part files: names never reused)
+        try:  # (a listed file missing or not Parquet fails here: binding a view opens its files)
+            self.con.execute(views)
+        except duckdb.Error as exc:
+            self.con.close()
+            self._spill.remove()
+            raise QueryError(f"lake snapshot {self.snapshot}: {str(exc).strip().splitlines()[0]}") from None
+        # Only the data files.
+        if is_s3(lake.data_path):
+            self.con.execute(_s3_lock_sql(lake.data_path, self.limits, self._spill.path))
+        else:
+            lock_connection(
+                self.con,
+                [Path(lake.data_path)] if "://" not in lake.data_path else [],
+                limits=self.limits,
+                spill=self._spill.path,
+            )
+        self._state_table = "state_events" in lake.tables
+        self._maintenance = MaintenanceLock(Catalog.parse(lake.catalog))
+
+    def _ducklake_views(self, lake: LakeFolder, snapshot: int | None, at_checkpoint: str | None) -> str:
+        """The views at the pinned snapshot (``self.snapshot``), listed on a connection with the
+        catalog attached through DuckLake's extensions."""
         try:
             if at_checkpoint is not None:
                 if snapshot is not None:
@@ -209,30 +246,7 @@ class Reader:
             raise QueryError(f"lake catalog {lake.catalog}: {str(exc).strip().splitlines()[0]}") from None
         finally:
             pinned.close()
-        self._lake = lake
-        self._spill = spill_folder(self.root / SPILL_AREA)
-        self.con = _plain_connection(lake.data_path)
-        self.con.execute("SET TimeZone = 'UTC'")
-        self.con.execute("SET parquet_metadata_cache = true")  # (as over part files: names never reused)
-        try:  # (a listed file missing or not Parquet fails here: binding a view opens its files)
-            self.con.execute(views)
-        except duckdb.Error as exc:
-            self.con.close()
-            self._spill.remove()
-            raise QueryError(f"lake snapshot {self.snapshot}: {str(exc).strip().splitlines()[0]}") from None
-        # Only the data files.
-        if is_s3(lake.data_path):
-            self.con.execute(_s3_lock_sql(lake.data_path, self.limits, self._spill.path))
-        else:
-            lock_connection(
-                self.con,
-                [Path(lake.data_path)] if "://" not in lake.data_path else [],
-                limits=self.limits,
-                spill=self._spill.path,
-            )
-        self._watch = -1
-        self._state_table = "state_events" in lake.tables
-        self._maintenance = MaintenanceLock(Catalog.parse(lake.catalog))
+        return views
 
     def close(self) -> None:
         """Let go of the connection, and of its spill folder."""
@@ -286,9 +300,7 @@ class Reader:
     def _run(
         self, statement: str, params: Sequence[Any] | None, fetch: Callable[[str, Sequence[Any] | None], _T]
     ) -> _T:
-        """One read-only statement, answered by ``fetch(query, params)`` under the reader's limits;
-        run again if it overlapped a compaction (the rows of the files it merged are briefly missing
-        from a glob)."""
+        """One read-only statement, answered by ``fetch(query, params)`` under the reader's limits."""
         try:
             query = read_only_statement(self.con, statement)
         except RefusedStatement as exc:
@@ -316,22 +328,10 @@ class Reader:
                 raise QueryError(_duckdb_error(exc, self.limits)) from None
             except (OSError, LakeError) as exc:  # the lock beside the catalog (a folder moved away)
                 raise QueryError(f"the lake of {self.root}: {exc}") from None
-        watch, _ = settled_merges(self.root, self._watch)
-        for _ in range(_MERGE_RETRIES):
-            try:
-                answer = fetch(query, params)
-            except duckdb.Error as exc:
-                # A file a compaction removed after the glob listed it: settled below, then again.
-                error: duckdb.Error | None = exc
-            else:
-                error = None
-            self._watch, merged = settled_merges(self.root, watch)
-            if not merged:
-                break
-            watch = self._watch
-        if error is not None:
-            raise QueryError(_duckdb_error(error, self.limits)) from None
-        return answer
+        try:  # a published copy: its files change only when a fetch replaces them
+            return fetch(query, params)
+        except duckdb.Error as exc:
+            raise QueryError(_duckdb_error(exc, self.limits)) from None
 
     def runs(self) -> Result:
         return self.sql("SELECT * FROM runs ORDER BY started_at")

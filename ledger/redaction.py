@@ -5,53 +5,39 @@ Every event stays committed through digests that do not need its bytes: its per-
 a random per-event salt and its canonical bytes; ``sha256`` for events stored before salts). A
 redaction, as one commit under the writer lock:
 
-* rewrites every Parquet file that holds the event: its ``events`` row keeps the envelope columns
-  and gets a marker (``{"redacted": {...}}``) in place of its canonical bytes; its rows in the typed
-  tables and its salt are removed. New files replace old ones through the commit record's
-  ``files``/``removed`` lists, as a compaction does, so a kill before the commit record leaves only
-  tmp files (swept) and a kill after it is finished by the next writer (``Ledger._recover``);
+* changes the event's rows in the commit's lake transaction (``lake_edit``): its ``events`` row keeps
+  the envelope columns and gets a marker (``{"redacted": {...}}``) in place of its canonical bytes;
+  its rows in the typed tables and its salt are deleted; the deleted rows' bytes then leave the disk
+  (``LakeTables.erase_deleted``; a kill before that is finished by the next writer);
 * appends a ``ledger.redaction`` event (the event's ids, leaf hash, entry digest, reason and actor),
   signed with the log key, on the event's own stream: ``ledger verify`` accepts the marker only where
   such a record names the event and its leaf, and ``ledger state``/``history`` show it.
 
-A rewritten file keeps its place among its partition's files (``<name>-r<commit>.parquet`` sorts just
-before ``<name>.parquet``), so rows stay in commit order for compaction and verify.
+A ledger of the old format (part files) is refused as ``Ledger.open`` refuses it: ``ledger migrate``
+first.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import re
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
 from ledger.admission import INCIDENT_INGEST, is_own
 from ledger.compaction import conform
 from ledger.lake import ALIAS, LakeTables, lake_schema
 from ledger.merkle import leaf_hash
-from ledger.parquet_schemas import TABLES, tables_of
+from ledger.parquet_schemas import TABLES
 from ledger.projectors import FoldState, RowBuffer, rows_for_event
-from ledger.store import (
-    SALTS,
-    CommitResult,
-    LakeEdit,
-    Ledger,
-    LedgerError,
-    Rewrite,
-    SourceRecord,
-    _fsync_dirs,
-)
+from ledger.store import SALTS, CommitResult, LakeEdit, Ledger, LedgerError, SourceRecord
 from schemas import catalogue as c
 from schemas import payloads as p
 from schemas.codec import Event, decode_event, encode_event, make_event
@@ -59,7 +45,6 @@ from schemas.signing import Sealer
 
 REDACTED_PREFIX = '{"redacted":'  # a real event's canonical JSON never starts so (its keys are fixed)
 MAX_REASON_CHARS = 2000
-_REWRITTEN = re.compile(r"-r\d{10}$")
 
 
 def is_redacted(canonical: str | None) -> bool:
@@ -118,7 +103,7 @@ class RedactionResult:
     commit: int
     record_id: str
     target: Target
-    rewritten: int  # files replaced
+    rewritten: int  # data files rewritten without the deleted rows
     salted: bool
 
 
@@ -191,8 +176,9 @@ def redact(
     ledger = Ledger.open(root)
     made: dict[str, Any] = {}
 
-    def prepare(locked: Ledger) -> tuple[Sequence[SourceRecord], Rewrite | LakeEdit]:
-        stored = stored_rows(locked)
+    def prepare(locked: Ledger) -> tuple[Sequence[SourceRecord], LakeEdit]:
+        stored = locked.lake
+        assert stored is not None  # (``commit_rewrite`` refuses a published copy before it prepares)
         target = find_event(stored, event_id, source)  # under the lock: no redaction races it
         if is_redacted(target.canonical):
             raise LedgerError(
@@ -212,21 +198,12 @@ def redact(
         signed = json.loads(canonical)
         text = marker(record.id, reason, digest, salt is not None, signed)
         made.update(target=target, record=record.id, salted=salt is not None)
-        if isinstance(stored, LakeTables):
-            return [SourceRecord(INCIDENT_INGEST, record.seq, raw)], lake_edit(stored, target, text)
-
-        def rewrite(number: int) -> tuple[list[str], list[str]]:
-            added, removed = rewrite_files(locked.root, target, text, number)
-            made["rewritten"] = len(removed)
-            return added, removed
-
-        return [SourceRecord(INCIDENT_INGEST, record.seq, raw)], rewrite
+        return [SourceRecord(INCIDENT_INGEST, record.seq, raw)], lake_edit(stored, target, text)
 
     with ledger:  # (a DuckDB-file catalog is free for the next opener once it returns)
         result: CommitResult = ledger.commit_rewrite(prepare, writer="redact")
     assert result.commit is not None  # a refused record raised
-    rewritten = result.erased_files if ledger.lake is not None else made["rewritten"]
-    return RedactionResult(result.commit, made["record"], made["target"], rewritten, made["salted"])
+    return RedactionResult(result.commit, made["record"], made["target"], result.erased_files, made["salted"])
 
 
 def _record(
@@ -271,7 +248,7 @@ def _record(
     return envelope, encode_event(envelope)
 
 
-# ------------------------------------------------------------------------------------------ rewriting
+# ------------------------------------------------------------------------------------------ the lake edit
 
 # Events the fold of a run's config reads (ledger.projectors.FoldState): erasing one changes the
 # rows the attempt's later changes project (each ``configs`` row is a whole config, the erased
@@ -279,62 +256,6 @@ def _record(
 _FOLD_INPUTS = frozenset({c.RUN_STARTED, c.RUN_RESUMED, c.CONFIG_CHANGED})
 _FOLD_READS = (c.RUN_STARTED, c.RUN_RESUMED, c.CONFIG_CHANGED, c.CONFIG_REJECTED)
 FOLD_TABLES = ("configs", "config_changes")
-
-
-@dataclass
-class _Plan:
-    """What becomes of one table's rows: the target's row marked (``events``) or dropped, and in
-    the fold tables every row of its stream replaced by its projection without the target."""
-
-    target: Target
-    text: str | None  # the marker, for the events table
-    refold: dict[int, dict[str, Any]] | None = None  # stream_seq -> the row it projects now
-    seen: set[int] = field(default_factory=set)  # refolded seqs found in some file
-
-    def mask(self, rows: pa.Table) -> pa.ChunkedArray:
-        on_stream = pc.equal(rows["stream"], self.target.stream)
-        if self.refold is not None:
-            return on_stream
-        return pc.and_(on_stream, pc.equal(rows["stream_seq"], self.target.stream_seq))
-
-    def apply(self, rows: pa.Table, hit: pa.ChunkedArray) -> pa.Table:
-        if self.text is not None:
-            return _mark(rows, hit, self.text)
-        if self.refold is None:
-            return rows.filter(pc.invert(hit))
-        out = []
-        for row, hits in zip(rows.to_pylist(), hit.to_pylist(), strict=True):
-            if not hits:
-                out.append(row)
-                continue
-            self.seen.add(row["stream_seq"])
-            now = self.refold.get(row["stream_seq"])
-            if now is not None:
-                out.append({name: now.get(name) for name in rows.schema.names})
-        return pa.Table.from_pylist(out, schema=rows.schema)
-
-
-def rewrite_files(root: Path, target: Target, text: str, number: int) -> tuple[list[str], list[str]]:
-    """Every file holding rows of ``target`` written anew as ``*.tmp`` (its events row marked, its
-    other rows and its salt dropped, the fold tables projected again). Returns (new files, the
-    files they replace), relative."""
-    added: list[str] = []
-    removed: list[str] = []
-    refold = _refold(root, target) if target.type in _FOLD_INPUTS else None
-    names = [n for n in tables_of(root) if n != "quarantine"] + [SALTS.name]
-    for table in names:
-        plan = _Plan(target, text if table == "events" else None)
-        if refold is not None and table in FOLD_TABLES:
-            plan.refold = refold.get(table, {})
-        for path in sorted((root / table).glob("*/*.parquet")):
-            new = _new_name(path, number)
-            if _rewrite_file(path, new.with_name(new.name + ".tmp"), plan):
-                added.append(str(new.relative_to(root)))
-                removed.append(str(path.relative_to(root)))
-        if plan.refold:
-            added += _write_new_rows(root, table, plan, number)
-    _fsync_dirs(root, added)
-    return added, removed
 
 
 def _refold(stored: Stored, target: Target) -> dict[str, dict[int, dict[str, Any]]]:
@@ -397,82 +318,3 @@ def _lake_rows(lake: LakeTables, table: str, clause: str, params: list[Any]) -> 
     with lake.reader() as con:
         rows = con.execute(f"SELECT * FROM {table} WHERE {clause}", params).to_arrow_table()
     return conform(rows, lake_schema(table))
-
-
-def _write_new_rows(root: Path, table: str, plan: _Plan, number: int) -> list[str]:
-    """Rows the projection without the target has and no file held (a later patch that applies
-    now): a new file per partition, as ``*.tmp``."""
-    assert plan.refold is not None
-    spec = TABLES[table]
-    by_part: dict[str, list[dict[str, Any]]] = {}
-    for seq, row in sorted(plan.refold.items()):
-        if seq not in plan.seen:
-            by_part.setdefault(row["_part"] or "_", []).append(row)  # as the store names it
-    added = []
-    for i, (partition, rows) in enumerate(sorted(by_part.items())):
-        rel = f"{table}/{spec.partition}={partition}/part-{number:010d}-x{i:03d}.parquet"
-        tmp = root / (rel + ".tmp")
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.Table.from_pylist(rows, schema=spec.schema), tmp, compression="zstd")
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        added.append(rel)
-    return added
-
-
-def _new_name(path: Path, number: int) -> Path:
-    """``part-…-003.parquet`` → ``part-…-003-r<commit>.parquet``: sorts where the old file did."""
-    stem = _REWRITTEN.sub("", path.name.removesuffix(".parquet"))
-    return path.with_name(f"{stem}-r{number:010d}.parquet")
-
-
-def _may_hold(meta: pq.FileMetaData, group: int, names: list[str], plan: _Plan) -> bool:
-    """Whether row group ``group``'s statistics leave room for rows the plan touches."""
-    row_group = meta.row_group(group)
-    bounds: list[tuple[str, Any]] = [("stream", plan.target.stream)]
-    if plan.refold is None:
-        bounds.append(("stream_seq", plan.target.stream_seq))
-    for column, value in bounds:
-        stats = row_group.column(names.index(column)).statistics
-        if stats is not None and stats.has_min_max and not stats.min <= value <= stats.max:
-            return False
-    return True
-
-
-def _rewrite_file(path: Path, tmp: Path, plan: _Plan) -> bool:
-    """``path`` as the plan has it, into ``tmp``, a row group at a time. False (and no tmp file)
-    when the plan changes none of its rows."""
-    parquet = pq.ParquetFile(path)
-    names = parquet.schema_arrow.names
-    if "stream" not in names or "stream_seq" not in names:
-        return False
-    groups = [g for g in range(parquet.num_row_groups) if _may_hold(parquet.metadata, g, names, plan)]
-    if not any(_changes(parquet.read_row_group(g), plan) for g in groups):
-        return False
-    with pq.ParquetWriter(tmp, parquet.schema_arrow, compression="zstd") as writer:
-        for group in range(parquet.num_row_groups):
-            rows = parquet.read_row_group(group)
-            hit = plan.mask(rows)
-            if pc.any(hit).as_py():
-                rows = plan.apply(rows, hit)
-            writer.write_table(rows)
-    with open(tmp, "rb+") as handle:
-        os.fsync(handle.fileno())
-    return True
-
-
-def _changes(rows: pa.Table, plan: _Plan) -> bool:
-    """Whether the plan changes any of ``rows`` (a refold may leave a stream's rows as they are)."""
-    hit = plan.mask(rows)
-    if not pc.any(hit).as_py():
-        return False
-    if plan.refold is None:
-        return True
-    return not plan.apply(rows, hit).equals(rows)  # (and notes the seqs stored: ``_Plan.seen``)
-
-
-def _mark(rows: pa.Table, hit: pa.ChunkedArray, text: str) -> pa.Table:
-    """The events rows with the target's canonical bytes replaced by the redaction marker."""
-    index = rows.schema.get_field_index("canonical")
-    marked = pc.if_else(hit, pa.scalar(text, pa.string()), rows["canonical"])
-    return rows.set_column(index, rows.schema.field(index), marked)

@@ -1,22 +1,24 @@
-"""The ledger on disk: append-only hive-partitioned Parquet files and a log of commits.
+"""The ledger on disk: a folder whose tables are in a DuckLake, and a copy of its commit records.
 
 Layout (all paths relative to the ledger root)::
 
-    LEDGER.json                                  format marker
-    _commits/0000000042.json                     commit 42: files it added, positions, stream heads
-    <table>/<partition>=<value>/part-0000000042-003.parquet
+    LAKE.json                   the lake's catalog, data path and ledger id (``ledger.lake.LakeFolder``)
+    catalog.sqlite              the embedded catalog (one host; PostgreSQL for many hosts is elsewhere)
+    data/main/<table>/<partition>=<value>/*.parquet   the lake's data files
+    _commits/0000000042.json    commit 42's record: positions, stream heads, the lake snapshot it made
 
-A commit is atomic and exactly-once:
-  1. rows are written to ``*.parquet.tmp`` files (invisible to ``*.parquet`` globs), two at a time
-     (``ledger.file_writes``), and fsynced;
-  2. the commit record is written (tmp file + rename: the commit point). It holds the source
-     positions the commit covers and the cumulative state: the next position of every source and
-     each stream's size and Merkle state;
-  3. the tmp files are renamed to their final names.
-A writer killed before 2 leaves only tmp files, removed on the next open; killed after 2, the next
-writer finishes the renames (roll forward). Records at positions the ledger already covers are
-skipped, so ingesting the same source again is a no-op. Writers serialise on an flock, so several
-ingesters (say, a Kafka consumer group) can share one ledger.
+A commit is atomic and exactly-once: one lake transaction holds every table's rows, the source
+positions the commit covers, the stream heads it moves, its commit record and the commit-number
+fence (``LakeTables.commit``). A writer on another host that committed that number first makes it
+stale, and the commit is redone on its commits. The folder's copy of a record is written after the
+lake commit; a writer killed in between leaves it to the next opener (``_sync_records``). Records
+at positions the ledger already covers are skipped, so ingesting the same source again is a no-op.
+Writers in one folder also serialise on an flock, so several ingesters (say, a Kafka consumer
+group) can share one ledger.
+
+A folder of the old format (part files under ``LEDGER.json``, written before DuckLake) is never
+opened or written: ``ledger migrate`` turns it into a lake (``old_format_problem``). A folder whose
+``LEDGER.json`` is a published copy's (``ledger.remote.fetch_copy``) opens read-only, for reads.
 
 No record can stop a commit. ``decode_event`` turns any bytes into an event or a quarantined record;
 and an event the ledger still cannot store (its projector raises, or its rows do not fit their
@@ -35,11 +37,11 @@ import base64
 import contextlib
 import copy
 import fcntl
-import functools
 import json
 import logging
 import os
 import re
+import shlex
 import time
 import uuid
 from collections import ChainMap
@@ -51,13 +53,8 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
-from ledger import duck
 from ledger.admission import ADMISSION_REASONS, AdmissionRound, AdmissionState, admission_round
-from ledger.compaction import merge_parts, tail_to_merge
-from ledger.file_writes import write_all
 from ledger.lake import (
     COMMIT_FENCE,
     EMBEDDED_CATALOG,
@@ -97,11 +94,11 @@ from schemas.codec import (
     refused_event,
     stream_run_mismatch,
 )
-from schemas.durable import fsync_dir, write_durably
+from schemas.durable import write_durably
 
 log = logging.getLogger(__name__)
 
-FORMAT = {"format": "runledger-ledger", "version": 1}
+OLD_FORMAT = "runledger-ledger"  # LEDGER.json's "format" in a ledger of part files (``old_format_problem``)
 # Every code a quarantined record can carry (``Quarantined.code``): the decoder's, the store's own and
 # admission's. The one list the docs' dead-letter reasons are checked against (tests/core/test_docs_truth.py).
 QUARANTINE_REASONS = (
@@ -121,9 +118,6 @@ QUARANTINE_REASONS = (
     *ADMISSION_REASONS,
 )
 SALT_BYTES = 16
-# Writers whose commit records replace files (old ones removed before the new appear): a glob
-# reader that overlapped one runs its query again (``settled_merges``).
-REPLACING_WRITERS = ("compact", "redact")
 LEDGER_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # it is part of every checkpoint's origin line
 COMMITS = "_commits"
 MAINTAIN_EVERY_COMMITS = 50  # a ledger on DuckLake: the lake's merge/expire/clean-up this often
@@ -173,7 +167,7 @@ class CommitResult:
     skipped: int = 0  # at positions an earlier commit already covered
     quarantined: list[tuple[SourceRecord, Quarantined]] = field(default_factory=list)
     metric_values: int = 0
-    files: list[str] = field(default_factory=list)  # the part files it wrote, relative to the root
+    files: list[str] = field(default_factory=list)  # the lake data files it added, as its record names them
     erased_files: int = 0  # on DuckLake, data files rewritten without rows a LakeEdit deleted
 
 
@@ -231,16 +225,13 @@ class Ledger:
         # Commit records never change once written: the newest one, parsed, is kept (a commit of
         # 20,000 events has a ~2 MB record, and each commit would otherwise parse it three times).
         self._newest_record: dict[str, Any] | None = None
-        self._recovered_commit = -1  # the newest commit whose files are known to be in place
         self._usable_partitions: set[tuple[str, str]] = set()
         self.ledger_id = "ledger"
         # ledger.admission's state as of a commit (it loads and keeps it)
         self.admission_state: AdmissionState | None = None
-        # Merge each partition's newest small files after a commit (ledger.compaction): on for every
-        # writer; a test that needs one file per commit turns it off.
-        self.auto_compact = True
         # A ledger on DuckLake (LAKE.json): its tables, positions and commit records are the lake's;
-        # the folder keeps a copy of the records (``_sync_records``) and the dedupe index.
+        # the folder keeps a copy of the records (``_sync_records``) and the dedupe index. None: a
+        # published copy, opened for reads only.
         self.lake: LakeTables | None = None
         self.lake_folder: LakeFolder | None = None
         self.maintain_every = MAINTAIN_EVERY_COMMITS
@@ -248,40 +239,12 @@ class Ledger:
     # ----------------------------------------------------------------- opening
     @classmethod
     def create(cls, root: str | Path, ledger_id: str | None = None) -> Ledger:
-        """A new ledger at ``root`` (or the one already there). ``ledger_id``: the id of the log it
-        continues, e.g. when a replay rebuilds it: signed checkpoints name it in their origin
-        (``runledger/<ledger id>/<stream>``), so keeping it keeps them checkable. Default: a new id."""
+        """A new ledger at ``root`` (or the one already there): a lake with its catalog and data in
+        the folder. ``ledger_id``: the id of the log it continues, e.g. when a replay rebuilds it:
+        signed checkpoints name it in their origin (``runledger/<ledger id>/<stream>``), so keeping
+        it keeps them checkable. Default: a new id."""
         root = Path(root)
-        if ledger_id is not None and not LEDGER_ID.fullmatch(ledger_id):
-            raise LedgerError(f"ledger id {ledger_id!r} must be 1-64 of A-Z a-z 0-9 . _ -")
-        if not (root / "LEDGER.json").exists():  # a ledger is a lake: its catalog and data in the folder
-            return cls.create_on_lake(root, f"sqlite:{root / EMBEDDED_CATALOG}", ledger_id=ledger_id)
-        return cls._make_part_files(root, ledger_id)
-
-    @classmethod
-    def create_part_files(cls, root: str | Path, ledger_id: str | None = None) -> Ledger:
-        """A ledger of part files, the format before DuckLake: only for ``ledger migrate``'s tests and
-        the benchmarks' baseline (every command makes and reads lakes)."""
-        root = Path(root)
-        if (root / LAKE_MARKER).exists():
-            raise LedgerError(f"{root} is a ledger on DuckLake")
-        return cls._make_part_files(root, ledger_id)
-
-    @classmethod
-    def _make_part_files(cls, root: Path, ledger_id: str | None) -> Ledger:
-        root.mkdir(parents=True, exist_ok=True)
-        marker = root / "LEDGER.json"
-        if not marker.exists():
-            # Under the writers' lock: another creator's writes, and a writer's sweep of tmp files
-            # (which would take a creator's half-written ones), wait; the marker is made once.
-            with open(root / ".writer.lock", "a+b") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                if not marker.exists():
-                    _create_files(root, ledger_id)
-        ledger = cls.open(root)
-        if ledger_id is not None and ledger.ledger_id != ledger_id:
-            raise LedgerError(f"{root} is ledger {ledger.ledger_id}, not {ledger_id}")
-        return ledger
+        return cls.create_on_lake(root, f"sqlite:{root / EMBEDDED_CATALOG}", ledger_id=ledger_id)
 
     @classmethod
     def create_on_lake(
@@ -294,8 +257,8 @@ class Ledger:
         root = Path(root)
         if ledger_id is not None and not LEDGER_ID.fullmatch(ledger_id):
             raise LedgerError(f"ledger id {ledger_id!r} must be 1-64 of A-Z a-z 0-9 . _ -")
-        if (root / "LEDGER.json").exists():
-            raise LedgerError(f"{root} is a ledger of part files (`ledger migrate` puts it on DuckLake)")
+        if (root / "LEDGER.json").exists():  # never a lake made into an old ledger or a copy
+            raise LedgerError(_not_a_lake(root))
         opened: LakeTables | None = None
         if not (root / LAKE_MARKER).exists() and any((root / COMMITS).glob("*.json")):
             # Its catalog is named nowhere now: a new one would not hold these commits.
@@ -335,14 +298,19 @@ class Ledger:
 
     @classmethod
     def open(cls, root: str | Path) -> Ledger:
+        """The ledger at ``root``: a lake, or a published copy (read-only). A ledger of the old
+        format is refused in one line naming its ``ledger migrate`` command, and left as it is."""
         root = Path(root)
         marker = root / "LEDGER.json"
         if not marker.exists() and (root / LAKE_MARKER).exists():
             return cls._open_lake(root)
         if not marker.exists():
             raise LedgerError(f"no ledger at {root} (create one with `ledger ingest` or `ledger demo`)")
-        ledger = cls(root)
-        ledger.ledger_id = json.loads(marker.read_bytes()).get("id", "ledger")
+        meta = _folder_marker(root)
+        if meta.get("format") == OLD_FORMAT:
+            raise LedgerError(old_format_problem(root))
+        ledger = cls(root)  # a published copy: its tables' files, and no commit of its own
+        ledger.ledger_id = str(meta.get("id", "ledger"))
         ledger._load_head()
         return ledger
 
@@ -365,7 +333,6 @@ class Ledger:
         (root / COMMITS).mkdir(exist_ok=True)
         ledger = cls(root)
         ledger.lake, ledger.lake_folder, ledger.ledger_id = lake, folder, folder.ledger_id
-        ledger.auto_compact = False  # the lake compacts itself (``maintain``, every maintain_every commits)
         try:
             ledger.sync_lake_records()  # beside a writer in this folder: after its records
         except (LakeError, duckdb.Error) as exc:  # a damaged SQLite catalog loads, and fails here
@@ -451,7 +418,7 @@ class Ledger:
 
     def _catch_up(self, paths: list[Path]) -> None:
         """Fold in commits other writers made since we last folded. Only under the writer lock,
-        after ``_recover``: then every committed file has its final name."""
+        after ``_sync_records``: then the folder holds every record the lake committed."""
         self._load_head(paths)
         if self._last_commit > self._folded_commit:
             self._fold.configs.clear()  # another writer may have moved a run's config on
@@ -466,108 +433,55 @@ class Ledger:
 
     def _load_config(self, run_id: str, attempt: int) -> dict[str, Any] | None:
         """The latest config of an attempt already in the ledger (for a change that follows it)."""
-        if self.lake is not None:
-            with self.lake.reader() as con:
-                attempt_is = "(attempt = ? OR attempt IS NULL)" if attempt == 1 else "attempt = ?"
-                row = con.execute(
-                    f"SELECT config FROM configs WHERE run_id = ? AND {attempt_is} ORDER BY stream_seq DESC LIMIT 1",
-                    [run_id, attempt],
-                ).fetchone()
-            return json.loads(row[0]) if row else None
-        directory = self.root / "configs" / f"run_id={run_id}"
-        # Only committed files: never the *.parquet.tmp a dead writer left behind.
-        files = sorted(str(p) for p in directory.glob("*.parquet")) if directory.exists() else []
-        if not files:
-            return None
-        wanted = ds.field("attempt") == attempt
-        if attempt == 1:  # the fold files events without an attempt under attempt 1 (see FoldState)
-            wanted = wanted | ds.field("attempt").is_null()
-        table = ds.dataset(files, format="parquet").to_table(
-            columns=["attempt", "stream_seq", "config"], filter=wanted
-        )
-        if table.num_rows == 0:
-            return None
-        rows = table.sort_by("stream_seq").column("config").to_pylist()
-        return json.loads(rows[-1])
+        assert self.lake is not None  # (only a commit folds, and only a lake commits)
+        with self.lake.reader() as con:
+            # the fold files events without an attempt under attempt 1 (see FoldState)
+            attempt_is = "(attempt = ? OR attempt IS NULL)" if attempt == 1 else "attempt = ?"
+            row = con.execute(
+                f"SELECT config FROM configs WHERE run_id = ? AND {attempt_is} ORDER BY stream_seq DESC LIMIT 1",
+                [run_id, attempt],
+            ).fetchone()
+        return json.loads(row[0]) if row else None
 
     # ----------------------------------------------------------------- writing
     @contextlib.contextmanager
     def _writer_lock(self) -> Iterator[None]:
+        lake = self._writable_lake()
         with open(self.root / ".writer.lock", "a+b") as handle:
             _wait_for_writer(handle, self.root)
             try:
-                if self.lake is not None:
-                    self._sync_records()  # what other hosts committed meanwhile
-                    paths = self.commit_paths()
-                    if not self._swept:  # a redaction killed after its commit point: the bytes go now
-                        self._erase_deleted_once()
-                else:
-                    paths = self.commit_paths()  # recovery renames part files, never commit records
-                    self._recover(paths)
+                self._sync_records()  # what other hosts committed meanwhile
+                paths = self.commit_paths()
+                if not self._swept:  # a redaction killed after its commit point: the bytes go now
+                    self._erase_deleted_once(lake)
                 self._catch_up(paths)
                 yield
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
+    def _writable_lake(self) -> LakeTables:
+        """The lake a commit goes to; a published copy (no lake) is read-only: LedgerError."""
+        if self.lake is None:
+            raise LedgerError(f"{self.root} is a published copy of a ledger: it is read-only")
+        return self.lake
+
     @contextlib.contextmanager
     def events_reader(self) -> Iterator[Any]:
-        """A connection on which ``events`` is this ledger's events table: the lake's newest snapshot,
-        or a ledger of part files' files (``ledger.admission`` rebuilds its state from it)."""
-        if self.lake is not None:
-            with self.lake.reader() as con:
-                yield con
-            return
-        files = duck.connect()
-        try:
-            glob = (self.root / "events" / "*" / "*.parquet").as_posix().replace("'", "''")
-            files.execute(f"CREATE VIEW events AS SELECT * FROM read_parquet('{glob}', union_by_name = true)")
-            yield files
-        finally:
-            files.close()
+        """A connection on which ``events`` is this ledger's events table at the lake's newest
+        snapshot (``ledger.admission`` rebuilds its state from it)."""
+        with self._writable_lake().reader() as con:
+            yield con
 
-    def _erase_deleted_once(self) -> None:
+    def _erase_deleted_once(self, lake: LakeTables) -> None:
         """Take off the disk the bytes of rows a committed redaction deleted, once per writer (a
         redaction killed after its catalog commit left them; nothing to do costs two catalog reads).
         A busy maintenance lock is left for the next writer, never failing this commit."""
-        assert self.lake is not None
         try:
-            self.lake.erase_deleted()
+            lake.erase_deleted()
         except (duckdb.Error, LakeError) as exc:
             log.warning("erasing a redaction's deleted rows: %s (left for the next writer)", exc)
             return
         self._swept = True
-
-    def _recover(self, paths: list[Path]) -> None:
-        """Finish a commit whose writer died after its commit point; drop uncommitted tmp files.
-
-        Writers hold the lock for a whole commit, so only the latest commit can be unfinished.
-        """
-        listed: set[Path] = set()
-        if paths and int(paths[-1].stem) != self._recovered_commit:
-            record = self._newest(paths)
-            for rel in record.get("removed", []):  # a compaction: old files go before new appear
-                (self.root / rel).unlink(missing_ok=True)
-            for rel in record["files"]:
-                final = self.root / rel
-                tmp = final.with_name(final.name + ".tmp")
-                listed.add(tmp)
-                if not final.exists() and tmp.exists():
-                    os.replace(tmp, final)
-            self._recovered_commit = record["commit"]
-        if not self._swept:  # strays from writers that died before their commit point
-            for tmp in self._own_tmp_files():
-                if tmp not in listed:
-                    tmp.unlink(missing_ok=True)
-            self._swept = True
-
-    def _own_tmp_files(self) -> Iterator[Path]:
-        """Temporary files of the ledger's own writes: table files, commit records, the format marker.
-        Not those of ``views.sql`` or signed checkpoints, written beside a live ledger without the
-        writer lock (sweeping them could pull a file from under its writer's rename)."""
-        for table in [*TABLES, *SIDE_TABLES]:
-            yield from (self.root / table).rglob("*.tmp")
-        yield from (self.root / COMMITS).glob("*.tmp")
-        yield from self.root.glob(".LEDGER.json.*.tmp")
 
     def commit(
         self,
@@ -586,9 +500,7 @@ class Ledger:
             while True:
                 try:
                     result = self._commit_locked(records, writer, max_event_bytes, check)
-                    if result.commit is not None and self.auto_compact:
-                        self._compact_tails(result.files)
-                    if result.commit is not None and self.lake is not None:
+                    if result.commit is not None:
                         self._maintain_lake(result.commit)
                     return result
                 except _LakeMoved as moved:
@@ -608,7 +520,7 @@ class Ledger:
         writer: str,
         max_event_bytes: int,
         check: _Careful,
-        rewrite: Rewrite | LakeEdit | None = None,
+        edit: LakeEdit | None = None,
     ) -> CommitResult:
         number = self._last_commit + 1
         positions = dict(self._positions)
@@ -619,7 +531,7 @@ class Ledger:
         admission = admission_round(self, positions)  # producer identity and order: ledger.admission
         asked, known = _stored_leaves(self._index, records, max_event_bytes)
         work = _CommitWork(number, streams, admission, _Staging(self._fold), check, asked, known)
-        result, buf, appended = work.result, work.buf, work.appended
+        result, buf = work.result, work.buf
         try:
             for record in _with_incidents(records, admission):  # the records, and the incidents they cause
                 if record.position < positions.get(record.source, 0):
@@ -634,7 +546,7 @@ class Ledger:
                     decoded = refused
                 result.quarantined.append((record, decoded))
                 buf.add("quarantine", day, _quarantine_row(record, decoded, now, number))
-            if rewrite is not None and result.accepted != len(records):
+            if edit is not None and result.accepted != len(records):
                 reasons = "; ".join(q.reason for _, q in result.quarantined) or "not stored"
                 raise LedgerError(f"the {writer} record was refused: {reasons}")
             if not buf.columns and positions == self._positions:
@@ -646,41 +558,10 @@ class Ledger:
                     raise
                 raise _UnencodableBatch(f"{type(exc).__name__}: {exc}", _failing_groups(buf)) from exc
             tables += _salt_tables(work.salts, number)
-            if self.lake is not None:
-                if rewrite is not None and not isinstance(rewrite, LakeEdit):
-                    raise LedgerError(f"{self.root} is a ledger on DuckLake: {writer} needs a lake edit")
-                return self._commit_to_lake(records, writer, tables, positions, work, rewrite)
-            if isinstance(rewrite, LakeEdit):
-                raise LedgerError(f"{self.root} is a ledger of part files: {writer} needs a rewrite")
-            files = self._write_files(tables, number)
-            removed: list[str] = []
-            if rewrite is not None:  # files replaced in the same commit (``ledger redact``)
-                replacing, removed = rewrite(number)
-                files += replacing
-            record_json = self._record(number, now, writer, records, positions, files, work)
-            if removed:
-                record_json["removed"] = removed
-            record_text = json.dumps(record_json)
-            write_durably(self.root / COMMITS / f"{number:010d}.json", record_text)
-            self._newest_record = record_json
+            return self._commit_to_lake(records, writer, tables, positions, work, edit)
         except BaseException:
             self._fold.configs = fold_before
             raise
-        for rel in removed:  # as a compaction: old files go before the new ones appear
-            (self.root / rel).unlink(missing_ok=True)
-        for rel in files:
-            final = self.root / rel
-            os.replace(final.with_name(final.name + ".tmp"), final)
-        _fsync_dirs(self.root, files)
-        self._last_commit = self._folded_commit = self._recovered_commit = number
-        self._positions = positions
-        admission.keep(number)
-        self._streams = streams
-        self._index_commit(number, record_text, appended.items())
-        result.commit = number
-        result.files = files
-        result.metric_values = buf.rows("metrics")
-        return result
 
     def _commit_to_lake(
         self,
@@ -726,7 +607,7 @@ class Ledger:
         record_text = json.dumps(record_json)
         write_durably(self.root / COMMITS / f"{number:010d}.json", record_text)
         self._newest_record = record_json
-        self._last_commit = self._folded_commit = self._recovered_commit = number
+        self._last_commit = self._folded_commit = number
         self._positions = positions
         work.admission.keep(number)
         self._streams = streams
@@ -761,8 +642,9 @@ class Ledger:
         }
 
     def _maintain_lake(self, number: int) -> None:
-        """The lake's own compaction and clean-up every ``maintain_every`` commits (as the part-file
-        writer merges tails after each): a failure is logged, and the next turn tries again."""
+        """The lake's own compaction and clean-up every ``maintain_every`` commits, so that a ledger
+        ingesting for months keeps a few files per partition: a failure is logged, and the next turn
+        tries again."""
         assert self.lake is not None
         if self.maintain_every <= 0 or (number + 1) % self.maintain_every:
             return
@@ -870,40 +752,21 @@ class Ledger:
                 "dedupe index not updated for commit %d (%s); the next commit catches up", number, exc
             )
 
-    def _write_files(self, tables: list[tuple[str, str, pa.Table]], number: int) -> list[str]:
-        files: list[str] = []
-        writes: list[Callable[[], None]] = []
-        for i, (table, partition, data) in enumerate(sorted(tables, key=lambda x: (x[0], x[1]))):
-            rel = (
-                f"{table}/{table_spec(table).partition}={partition or '_'}/part-{number:010d}-{i:03d}.parquet"
-            )
-            final = self.root / rel
-            final.parent.mkdir(parents=True, exist_ok=True)
-            writes.append(functools.partial(_write_part, data, final.with_name(final.name + ".tmp")))
-            files.append(rel)
-        write_all(writes)
-        _fsync_dirs(self.root, files)  # the tmp files' entries too, before the commit point
-        return files
-
-    # ----------------------------------------------------------------- compaction
+    # ----------------------------------------------------------------- rewriting, maintenance
     def commit_rewrite(
-        self,
-        prepare: Callable[[Ledger], tuple[Sequence[SourceRecord], Rewrite | LakeEdit]],
-        *,
-        writer: str,
+        self, prepare: Callable[[Ledger], tuple[Sequence[SourceRecord], LakeEdit]], *, writer: str
     ) -> CommitResult:
-        """One commit, under the writer lock, that appends ``records`` and replaces files: ``prepare``
-        (called under the lock, so it sees every commit) returns the records and the rewrite, which is
-        given the commit's number and writes its new files as ``*.tmp``, returning (new files, files
-        they replace). Every record must be stored, or nothing is (LedgerError).
-        On DuckLake ``prepare`` returns a ``LakeEdit`` instead of a rewrite: its statements run in the
-        commit's transaction, and the deleted rows' bytes then leave the disk (``erase_deleted``)."""
+        """One commit, under the writer lock, that appends ``records`` and changes rows stored before:
+        ``prepare`` (called under the lock, so it sees every commit) returns the records and a
+        ``LakeEdit``, whose statements run in the commit's transaction; the deleted rows' bytes then
+        leave the disk (``erase_deleted``). Every record must be stored, or nothing is (LedgerError)."""
         with self._writer_lock():
+            lake = self._writable_lake()
             redos = _Redos()
             while True:
-                records, rewrite = prepare(self)
+                records, edit = prepare(self)
                 try:
-                    result = self._commit_locked(records, writer, MAX_EVENT_BYTES, frozenset(), rewrite)
+                    result = self._commit_locked(records, writer, MAX_EVENT_BYTES, frozenset(), edit)
                 except _LakeMoved as moved:  # another host committed first: prepare again on its commits
                     redos.note(self._last_commit + 1, moved.stale, self._sync_records(), self.lake)
                     self._catch_up(self.commit_paths())
@@ -911,99 +774,18 @@ class Ledger:
                 finally:
                     self._fold.configs.clear()  # the rewrite may have changed the configs a later change builds on
                 break
-            if result.commit is not None and self.auto_compact:
-                self._compact_tails(result.files)
-            if result.commit is not None and self.lake is not None:
-                result.erased_files = self.lake.erase_deleted()["files_erased"]
+            if result.commit is not None:
+                result.erased_files = lake.erase_deleted()["files_erased"]
             return result
 
-    def compact(self, *, min_files: int = 2) -> dict[str, int]:
-        """Merge each partition's files into one. No query's answer changes. On DuckLake: the lake's
-        merge, expiry and clean-up (``LakeTables.maintain``)."""
-        if self.lake is not None:
-            try:
-                return self.lake.maintain(keep_s=LAKE_KEEP_S)
-            except (duckdb.Error, LakeError) as exc:  # (out of memory, a lock never free): one line
-                raise LedgerError(_lake_problem(self.root, self.lake_folder, exc)) from None
-        with self._writer_lock():
-            return self._compact_locked(lambda sizes: len(sizes) if len(sizes) >= min_files else 0)
-
-    def _compact_tails(self, written: Sequence[str]) -> None:
-        """After a commit: merge each partition's newest small files (``compaction.tail_to_merge``),
-        so that a ledger ingesting for months keeps a few files per partition, not one per commit.
-        The commit is durable already: a failure here is logged, and the next commit tries again."""
+    def compact(self) -> dict[str, int]:
+        """The lake's merge of small files, expiry and clean-up (``LakeTables.maintain``). No query's
+        answer changes."""
+        lake = self._writable_lake()
         try:
-            # Only the partitions this commit added a file to can have a new tail to merge.
-            self._compact_locked(tail_to_merge, {str(Path(rel).parent) for rel in written})
-        except Exception as exc:
-            log.warning(
-                "compaction after commit %d failed (%s); left for the next commit", self._last_commit, exc
-            )
-            number = self._last_commit + 1
-            if (self.root / COMMITS / f"{number:010d}.json").exists():
-                return  # past its commit point: the next writer lock finishes its renames (_recover)
-            for tmp in self._own_tmp_files():
-                if tmp.name.startswith(f"part-{number:010d}-c"):
-                    tmp.unlink(missing_ok=True)
-
-    def _compact_locked(
-        self, how_many: Callable[[list[int]], int], partitions: set[str] | None = None
-    ) -> dict[str, int]:
-        """Merge, in each partition, the newest ``how_many(sizes)`` part files (sizes in commit
-        order) into one, as one commit of their own."""
-        number = self._last_commit + 1
-        added: list[str] = []
-        dropped: list[str] = []
-        for table in [*TABLES.values(), *SIDE_TABLES.values()]:
-            if partitions is None:
-                dirs = sorted((self.root / table.name).glob(f"{table.partition}=*"))
-            else:
-                dirs = [self.root / rel for rel in sorted(partitions) if Path(rel).parts[0] == table.name]
-            for partition_dir in dirs:
-                parts = sorted(partition_dir.glob("*.parquet"))
-                n = how_many([p.stat().st_size for p in parts]) if len(parts) > 1 else 0
-                if n < 2:
-                    continue
-                rel = str(
-                    (partition_dir / f"part-{number:010d}-c{len(added):03d}.parquet").relative_to(self.root)
-                )
-                merge_parts(parts[-n:], table.name, table.schema, self.root / (rel + ".tmp"))
-                added.append(rel)
-                dropped.extend(str(p.relative_to(self.root)) for p in parts[-n:])
-        if not added:
-            return {"merged_partitions": 0, "removed_files": 0}
-        _fsync_dirs(self.root, added)
-        record = {
-            "commit": number,
-            "time": datetime.now(UTC).isoformat(),
-            "writer": "compact",
-            "covers": {},
-            "positions": self._positions,
-            "files": added,
-            "removed": dropped,
-            "streams": {s: h.to_json() for s, h in sorted(self._streams.items())},
-            "counts": {"accepted": 0, "duplicates": 0, "quarantined": 0},
-        }
-        # The writer lock left the newest record parsed in memory.
-        saved = self._newest_record.get("admission") if self._newest_record else None
-        if saved is not None:  # the admission state is every record's: carried forward unchanged
-            record["admission"] = saved
-        record_text = json.dumps(record)
-        write_durably(self.root / COMMITS / f"{number:010d}.json", record_text)
-        self._newest_record = record
-        # Old files go first, then the merged ones appear: a racing glob reader may see a
-        # partition briefly without those rows, never doubled.
-        for rel in dropped:
-            (self.root / rel).unlink(missing_ok=True)
-        for rel in added:
-            os.replace(self.root / (rel + ".tmp"), self.root / rel)
-        _fsync_dirs(self.root, added)
-        self._last_commit = self._folded_commit = self._recovered_commit = number
-        self._index_commit(number, record_text, ())
-        return {"merged_partitions": len(added), "removed_files": len(dropped)}
-
-
-Rewrite = Callable[[int], tuple[list[str], list[str]]]
+            return lake.maintain(keep_s=LAKE_KEEP_S)
+        except (duckdb.Error, LakeError) as exc:  # (out of memory, a lock never free): one line
+            raise LedgerError(_lake_problem(self.root, self.lake_folder, exc)) from None
 
 
 @dataclass
@@ -1101,6 +883,36 @@ def _lake_problem(root: Path, folder: LakeFolder | None, exc: BaseException) -> 
     return f"{where}: {str(exc).strip().splitlines()[0]}"
 
 
+def _folder_marker(root: Path) -> dict[str, Any]:
+    """``LEDGER.json`` of ``root`` (an old ledger's, or a published copy's), or a one-line LedgerError."""
+    try:
+        meta = json.loads((root / "LEDGER.json").read_bytes())
+    except (OSError, ValueError) as exc:
+        raise LedgerError(f"{root / 'LEDGER.json'} is unreadable: {exc}") from None
+    if not isinstance(meta, dict):
+        raise LedgerError(f"{root / 'LEDGER.json'} is not a JSON object")
+    return meta
+
+
+def old_format_problem(root: Path) -> str:
+    """The one line for a ledger of the old format (part files), which is never opened or written:
+    the ``ledger migrate`` command that makes a lake of it, beside it."""
+    shown = root if root.name else root.resolve()
+    new = shown.with_name(f"{shown.name}-lake") if shown.name else Path("NEW")
+    command = f"ledger migrate {shlex.quote(str(shown))} {shlex.quote(str(new))}"
+    return (
+        f"{shown} is a ledger of the old format (part files), which this version no longer opens or "
+        f"writes: make it a lake with `{command}` (it is read, never changed) and use {new} from then on"
+    )
+
+
+def _not_a_lake(root: Path) -> str:
+    """Why no lake is made at ``root``, which holds a ``LEDGER.json``: an old ledger, or a copy."""
+    if _folder_marker(root).get("format") == OLD_FORMAT:
+        return old_format_problem(root)
+    return f"{root} is a published copy of a ledger (read-only): a new ledger needs a folder of its own"
+
+
 def _lake_named(commit_id: str, snapshot: int, files: list[dict[str, Any]]) -> dict[str, Any]:
     """What a commit record on DuckLake adds once committed: the lake snapshot it made and the data
     files that snapshot added with their SHA-256 (the bytes DuckDB reads)."""
@@ -1112,7 +924,7 @@ def _lake_named(commit_id: str, snapshot: int, files: list[dict[str, Any]]) -> d
 
 
 def table_spec(name: str) -> Table:
-    """A table of the ledger's part files: one of TABLES or of SIDE_TABLES."""
+    """A table of the ledger: one of TABLES or of SIDE_TABLES."""
     return TABLES[name] if name in TABLES else SIDE_TABLES[name]
 
 
@@ -1126,31 +938,6 @@ def _salt_tables(
         columns = [list(streams), list(seqs), [commit] * len(rows), list(values)]
         out.append(("salts", partition, pa.Table.from_arrays(columns, schema=SALTS.schema)))
     return out
-
-
-def settled_merges(root: Path, since: int, *, wait_s: float = 5.0) -> tuple[int, bool]:
-    """For a glob reader: (the next commit number to watch, whether a compaction numbered ``since``
-    or later exists). Waits (up to ``wait_s``) until such a compaction's files are in place: between
-    its removal of the old files and the rename of the merged one, a glob misses those rows, so a
-    query that overlapped one is run again (``query.Reader.sql``)."""
-    # Names are zero-padded commit numbers: compared as strings, without parsing every one.
-    names = sorted(n for n in os.listdir(root / COMMITS) if n.endswith(".json") and n >= f"{since:010d}")
-    merged = False
-    for name in names:
-        path = root / COMMITS / name
-        with open(path, "rb") as handle:
-            head = handle.read(256)  # json.dumps puts "writer" first-ish
-            if not any(f'"writer": "{w}"'.encode() in head for w in REPLACING_WRITERS):
-                continue
-        merged = True
-        record = json.loads(path.read_bytes())
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and not (
-            all((root / rel).exists() for rel in record["files"])
-            and not any((root / rel).exists() for rel in record["removed"])
-        ):
-            time.sleep(0.005)
-    return (int(names[-1].removesuffix(".json")) + 1 if names else since), merged
 
 
 def _with_incidents(records: Iterable[SourceRecord], admission: AdmissionRound) -> Iterator[SourceRecord]:
@@ -1381,36 +1168,3 @@ def _refusal(event: Event, raw: bytes, stored_leaf: bytes | None, leaf: bytes) -
     else:
         return None
     return refused_event(env, raw, code, reason)
-
-
-def _create_files(root: Path, ledger_id: str | None) -> None:
-    """A new ledger's files; the format marker last (a ledger exists once it is there)."""
-    (root / COMMITS).mkdir(exist_ok=True)
-    for table in TABLES.values():
-        _write_empty(root, table.name)
-    # "tables": what this ledger keeps from its first commit on (parquet_schemas.tables_of).
-    meta = {"id": ledger_id or uuid.uuid4().hex[:16], "tables": sorted(TABLES)}
-    write_durably(root / "LEDGER.json", json.dumps(FORMAT | meta), exclusive=True)
-
-
-def _write_empty(root: Path, table: str) -> None:
-    """One empty file per table so globs always match and every view has its columns."""
-    spec = TABLES[table]
-    path = root / table / f"{spec.partition}=_" / "part-0000000000-000.parquet"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    out = pa.BufferOutputStream()
-    pq.write_table(spec.schema.empty_table(), out)
-    write_durably(path, out.getvalue().to_pybytes())
-
-
-def _write_part(data: pa.Table, tmp: Path) -> None:
-    """A part file under its ``.tmp`` name, fsynced; the commit protocol renames it later."""
-    pq.write_table(data, tmp, compression="zstd")
-    with open(tmp, "rb+") as handle:
-        os.fsync(handle.fileno())
-
-
-def _fsync_dirs(root: Path, files: Iterable[str]) -> None:
-    """fsync each directory holding one of ``files`` (paths relative to ``root``), once."""
-    for directory in {(root / rel).parent for rel in files}:
-        fsync_dir(directory)

@@ -12,7 +12,6 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from ledger.history import HistoryItem, history_range, summarise_history
-from ledger.integrity import verify_ledger
 from ledger.query import Reader
 from ledger.store import Ledger, SourceRecord
 from tests.support.factory import RunBuilder
@@ -41,8 +40,8 @@ def _long_run() -> RunBuilder:
     return run
 
 
-def _ledger(root: Path, run: RunBuilder, commits: int = 7, *, part_files: bool = False) -> Reader:
-    ledger = Ledger.create_part_files(root) if part_files else Ledger.create(root)
+def _ledger(root: Path, run: RunBuilder, commits: int = 7) -> Reader:
+    ledger = Ledger.create(root)
     raws = run.events
     size = len(raws) // commits + 1
     for first in range(0, len(raws), size):  # several commits: several files per table
@@ -115,26 +114,6 @@ def test_long_history_is_summarised_and_a_range_is_shown_in_full(tmp_path: Path)
     assert len(every) == len(items)
     ranged = json.loads(runner.invoke(app, [*base, "--from-step", "100", "--to-step", "120"]).stdout)
     assert len(ranged) == len(in_range)
-
-
-def test_a_ledger_made_before_the_state_table_is_read_and_verified_without_it(tmp_path: Path) -> None:
-    root = tmp_path / "l"
-    # Only a ledger of part files can be that old (a lake always has the state table): a remote
-    # copy of one, or one `ledger migrate` reads.
-    reader = _ledger(root, _long_run(), part_files=True)
-    expected = reader.state("run-a", step=150).to_dict()
-    # An older ledger: LEDGER.json lists no tables, and the state table holds only part of the history.
-    marker = json.loads((root / "LEDGER.json").read_text())
-    del marker["tables"]
-    (root / "LEDGER.json").write_text(json.dumps(marker))
-    parts = sorted((root / "state_events" / "run_id=run-a").glob("*.parquet"))
-    assert len(parts) > 1
-    parts[0].unlink()
-    old = Reader(root)
-    assert not old._state_table
-    assert old.state("run-a", step=150).to_dict() == expected
-    assert "state_events" not in {r[0] for r in old.sql("SELECT view_name FROM duckdb_views()").rows}
-    assert verify_ledger(root).ok
 
 
 def test_a_months_long_history_fits_a_screen_with_each_crash_beside_its_resume() -> None:

@@ -64,7 +64,7 @@ def test_the_index_is_kept_on_disk_and_follows_every_commit(tmp_path: Path) -> N
     ledger = Ledger.open(root)
     _commit(ledger, "spool:a", raws[25:], first=25)
     assert _index_rows(root) == 40
-    assert _through(root) == ledger.last_commit  # compactions included
+    assert _through(root) == ledger.last_commit  # every commit, the newest included
     _assert_all_known(root, raws)
 
 

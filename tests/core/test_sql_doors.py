@@ -9,8 +9,9 @@ run (the views, the README's examples) still answer.
 
 Every spelling DuckDB accepts of the functions that act or open files with their own I/O (comments
 between a name and its parenthesis, quotes, schema qualification, case, nesting, strings built into
-SQL) is refused by name, on a ledger of part files and on a ledger on DuckLake (whose statements'
-connection loads no scanner), through ``Reader.sql``, ``ledger query`` and ``RemoteCopy.sql``. A
+SQL) is refused by name, on a published copy's folder of part files (fetched by ``ledger.remote``
+from a 127.0.0.1 server) and on a ledger on DuckLake (whose statements' connection loads no
+scanner), through ``Reader.sql``, ``ledger query`` and ``RemoteCopy.sql``. A
 statement runs under limits: stopped by ``--timeout``, ``--memory-limit`` or ``--spill-limit`` in
 one line, its spill folder left empty.
 """
@@ -18,8 +19,11 @@ one line, its spill folder left empty.
 from __future__ import annotations
 
 import gc
+import http.server
 import os
+import shutil
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -32,7 +36,7 @@ from cli.main import app
 from cli.shell_cmd import init_sql
 from ledger.lake import Catalog, LakeFolder, connect_data
 from ledger.query import SPILL_AREA, QueryError, Reader
-from ledger.remote import RemoteCopy
+from ledger.remote import RemoteCopy, fetch_copy
 from ledger.sql_guard import QueryLimits, read_only_statement, remove_dead_spills
 from ledger.store import Ledger, SourceRecord
 from tests.support.factory import RunBuilder
@@ -173,28 +177,66 @@ LEGIT = [
 ]
 
 
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def _fetched(dest: Path, log_key: str, cache: Path) -> Path:
+    """``dest`` (a published folder) served on 127.0.0.1 and fetched by ``fetch_copy``: the folder
+    of part files a remote copy keeps, which ``Reader`` opens as a ledger."""
+
+    def handler(*args: Any, **kwargs: Any) -> _Quiet:
+        return _Quiet(*args, directory=str(dest), **kwargs)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        return fetch_copy(
+            f"http://127.0.0.1:{server.server_address[1]}/", log_key, cache, deadline_s=60
+        ).folder
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
 @pytest.fixture(scope="module")
 def place(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """A ledger with one run and a signed checkpoint; its log key in keys/ beside it."""
+    """A remote copy of a ledger with one run and a signed checkpoint ("ledger"), the ledger itself
+    on DuckLake ("lake"), and its log key in keys/ beside them."""
     base = tmp_path_factory.mktemp("doors").resolve()
     run = RunBuilder()
     run.start()
     for step in range(1, 13):
         run.step(step, loss=5 - step * 0.1)
-    ledger, lake = base / "ledger", base / "lake"
+    lake = base / "lake"
     records = [SourceRecord("spool:t", i, raw) for i, raw in enumerate(run.events)]
-    Ledger.create_part_files(ledger).commit(records)  # the folder format a remote copy keeps
-    # The same events on DuckLake, its catalog a SQLite file: what sqlite_scan would read.
+    # The events on DuckLake, its catalog a SQLite file: what sqlite_scan would read.
     on_lake = Ledger.create_on_lake(lake, f"sqlite:{lake / 'catalog.sqlite'}")
     on_lake.commit(records)
     on_lake.close()
     del on_lake
     gc.collect()  # its index of seen events closes (SQLite folds its WAL in then), before any test looks
     assert runner.invoke(app, ["keys", "init", "--keys", str(base / "keys")]).exit_code == 0
-    signed = runner.invoke(app, ["checkpoint", "--ledger", str(ledger), "--keys", str(base / "keys")])
+    signed = runner.invoke(app, ["checkpoint", "--ledger", str(lake), "--keys", str(base / "keys")])
     assert signed.exit_code == 0, signed.output
+    published = runner.invoke(
+        app, ["publish", str(base / "dest"), "--keys", str(base / "keys"), "--ledger", str(lake)]
+    )
+    assert published.exit_code == 0, published.output
+    vkey = (base / "keys" / "runledger.pub").read_text().strip()
+    ledger = _fetched(base / "dest", vkey, base / "cache")
+    # the signed checkpoints beside the copy's tables: real files a read must not reach
+    shutil.copytree(lake / "_checkpoints", ledger / "_checkpoints")
+    gc.collect()
     (base / "outside").mkdir()
-    for folder in (ledger, lake, base):  # the spill areas a reader and a remote copy make on first use
+    for folder in (
+        ledger,
+        lake,
+        ledger.parent,
+    ):  # the spill areas a reader and a remote copy make on first use
         (folder / SPILL_AREA).mkdir(exist_ok=True)
     return {
         "base": str(base),

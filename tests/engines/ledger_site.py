@@ -118,17 +118,12 @@ def _quarantined() -> list[bytes]:
     return [b"{not json", b'{"specversion": "1.0"}', b"\xff\xfe binary \x00 bytes"]
 
 
-def build_site(tmp: Path, *, part_files: bool = False, one_run: bool = False) -> Site:
+def build_site(tmp: Path, *, one_run: bool = False) -> Site:
     """The ledger under ``tmp/ledger``, published to ``tmp/site`` with a fresh log key: a ledger as
-    ``ledger init`` makes one (a lake: its embedded catalog and data files in the folder), or with
-    ``part_files`` one of the format before it (an old ledger's published copy, not yet migrated).
+    ``ledger init`` makes one (a lake: its embedded catalog and data files in the folder).
     ``one_run``: only run-b (no MoE stats, GitHub events or quarantined records: tables without rows)."""
     root, dest = tmp / "ledger", tmp / "site"
-    if part_files:
-        ledger = Ledger.create_part_files(root, ledger_id=LEDGER_ID)
-        ledger.auto_compact = False  # keep several part files per partition
-    else:
-        ledger = Ledger.create(root, ledger_id=LEDGER_ID)
+    ledger = Ledger.create(root, ledger_id=LEDGER_ID)
     batches = [
         _run("run-a", crash=True, moe=True, finish=True, repository="octo/hello"),
         _run("run-b", crash=False, moe=False, finish=True, repository=None),

@@ -47,11 +47,10 @@ Rows = tuple[list[str], list[dict[str, Any]]]
 # -------------------------------------------------------------------------------- the site, once
 
 
-@pytest.fixture(scope="module", params=["lake", "part-files"])
-def site(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Site:
-    """A ledger as `ledger init` makes one (a lake), and the same events in a ledger of part files
-    (an old ledger's published copy, before `ledger migrate`), each published."""
-    return build_site(tmp_path_factory.mktemp("engines"), part_files=request.param == "part-files")
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
+    """A ledger as `ledger init` makes one (a lake), published."""
+    return build_site(tmp_path_factory.mktemp("engines"))
 
 
 @pytest.fixture(scope="module")
@@ -307,8 +306,6 @@ def test_a_file_the_manifest_does_not_name_is_not_read(site: Site, tmp_path: Pat
     """An old file the lake's merge replaced, back in DEST (a mirror's, an interrupted clean-up's): a
     glob reads its rows twice; the manifest's readers do not read it."""
     pl = pytest.importorskip("polars", reason="polars is not installed (pip install polars)")
-    if not (site.root / LAKE_MARKER).exists():
-        pytest.skip("files are replaced by the lake's merge: a ledger of part files is migrated first")
     root, dest = Path(shutil.copytree(site.root, tmp_path / "ledger")), tmp_path / "site"
     publish(root, dest, site.private_key)
     before = {p: p.read_bytes() for p in (dest / "data" / "events").rglob("*.parquet")}
@@ -381,8 +378,6 @@ def test_a_manifests_table_list_is_checked() -> None:
 def test_the_lake_merged_files_replace_the_published_ones(site: Site, tmp_path: Path) -> None:
     """A ledger on DuckLake: the lake's merge replaces its commits' files; the next publish names the
     merged files, deletes the replaced ones from DEST, and every engine still reads each row once."""
-    if not (site.root / LAKE_MARKER).exists():
-        pytest.skip("the lake's merge: a ledger of part files is migrated first")
     root, dest = Path(shutil.copytree(site.root, tmp_path / "ledger")), tmp_path / "site"
     publish(root, dest, site.private_key)
     before = set(open_published(dest, site.log_key).paths("events"))

@@ -59,7 +59,7 @@ def _live_files(root: Path) -> int:
 
 def _compact_twice(spool: Path, root: Path, catalog: str, data: str, batch_size: int = 100) -> None:
     """A ledger of ten commits compacted twice: the first merges what the commits wrote (the line's
-    counts are the catalog's), the second only the one file naming the first's merged files."""
+    counts are the catalog's), the second only the one file naming the first's merged files (none where that row is inlined)."""
     _cli(
         "init",
         "--ledger",
@@ -80,10 +80,12 @@ def _compact_twice(spool: Path, root: Path, catalog: str, data: str, batch_size:
     assert found, "compact's line"
     merged, written = int(found[1]), int(found[2])
     assert merged > written > 0
-    assert _live_files(root) == before - merged + written + 1  # + the state file naming merged files
-    assert (
-        _cli("compact", "--ledger", root) == "merged 2 files into 1, removed 0 files, expired 0 snapshots\n"
-    )
+    # The state row naming the merged files: a file on PostgreSQL, inlined in a SQLite catalog (so the
+    # second compact has nothing to merge there).
+    sqlite = catalog.startswith("sqlite:")
+    assert _live_files(root) == before - merged + written + (0 if sqlite else 1)
+    second = "merged 0 files into 0" if sqlite else "merged 2 files into 1"
+    assert _cli("compact", "--ledger", root) == f"{second}, removed 0 files, expired 0 snapshots\n"
     assert _cli("query", SAME, "--ledger", root, "-f", "csv") == answer
     assert _cli("verify", "--ledger", root).splitlines()[-1].startswith("OK: ")
 

@@ -21,8 +21,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from ledger import duck
-from ledger.lake import Catalog, LakeTables
-from ledger.lake_migrate import migrate
+from ledger.lake import Catalog
 from ledger.query import QueryError, Reader
 from ledger.store import Ledger
 from tests.lake.support import Postgres
@@ -61,26 +60,23 @@ def _cli(*args: str | Path) -> tuple[int, str, str, BaseException | None]:
 
 
 @pytest.fixture(scope="module")
-def parts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small ledger of part files, migrated into each test's lake."""
-    root = tmp_path_factory.mktemp("hostile-parts")
+def spool(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small run's events on a spool, ingested into each test's lake."""
+    root = tmp_path_factory.mktemp("hostile-spool")
     assert _cli("simulate", "reference-535b", "--spool", root / "spool", *SMALL)[0] == 0
-    Ledger.create_part_files(root / "old").close()  # the old format, which migrate reads
-    assert _cli("ingest", "spool", "--spool", root / "spool", "--ledger", root / "old")[0] == 0
-    return root / "old"
+    return root / "spool"
 
 
 @pytest.fixture(scope="module")
-def sqlite_lake(parts: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The ledger migrated once into a lake with a SQLite catalog (copied per test)."""
+def sqlite_lake(spool: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run ingested once into a lake with a SQLite catalog in its folder (copied per test)."""
     folder = tmp_path_factory.mktemp("hostile-sqlite") / "ledger"
-    with LakeTables(f"sqlite:{folder / 'catalog.sqlite'}", folder / "data") as tables:
-        assert not migrate(parts, tables, folder).mismatches
+    assert _cli("ingest", "spool", "--spool", spool, "--ledger", folder)[0] == 0
     return folder
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def lake(request: pytest.FixtureRequest, tmp_path: Path, parts: Path, sqlite_lake: Path) -> Lake:
+def lake(request: pytest.FixtureRequest, tmp_path: Path, spool: Path, sqlite_lake: Path) -> Lake:
     """One lake per test, on a SQLite catalog and (when the project's server starts) PostgreSQL,
     with a Parquet file of secret rows planted beside it."""
     tmp = tmp_path
@@ -93,8 +89,8 @@ def lake(request: pytest.FixtureRequest, tmp_path: Path, parts: Path, sqlite_lak
             pytest.skip(server)
         assert isinstance(server, Postgres)
         catalog = Catalog("postgres", server.database())
-        with LakeTables(catalog.spec, tmp / "ledger" / "data") as tables:
-            assert not migrate(parts, tables, tmp / "ledger").mismatches
+        Ledger.create_on_lake(tmp / "ledger", catalog.spec).close()
+        assert _cli("ingest", "spool", "--spool", spool, "--ledger", tmp / "ledger")[0] == 0
     made = Lake(tmp, catalog)
     made.secret.mkdir()
     events = next((made.folder / "data").rglob("events/**/*.parquet"))

@@ -1,9 +1,13 @@
-"""`ledger migrate`: a real ledger made by `ledger simulate` + `ledger ingest spool`, into a lake
-(DuckDB-file and PostgreSQL catalogs), with identical rows, positions and stream heads."""
+"""`ledger migrate`: a copy of the committed ledger of the old format (tests/fixtures/part-files-ledger)
+into a lake (SQLite and PostgreSQL catalogs), with identical rows, positions and stream heads; the
+lake then takes new commits where the old ledger stopped."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -14,12 +18,14 @@ from typer.testing import CliRunner
 from cli import migrate_cmd
 from cli.main import app
 from ledger.lake import EMBEDDED_CATALOG, LakeTables
+from ledger.merkle import CompactRange
 from ledger.parquet_schemas import TABLES, tables_of
 from ledger.query import Reader
 from ledger.store import Ledger
 from tests.lake.support import Postgres
 
 runner = CliRunner()
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "part-files-ledger" / "ledger"
 SMALL = ["--steps", "200", "--rank-stats-every", "100000", "--expert-counts-every", "100000"]
 
 # cli/main.py registers `migrate` (the lines are in docs/ducklake.md); until then a group of its own.
@@ -36,14 +42,23 @@ def _cli(target: typer.Typer, *args: str | Path) -> str:
 
 @pytest.fixture(scope="module")
 def old(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the committed ledger of the old format (a compaction and a redaction among its
+    commits): the tests never write into the committed files."""
     root = tmp_path_factory.mktemp("migrate")
-    _cli(app, "simulate", "reference-535b", "--spool", root / "spool", *SMALL)
-    Ledger.create_part_files(root / "ledger").close()  # the old format: `ingest` keeps a ledger's format
-    _cli(
-        app, "ingest", "spool", "--spool", root / "spool", "--ledger", root / "ledger", "--batch-size", "500"
-    )
-    Ledger.open(root / "ledger").compact()  # a compacted ledger: commits' own files merged away
+    shutil.copytree(FIXTURE, root / "ledger")
     return root / "ledger"
+
+
+def _newest_record(old: Path) -> dict[str, Any]:
+    """The old ledger's newest commit record, read as a file (nothing opens that format now)."""
+    record: dict[str, Any] = json.loads(sorted((old / "_commits").glob("*.json"))[-1].read_bytes())
+    return record
+
+
+def _heads(record: dict[str, Any]) -> dict[str, tuple[int, bytes]]:
+    """Each stream's size and Merkle root as a commit record holds them."""
+    trees = {s: CompactRange.from_json(h["tree"]) for s, h in record["streams"].items()}
+    return {s: (t.size, t.root()) for s, t in trees.items()}
 
 
 def _same_rows(old: Path, lake: LakeTables) -> None:
@@ -78,24 +93,22 @@ def test_migrate_into_an_embedded_lake_keeps_every_row(old: Path, tmp_path: Path
         out
         == f"migrated {kept} commits ({rows} rows) into {lake_dir}: rows, positions and stream heads identical\n"
     )
+    before = _newest_record(old)
     with LakeTables(f"sqlite:{tmp_path / 'lake' / EMBEDDED_CATALOG}", tmp_path / "lake" / "data") as lake:
         _same_rows(old, lake)
-        assert lake.positions() == Ledger.open(old).positions()
+        assert lake.positions() == before["positions"]
     # the migrated ledger takes new commits where the old one stopped: numbers, heads and positions
-    before = Ledger.open(old)
-    moved = Ledger.open(lake_dir)
-    assert moved.last_commit == before.last_commit and moved.stream_heads() == before.stream_heads()
-    moved.close()
+    with Ledger.open(lake_dir) as moved:
+        assert moved.last_commit == before["commit"]
+        assert {s: (h.size, h.tree.root()) for s, h in moved.stream_heads().items()} == _heads(before)
     _cli(app, "simulate", "reference-535b", "--spool", tmp_path / "more", "--run-id", "moe-next", *SMALL)
     _cli(app, "ingest", "spool", "--spool", tmp_path / "more", "--ledger", lake_dir, "--batch-size", "500")
-    after = Ledger.open(lake_dir)
-    assert after.last_commit > before.last_commit
-    assert {s: h.size for s, h in after.stream_heads().items() if s in before.stream_heads()} == {
-        s: h.size for s, h in before.stream_heads().items()
-    }
-    after.close()
+    with Ledger.open(lake_dir) as after:
+        assert after.last_commit > before["commit"]
+        kept = {s: size for s, (size, _) in _heads(before).items()}
+        assert {s: h.size for s, h in after.stream_heads().items() if s in kept} == kept
     runs = Reader(lake_dir).sql("SELECT run_id FROM runs ORDER BY 1").rows
-    assert runs == [("moe-535b",), ("moe-next",)]
+    assert runs == [("moe-next",), ("run-a",), ("run-b",)]
 
 
 def test_migrate_into_a_postgres_catalog(old: Path, tmp_path: Path, postgres: Postgres | str) -> None:

@@ -20,6 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
+from ingest.spool import SpoolWriter
 from ledger.integrity import recorded_streams
 from ledger.lake import LAKE_MARKER, LakeFolder, LakeTables
 from ledger.lake_migrate import MigrateError, migrate_into
@@ -181,8 +182,6 @@ def test_state_and_history_answer_the_same_after(migrated: Migrated) -> None:
     assert len(kept) == 5 and "lr" in kept["state run-a --step 45"] and "REDACTED" in kept["history run-b"]
     after = {asked: _ok(*asked.split(), "--ledger", migrated.new) for asked in kept}
     assert after == kept
-    if hasattr(Ledger, "create_part_files"):  # the part-file format is still read: ask it too
-        assert {asked: _ok(*asked.split(), "--ledger", migrated.old) for asked in kept} == kept
 
 
 def test_migrating_twice_is_refused(migrated: Migrated) -> None:
@@ -229,7 +228,7 @@ def test_an_unfinished_rename_is_read_as_recovery_would_finish_it(old: Path, tmp
 
 def test_migrate_reads_the_old_ledger_without_its_writer() -> None:
     """lake_migrate takes only the commit folder's name from ledger.store: nothing of the part-file
-    writer, its compaction, its recovery or its dedupe index (which are to be deleted)."""
+    writer, its compaction, its recovery (all deleted) or its dedupe index."""
     import ledger.lake_migrate as module
 
     tree = ast.parse(Path(module.__file__).read_text())
@@ -241,6 +240,45 @@ def test_migrate_reads_the_old_ledger_without_its_writer() -> None:
     }
     assert {name for mod, name in imported if mod == "ledger.store"} == {"COMMITS"}
     assert not {mod for mod, _ in imported if mod in {"ledger.compaction", "ledger.seen_index"}}
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["open"],
+        ["ingest", "spool", "--spool", "{spool}"],
+        ["query", "SELECT count(*) FROM events"],
+        ["query", "SELECT 1", "--snapshot", "1"],
+        ["state", "run-a"],
+        ["redact", "run-a-3", "--reason", "r", "--actor", "a"],
+        ["compact"],
+    ],
+)
+def test_the_old_format_is_one_line_naming_ledger_migrate(
+    old: Path, tmp_path: Path, command: list[str]
+) -> None:
+    """Nothing opens a ledger of the old format now: the library, ingest, query and the rest each
+    say so in one line with the exact `ledger migrate OLD NEW` command, and write nothing into it."""
+    before = _tree_digest(old)
+    line = f"{old} is a ledger of the old format (part files), which this version no longer opens or writes: "
+    migrate = f"make it a lake with `ledger migrate {old} {old.with_name('old-lake')}`"
+    if command == ["open"]:
+        with pytest.raises(LedgerError) as raised:
+            Ledger.open(old)
+        said = f"error: {raised.value}\n"
+    else:
+        spool = tmp_path / "spool"
+        run = RunBuilder(run_id="run-c")
+        run.start()
+        with SpoolWriter(spool) as writer:  # something to ingest: ingest reaches the ledger
+            for raw in run.events:
+                writer.append(raw)
+        code, said = _invoke(*[a.format(spool=spool) for a in command], "--ledger", old)
+        _one_line_refusal(code, said)
+    assert said.startswith(f"error: {line}{migrate} (it is read, never changed)"), said
+    assert _tree_digest(old) == before, "the old ledger was written"
+    # and the command it names makes the lake
+    assert _ok("migrate", old, old.with_name("old-lake")).startswith("migrated ")
 
 
 # ----------------------------------------------------------------- refusals: one line, nothing left

@@ -1,6 +1,5 @@
-"""The read side on DuckLake: a ledger migrated into a lake answers every read command as the ledger
-of part files does, at one snapshot per reader (``--snapshot N``, ``--at-checkpoint FILE``), and a
-commit killed before it finished is not there."""
+"""The read side on DuckLake: a ledger answers at one snapshot per reader (``--snapshot N``,
+``--at-checkpoint FILE``), and a commit killed before it finished is not there."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from ledger.lake import LOCK_WAIT_S, LakeFolder, LakeTables, open_snapshot
-from ledger.lake_migrate import migrate
 from ledger.log_checkpoint import sign_checkpoint
 from ledger.merkle import CompactRange
 from ledger.query import QueryError, Reader
@@ -61,16 +59,20 @@ def _cli(*args: str | Path, code: int = 0) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def ledgers(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[int]]:
-    """A ledger of part files (ingested in 250-event commits) and the same ledger migrated into a
-    lake with a SQLite catalog (many readers beside a writer); the lake snapshot of each commit."""
+    """A ledger (a lake with a SQLite catalog in its folder: many readers beside a writer) ingested
+    in 250-event commits; the folder it was made in, the ledger, and the lake snapshot of each commit."""
     root = tmp_path_factory.mktemp("lake-reader")
     _cli("simulate", "reference-535b", "--spool", root / "spool", *SMALL)
-    Ledger.create_part_files(root / "old").close()  # the old format, which migrate reads
-    _cli("ingest", "spool", "--spool", root / "spool", "--ledger", root / "old", "--batch-size", "250")
-    with LakeTables(f"sqlite:{root / 'lake' / 'catalog.sqlite'}", root / "lake" / "data") as lake:
-        done = migrate(root / "old", lake, root / "lake")
-    assert not done.mismatches and done.commits >= 3
-    return root / "old", root / "lake", done.snapshots
+    _cli("ingest", "spool", "--spool", root / "spool", "--ledger", root / "lake", "--batch-size", "250")
+    snapshots = [int(r["lake"]["snapshot"]) for r in _records(root / "lake")]
+    assert len(snapshots) >= 3
+    return root, root / "lake", snapshots
+
+
+def _records(lake: Path) -> list[dict[str, Any]]:
+    """The ledger's commit records, in commit order (the folder's copy of the lake's)."""
+    with Ledger.open(lake) as ledger:
+        return [json.loads(p.read_bytes()) for p in ledger.commit_paths()]
 
 
 def _rows(reader: Reader, view: str) -> list[str]:
@@ -79,50 +81,13 @@ def _rows(reader: Reader, view: str) -> list[str]:
     return sorted(json.dumps(r, default=str, sort_keys=True) for r in result.records())
 
 
-def test_every_view_answers_as_the_ledger_of_part_files(ledgers: tuple[Path, Path, list[int]]) -> None:
-    old, lake, _ = ledgers
-    files, pinned = Reader(old), Reader(lake)
-    assert pinned.snapshot is not None and files.snapshot is None
-    for view in VIEWS:
-        assert _rows(pinned, view) == _rows(files, view), view
-    # config_at, the fold (events) and a run's state, through the library
-    run = files.sql("SELECT run_id FROM runs").rows[0][0]
-    assert (
-        pinned.sql("SELECT * FROM config_at(?, 150)", [run]).rows
-        == files.sql("SELECT * FROM config_at(?, 150)", [run]).rows
-    )
-    assert pinned.state(run, step=150) == files.state(run, step=150)
-
-
-@pytest.mark.parametrize(
-    "command",
-    [
-        ["runs", "-f", "csv"],
-        ["state", "latest", "--step", "120"],
-        ["history", "latest", "--all", "-f", "jsonl"],
-        ["diff", "latest", "--from-step", "20", "--to-step", "180", "-f", "json"],
-        ["blame", "latest", "moe.capacity_factor", "--step", "150"],
-        [
-            "query",
-            "SELECT name, count(*) AS n, min(value) AS lo, max(value) AS hi FROM metrics GROUP BY 1 ORDER BY 1",
-            "-f",
-            "csv",
-        ],
-    ],
-)
-def test_each_read_command_prints_the_same_on_the_lake(
-    ledgers: tuple[Path, Path, list[int]], command: list[str]
-) -> None:
-    old, lake, _ = ledgers
-    assert _cli(*command, "--ledger", lake) == _cli(*command, "--ledger", old)
-
-
 def test_snapshot_answers_as_of_each_commit(ledgers: tuple[Path, Path, list[int]]) -> None:
-    old, lake, snapshots = ledgers
-    records = [r for r in (json.loads(p.read_bytes()) for p in Ledger.open(old).commit_paths())]
+    _, lake, snapshots = ledgers
+    records = _records(lake)
     assert len(records) == len(snapshots)
+    newest = Reader(lake)  # each commit's events as the newest snapshot tells them
     for record, snapshot in zip(records, snapshots, strict=True):
-        want = Reader(old).sql('SELECT count(*) FROM events WHERE "commit" <= ?', [record["commit"]]).rows
+        want = newest.sql('SELECT count(*) FROM events WHERE "commit" <= ?', [record["commit"]]).rows
         out, err = _cli(
             "query", "SELECT count(*) AS n FROM events", "-f", "csv", "--ledger", lake, "--snapshot", snapshot
         )
@@ -135,41 +100,37 @@ def test_snapshot_answers_as_of_each_commit(ledgers: tuple[Path, Path, list[int]
     )
 
 
-def test_snapshot_out_of_range_or_on_part_files_is_one_line(ledgers: tuple[Path, Path, list[int]]) -> None:
-    old, lake, snapshots = ledgers
+def test_snapshot_out_of_range_is_one_line(ledgers: tuple[Path, Path, list[int]]) -> None:
+    _, lake, snapshots = ledgers
     out, _ = _cli("query", "SELECT 1", "--ledger", lake, "--snapshot", snapshots[-1] + 1, code=1)
     assert out == ""
     result = runner.invoke(app, ["query", "SELECT 1", "--ledger", str(lake), "--snapshot", "999"], env=ENV)
     assert result.stderr == f"error: snapshot 999: the lake's snapshots are 0-{snapshots[-1]}\n"
-    result = runner.invoke(app, ["query", "SELECT 1", "--ledger", str(old), "--snapshot", "1"], env=ENV)
-    assert result.exit_code == 1
-    assert result.stderr == (
-        f"error: --snapshot: {old} is a ledger of part files, which keeps no snapshots "
-        "(`ledger migrate` puts it on DuckLake)\n"
-    )
 
 
-def _checkpoint(old: Path, commit: int, stream: str, key: str) -> str:
-    """A checkpoint signed of ``stream`` as ledger commit ``commit`` left it (read from the ledger of
-    part files' own commit record, apart from the lake)."""
-    ledger = Ledger.open(old)
-    head = ledger.read_commit(commit)["streams"][stream]
+def _checkpoint(lake: Path, commit: int, stream: str, key: str) -> str:
+    """A checkpoint signed of ``stream`` as ledger commit ``commit`` left it (read from the folder's
+    commit record, apart from the lake's snapshots)."""
+    with Ledger.open(lake) as ledger:
+        head = ledger.read_commit(commit)["streams"][stream]
+        origin = f"runledger/{ledger.ledger_id}/{stream}"
     root = CompactRange.from_json(head["tree"]).root()
-    return sign_checkpoint(f"runledger/{ledger.ledger_id}/{stream}", head["size"], root, key)
+    return sign_checkpoint(origin, head["size"], root, key)
 
 
 def test_at_checkpoint_answers_as_of_the_snapshot_it_pins(
     ledgers: tuple[Path, Path, list[int]], tmp_path: Path
 ) -> None:
-    old, lake, snapshots = ledgers
+    _, lake, snapshots = ledgers
     key, _ = generate_keypair("runledger")
     stream = "moe-535b"
+    records = _records(lake)
     for commit, snapshot in enumerate(snapshots):
-        if stream not in Ledger.open(old).read_commit(commit)["streams"]:
+        if stream not in records[commit]["streams"]:
             continue
         note = tmp_path / f"cp{commit}.txt"
-        note.write_text(_checkpoint(old, commit, stream, key))
-        size = Ledger.open(old).read_commit(commit)["streams"][stream]["size"]
+        note.write_text(_checkpoint(lake, commit, stream, key))
+        size = records[commit]["streams"][stream]["size"]
         out, err = _cli(
             "query", "SELECT count(*) AS n FROM events WHERE stream = 'moe-535b'", "-f", "csv",
             "--ledger", lake, "--at-checkpoint", note,
@@ -182,9 +143,9 @@ def test_at_checkpoint_answers_as_of_the_snapshot_it_pins(
 def test_a_checkpoint_of_another_history_pins_nothing(
     ledgers: tuple[Path, Path, list[int]], tmp_path: Path
 ) -> None:
-    old, lake, _ = ledgers
+    _, lake, _ = ledgers
     key, _ = generate_keypair("runledger")
-    good = _checkpoint(old, 1, "moe-535b", key)
+    good = _checkpoint(lake, 1, "moe-535b", key)
     origin, size, root, *rest = good.split("\n")
     forged = tmp_path / "forged.txt"  # the same size, another root
     flipped = bytearray(base64.b64decode(root))
@@ -432,21 +393,6 @@ def test_views_sql_and_the_shell_init_read_the_lake(
     assert shell.execute("SELECT count(*) FROM metrics").fetchone() == (len(want),)
     with pytest.raises(duckdb.Error, match=r"(?i)permission|disabled|not allowed"):
         shell.execute("SELECT * FROM read_text('/etc/passwd')").fetchall()
-
-
-def test_every_view_has_the_columns_and_types_of_the_part_files_ledger(
-    ledgers: tuple[Path, Path, list[int]],
-) -> None:
-    """Tables read from their files, by their folder's partition value, or (no files at the
-    snapshot: `annotations`, `quarantine` here) as an empty relation: the same columns and types."""
-    old, lake, _ = ledgers
-    files, pinned = Reader(old), Reader(lake)
-    assert not pinned.sql("SELECT count(*) FROM annotations").rows[0][0]
-    for view in VIEWS:
-        described = [f"DESCRIBE SELECT * FROM {view}"] * 2
-        assert [r[:2] for r in pinned.sql(described[0]).rows] == [
-            r[:2] for r in files.sql(described[1]).rows
-        ], view
 
 
 def test_a_filter_on_the_partition_opens_only_its_files_and_odd_values_read_as_stored(tmp_path: Path) -> None:

@@ -153,24 +153,3 @@ def test_the_live_page_on_a_lake_shows_commits_made_after_it_started(
         index = httpx.get(url + "/", timeout=WAIT_S).text
         assert "ledger commit 3" in index
     ledger.close()
-
-
-def test_the_record_of_a_ledger_of_part_files_is_the_same_object(tmp_path: Path) -> None:
-    """Part files (until ``ledger migrate`` has moved every ledger): the same ``RecordHead`` and the
-    same check of a checkpoint signed before the ledger grew, from the folder's commit records."""
-    root = tmp_path / "ledger"
-    ledger = Ledger.create_part_files(root, "parts")
-    run = RunBuilder(run_id=RUN)
-    run.start()
-    _commit(ledger, run, range(1, 11))
-    private, public = write_keypair(tmp_path / "keys", "test")
-    sign_checkpoints(root, private.read_text().strip())
-    _commit(ledger, run, range(11, 13))
-    reader = Reader(root)
-    assert (reader.head.ledger_id, reader.head.commit, reader.snapshot) == ("parts", 1, None)
-    assert reader.head.streams[RUN].tree.root() == ledger.stream_heads()[RUN].tree.root()
-    (grown,) = record_status(reader, public.read_text().strip(), public)["streams"]
-    assert (grown["size"], grown["signed_size"]) == (13, 11)
-    assert grown["checkpoint"] == "matches the record (signature verified)"
-    assert reader.stream_root(RUN, 12) is None
-    reader.close()

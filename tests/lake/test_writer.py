@@ -1,7 +1,7 @@
 """The ledger's writer on DuckLake: `ledger init --catalog` + `ledger ingest spool` commit each batch as
-one lake transaction; the rows, the Merkle heads and every answer are those of a ledger of part
-files; SIGKILLed at random it lands every event once; writers in separate folders (separate spools,
-or racing copies of one) share nothing but the catalog and the data files, and land each event once."""
+one lake transaction, each event once, verified and published; SIGKILLed at random it lands every
+event once; writers in separate folders (separate spools, or racing copies of one) share nothing but
+the catalog and the data files, and land each event once; a ledger of the old format is refused."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from ingest.spool import SpoolWriter
+from ingest.spool import SpoolWriter, spool_id
 from ledger.lake import LakeFolder, LakeTables
 from ledger.log_key import KEYS_DIR, recorded_log_key
 from ledger.manifest import open_published
@@ -34,6 +34,7 @@ from tests.support.factory import RunBuilder
 runner = CliRunner()
 ENV = {"RUNLEDGER_PROGRESS_S": "off", "COLUMNS": "200"}
 ROOT = Path(__file__).resolve().parents[2]
+OLD_FIXTURE = ROOT / "tests" / "fixtures" / "part-files-ledger" / "ledger"  # (copied, never written)
 
 
 def _cli(*args: str | Path, code: int = 0) -> str:
@@ -79,14 +80,6 @@ def _run(cmd: list[str]) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def _rows(reader: Reader, view: str) -> list[str]:
-    # events: their commit numbers differ by the part files' compactions
-    select = '* EXCLUDE ("commit")' if view == "events" else "*"
-    where = " WHERE stream <> 'ledger:registry'" if view == "events" else ""
-    rows = reader.sql(f"SELECT {select} FROM {view}{where}")
-    return sorted(json.dumps(r, default=str, sort_keys=True) for r in rows.records())
-
-
 def _dense(reader: Reader, n: int, stream: str) -> None:
     """Every event of the stream once, seqs 0..n-1."""
     assert reader.sql(
@@ -95,65 +88,41 @@ def _dense(reader: Reader, n: int, stream: str) -> None:
     ).rows == [(n, n, 0, n - 1)]
 
 
-def test_a_ledger_on_the_lake_holds_what_a_ledger_of_part_files_holds(tmp_path: Path) -> None:
+def test_a_ledger_on_the_lake_holds_each_event_once_and_publishes_it(tmp_path: Path) -> None:
     n = _spool(tmp_path / "spool", "run-a", 300)
-    lake, files = tmp_path / "lake", tmp_path / "files"
-    keys, unsigned = tmp_path / "keys", "--allow-unsigned=*"
+    lake, keys, unsigned = tmp_path / "lake", tmp_path / "keys", "--allow-unsigned=*"
     out = _cli(
         "init", "--ledger", lake, "--keys", keys, unsigned, "--catalog", f"sqlite:{tmp_path / 'cat.sqlite'}"
     )
     assert out.startswith(f"created ledger {lake} (id ")
-    Ledger.create_part_files(files).close()  # the old format, which `init` then sets up as it is
-    _cli("init", "--ledger", files, "--keys", keys, unsigned)
-    for ledger in (lake, files):
-        _cli("ingest", "spool", "--spool", tmp_path / "spool", "--ledger", ledger, "--batch-size", "40")
-    on_lake, on_files = Ledger.open(lake), Ledger.open(files)
-    assert on_lake.lake is not None and on_files.lake is None
-    # the run's Merkle head (so its checkpoints and proofs) and the positions agree (each ledger's own registry event differs: its time)
-    head_a, head_b = on_lake.stream_heads()["run-a"], on_files.stream_heads()["run-a"]
-    assert (head_a.size, head_a.tree.root()) == (head_b.size, head_b.tree.root()) and head_a.size == n
-    assert on_lake.positions() == on_files.positions()
-    # the same commits, less the part files' compactions (the lake compacts without commits of its own)
-    assert on_lake.last_commit + 1 == sum(
-        on_files.read_commit(i)["writer"] != "compact" for i in range(on_files.last_commit + 1)
-    )
-    on_lake.close()
-    a, b = Reader(lake), Reader(files)
-    for view in [
-        "events",
-        "metrics",
-        "metrics_all",
-        "attempts",
-        "configs",
-        "config_changes",
-        "runs",
-        "quarantine",
-    ]:
-        assert _rows(a, view) == _rows(b, view), view
-    _dense(a, n, "run-a")
-    assert _cli("state", "run-a", "--ledger", lake) == _cli("state", "run-a", "--ledger", files)
+    _cli("ingest", "spool", "--spool", tmp_path / "spool", "--ledger", lake, "--batch-size", "40")
+    with Ledger.open(lake) as on_lake:
+        assert on_lake.lake is not None
+        head = on_lake.stream_heads()["run-a"]
+        assert head.size == n and head.tree.size == n
+        assert on_lake.positions()[f"spool:{spool_id(tmp_path / 'spool')}"] == n
+    reader = Reader(lake)
+    _dense(reader, n, "run-a")
+    assert _cli("state", "run-a", "--ledger", lake).startswith("run-a at step 300 (attempt 1)")
     # each commit record names the lake snapshot it made and its data files with their SHA-256
     record = json.loads(sorted((lake / "_commits").glob("*.json"))[-1].read_bytes())
-    assert record["lake"]["snapshot"] == a.snapshot
+    assert record["lake"]["snapshot"] == reader.snapshot
     assert record["lake_files"] and all(len(f["sha256"]) == 64 for f in record["lake_files"])
-    # a replay lands nothing; the lake verifies as the part files do
+    # a replay lands nothing; the lake verifies
     assert "ingested 0 events" in _cli("ingest", "spool", "--spool", tmp_path / "spool", "--ledger", lake)
-    assert _cli("verify", "--ledger", lake) == _cli("verify", "--ledger", files)
+    assert _cli("verify", "--ledger", lake).startswith("OK: ")
     # published as one tile log with the lake snapshot's files: the remote check walks every entry
-    # and file; the files hold each event once; one entry per event and per commit, and the snapshot's
+    # and file; the files hold each event once; one entry per event and per commit
     vkey = (keys / "runledger.pub").read_text().strip()
-    for ledger, reader in ((lake, a), (files, b)):
-        pub = tmp_path / f"pub-{ledger.name}"
-        assert _cli("publish", pub, "--keys", keys, "--ledger", ledger).startswith("published ")
-        checked = _cli("verify", "--remote", f"file://{pub}", "--log-key", vkey)
-        published = open_published(pub, vkey)
-        stored = reader.sql("SELECT count(*) AS n FROM events").records()[0]["n"]
-        assert (
-            pq.read_table(published.paths("events"), columns=["stream"], partitioning=None).num_rows == stored
-        )
-        with Ledger.open(ledger) as opened:
-            size = stored + opened.last_commit + 2
-        assert checked.startswith("OK ") and f"size {size}; {size} new entries" in checked, checked
+    pub = tmp_path / "pub"
+    assert _cli("publish", pub, "--keys", keys, "--ledger", lake).startswith("published ")
+    checked = _cli("verify", "--remote", f"file://{pub}", "--log-key", vkey)
+    published = open_published(pub, vkey)
+    stored = reader.sql("SELECT count(*) AS n FROM events").records()[0]["n"]
+    assert pq.read_table(published.paths("events"), columns=["stream"], partitioning=None).num_rows == stored
+    with Ledger.open(lake) as opened:
+        size = stored + opened.last_commit + 2
+    assert checked.startswith("OK ") and f"size {size}; {size} new entries" in checked, checked
 
 
 def test_sigkill_at_random_points_lands_every_event_once(tmp_path: Path) -> None:
@@ -265,15 +234,20 @@ def test_racing_copies_of_one_ingester_land_each_record_once(backend: Backend, t
     assert sum(landed) == n  # each copy counts only what it landed
 
 
-def test_a_lake_of_another_ledger_or_a_folder_of_part_files_is_refused(tmp_path: Path) -> None:
+def test_a_lake_of_another_ledger_or_a_ledger_of_the_old_format_is_refused(tmp_path: Path) -> None:
     catalog = f"sqlite:{tmp_path / 'cat.sqlite'}"
     made = Ledger.create_on_lake(tmp_path / "one", catalog, ledger_id="lab-a")
     made.close()
     with pytest.raises(LedgerError, match=r"the lake at .* is ledger lab-a, not lab-b"):
         Ledger.create_on_lake(tmp_path / "two", catalog, tmp_path / "one" / "data", ledger_id="lab-b")
-    Ledger.create_part_files(tmp_path / "files").close()
-    with pytest.raises(LedgerError, match="is a ledger of part files"):
-        Ledger.create_on_lake(tmp_path / "files", catalog)
+    old = tmp_path / "old"
+    shutil.copytree(OLD_FIXTURE, old)
+    before = sorted((p, p.read_bytes()) for p in old.rglob("*") if p.is_file())
+    with pytest.raises(LedgerError, match=r"is a ledger of the old format .* `ledger migrate "):
+        Ledger.create_on_lake(old, catalog)
+    with pytest.raises(LedgerError, match=r"is a ledger of the old format .* `ledger migrate "):
+        Ledger.create(old)
+    assert sorted((p, p.read_bytes()) for p in old.rglob("*") if p.is_file()) == before
     result = runner.invoke(app, ["init", "--ledger", str(tmp_path / "x"), "--catalog", "postgres:"], env=ENV)
     assert (
         result.exit_code == 1 and result.stderr.startswith("error: ") and len(result.stderr.splitlines()) == 1

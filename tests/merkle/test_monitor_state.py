@@ -48,7 +48,6 @@ class _Log:
     def __init__(self, tmp: Path) -> None:
         self.root, self.dest = tmp / "ledger", tmp / "site"
         self.ledger = Ledger.create(self.root, ledger_id="monitor-test")
-        self.ledger.auto_compact = False
         private, public = write_keypair(tmp / "keys", "runledger-log")
         self.skey, self.vkey = private.read_text().strip(), public.read_text().strip()
         self.run = RunBuilder()

@@ -51,7 +51,6 @@ class Site:
         self.root = tmp / "ledger"
         self.dest = tmp / "site"
         self.ledger = Ledger.create(self.root, ledger_id="pub-test")
-        self.ledger.auto_compact = False
         private, public = write_keypair(tmp / "keys", key_name)
         self.skey, self.vkey = private.read_text().strip(), public.read_text().strip()
         self.run = RunBuilder()

@@ -73,7 +73,6 @@ class Site:
     def __init__(self, tmp: Path) -> None:
         self.root, self.dest = tmp / "ledger", tmp / "site"
         self.ledger = Ledger.create(self.root, ledger_id="redact-test")
-        self.ledger.auto_compact = False
         private, public = write_keypair(tmp / "keys", "runledger-log")
         self.key_file, self.pub_file = private, public
         self.skey, self.vkey = private.read_text().strip(), public.read_text().strip()
