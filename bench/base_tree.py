@@ -37,7 +37,7 @@ class BaseTree:
 
     def create_part_files(self, ledger: Path) -> None:
         """A new part-file ledger at ``ledger``, made by the baseline's own ``Ledger``."""
-        make = "import sys; from ledger.store import Ledger; Ledger.create_part_files(sys.argv[1]).close()"
+        make = "import sys; from runledger.ledger.store import Ledger; Ledger.create_part_files(sys.argv[1]).close()"
         done = subprocess.run(
             self.python("-c", make, ledger),
             cwd=self.folder,

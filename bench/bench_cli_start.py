@@ -30,12 +30,26 @@ def _commands(small: Path, large: Path | None, run: str) -> dict[str, list[str]]
     count = "SELECT count(*) FROM events"
     commands = {
         'python -c "import duckdb"': ["-c", "import duckdb"],
-        "ledger --help": ["-m", "cli.main", "--help"],
-        "ledger query (small)": ["-m", "cli.main", "query", count, "--ledger", str(small)],
+        "ledger --help": ["-m", "runledger.cli.main", "--help"],
+        "ledger query (small)": ["-m", "runledger.cli.main", "query", count, "--ledger", str(small)],
     }
     if large is not None:
-        commands["ledger query (large)"] = ["-m", "cli.main", "query", count, "--ledger", str(large)]
-        commands[f"ledger state {run} (large)"] = ["-m", "cli.main", "state", run, "--ledger", str(large)]
+        commands["ledger query (large)"] = [
+            "-m",
+            "runledger.cli.main",
+            "query",
+            count,
+            "--ledger",
+            str(large),
+        ]
+        commands[f"ledger state {run} (large)"] = [
+            "-m",
+            "runledger.cli.main",
+            "state",
+            run,
+            "--ledger",
+            str(large),
+        ]
     return commands
 
 

@@ -29,9 +29,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from cli.output import Format, print_rows
-from ledger.query import Reader
-from ledger.store import Ledger, SourceRecord
+from runledger.cli.output import Format, print_rows
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger, SourceRecord
 from tests.support.factory import RunBuilder
 
 

@@ -163,7 +163,7 @@ def bench_plain_log(work: Path, threads: int, n: int) -> tuple[float, float, int
 
 
 def bench_wandb(work: Path, steps: Steps, n: int) -> tuple[float, float]:
-    from ingest.wandb_mirror import offline_environment
+    from runledger.ingest.wandb_mirror import offline_environment
 
     settings = offline_environment(work / "wandb")
     os.environ.update(settings)

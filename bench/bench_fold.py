@@ -34,15 +34,15 @@ from typing import Any
 import jsonpatch
 
 from bench.measure import run_measured
-from ingest.bus import SpoolSink
-from ingest.spool_ingester import ingest_spool
-from ledger.history import history_counts, summarise_history
-from ledger.query import Reader
-from ledger.store import Ledger
-from schemas import config_hash, make_event
-from schemas import payloads as p
-from schemas.durable import write_durably
-from schemas.github import GitHubIssue, GitHubPullRequest
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.spool_ingester import ingest_spool
+from runledger.ledger.history import history_counts, summarise_history
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger
+from runledger.schemas import config_hash, make_event
+from runledger.schemas import payloads as p
+from runledger.schemas.durable import write_durably
+from runledger.schemas.github import GitHubIssue, GitHubPullRequest
 
 REFERENCE_STEPS = 390_000
 REFERENCE_CRASHES = 19
@@ -304,7 +304,7 @@ def verify_in_child(ledger_dir: Path, *, baseline: bool) -> tuple[float, float, 
             "verify_ledger = baseline_module('old_integrity', 'ledger/integrity.py').verify_ledger"
         )
     else:
-        load = "from ledger.integrity import verify_ledger"
+        load = "from runledger.ledger.integrity import verify_ledger"
     root = Path(__file__).resolve().parent.parent
     child = run_measured([sys.executable, "-c", _VERIFY.format(load=load), str(ledger_dir)], cwd=root)
     lines = child.stdout.strip().splitlines()

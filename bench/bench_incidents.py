@@ -11,7 +11,7 @@ Per ledger, the median of ``--rounds`` calls of:
 * ``state`` (library): ``Reader.state``; and the baseline beside it, the path before the change:
   every state event read with ``STATE_TYPES`` (each incident decoded in Python) and folded;
 * ``state (summary)``: the new path spelled out here (``FOLD_TYPES`` events + one GROUP BY over the
-  incidents: ``ledger.views.incident_ranges_query``), so it is measured whether or not the Reader
+  incidents: ``runledger.ledger.views.incident_ranges_query``), so it is measured whether or not the Reader
   already uses it;
 * ``history`` (library): ``Reader.history``; the baseline: one history item per incident event;
 * ``ledger state`` / ``ledger history`` (the CLI in this process, table output to a string).
@@ -46,18 +46,18 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from cli.main import app
-from ingest.bus import SpoolSink
-from ingest.spool_ingester import ingest_spool
-from ledger.fold import FOLD_TYPES, RANGE_KINDS, STATE_TYPES, RunState, with_incident_ranges
-from ledger.history import HistoryItem, incident_items
-from ledger.query import Reader
-from ledger.store import Ledger
-from ledger.views import incident_range_facts, incident_ranges_query
-from schemas import catalogue as c
-from schemas import config_hash, make_event
-from schemas import payloads as p
-from schemas.launch import Provenance, launch_event, launch_fields
+from runledger.cli.main import app
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.spool_ingester import ingest_spool
+from runledger.ledger.fold import FOLD_TYPES, RANGE_KINDS, STATE_TYPES, RunState, with_incident_ranges
+from runledger.ledger.history import HistoryItem, incident_items
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger
+from runledger.ledger.views import incident_range_facts, incident_ranges_query
+from runledger.schemas import catalogue as c
+from runledger.schemas import config_hash, make_event
+from runledger.schemas import payloads as p
+from runledger.schemas.launch import Provenance, launch_event, launch_fields
 
 RUN_ID = "flood"
 RANKS = 792
@@ -144,7 +144,7 @@ def median_ms(call: Callable[[], Any], rounds: int) -> tuple[float, float]:
 
 def summary_state(reader: Reader, run_id: str) -> RunState:
     """The state as a Reader that reads incidents in summary makes it: the fold over ``FOLD_TYPES``
-    and one GROUP BY over the incidents (``ledger.views.incident_ranges_query``), spelled out here
+    and one GROUP BY over the incidents (``runledger.ledger.views.incident_ranges_query``), spelled out here
     (the ranges a Reader that already does so added are left out first)."""
     state = reader._state(run_id, reader.events(run_id, FOLD_TYPES))
     query, params = incident_ranges_query(run_id, state_table=True, attempt=state.attempt, step=state.step)

@@ -19,7 +19,7 @@ change every 500 steps. Figures, all from the same run and topic:
 * validation floor: the same consumer also validating each record (``decode_event``: JSON, envelope,
   payload schema, canonical bytes) and nothing else: what any ingester that refuses bad records
   pays before it stores anything;
-* replay: ``ingest.kafka_replay.replay`` into a new ledger, metric values/s;
+* replay: ``runledger.ingest.kafka_replay.replay`` into a new ledger, metric values/s;
 * freshness: a paced producer (``--rate`` events/s) with the ingester running; time from emit until
   ``Reader.sql`` sees the event, p50/p99 (polled every 20 ms, so add up to that).
 """
@@ -45,16 +45,16 @@ REPO = Path(__file__).resolve().parents[1]
 from kafka import KafkaConsumer, TopicPartition  # noqa: E402
 from kafka.admin import KafkaAdminClient, NewTopic  # noqa: E402
 
-from ingest.kafka_config import COMMIT_BATCH_MAX  # noqa: E402
-from ingest.kafka_ingester import run_ingester, source_name  # noqa: E402
-from ingest.kafka_replay import replay  # noqa: E402
-from ingest.kafka_sink import KafkaSink  # noqa: E402
-from ledger.query import Reader  # noqa: E402
-from ledger.store import Ledger, SourceRecord  # noqa: E402
-from schemas import Envelope, make_event  # noqa: E402
-from schemas.canonical import config_hash  # noqa: E402
-from schemas.codec import decode_event  # noqa: E402
-from schemas.payloads import (  # noqa: E402
+from runledger.ingest.kafka_config import COMMIT_BATCH_MAX  # noqa: E402
+from runledger.ingest.kafka_ingester import run_ingester, source_name  # noqa: E402
+from runledger.ingest.kafka_replay import replay  # noqa: E402
+from runledger.ingest.kafka_sink import KafkaSink  # noqa: E402
+from runledger.ledger.query import Reader  # noqa: E402
+from runledger.ledger.store import Ledger, SourceRecord  # noqa: E402
+from runledger.schemas import Envelope, make_event  # noqa: E402
+from runledger.schemas.canonical import config_hash  # noqa: E402
+from runledger.schemas.codec import decode_event  # noqa: E402
+from runledger.schemas.payloads import (  # noqa: E402
     ChangeCause,
     ConfigChanged,
     MoeLayerStats,

@@ -28,12 +28,12 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.lake import LakeFolder, LakeTables
-from ledger.query import Reader
+from runledger.cli.main import app
+from runledger.ledger.lake import LakeFolder, LakeTables
+from runledger.ledger.query import Reader
 from tests.lake.support import Postgres, commit_batches, spawn
 
-# Reader's ``metrics`` is a view (each key once, ledger.views); the stored rows are ``metrics_recorded``.
+# Reader's ``metrics`` is a view (each key once, runledger.ledger.views); the stored rows are ``metrics_recorded``.
 JOIN = (
     "SELECT e.stream, count(*), sum(m.value) FROM {metrics} m "
     "JOIN events e ON m.stream = e.stream AND m.stream_seq = e.stream_seq GROUP BY 1 ORDER BY 1"

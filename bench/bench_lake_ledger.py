@@ -31,13 +31,13 @@ import time
 from pathlib import Path
 
 from bench.measure import run_measured
-from ledger.query import Reader
-from ledger.store import Ledger
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger
 from tests.lake.support import Postgres
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "RUNLEDGER_PROGRESS_S": "off"}
-CLI = [sys.executable, "-m", "cli.main"]
+CLI = [sys.executable, "-m", "runledger.cli.main"]
 SMALL = ["--rank-stats-every", "100000", "--expert-counts-every", "100000"]
 
 

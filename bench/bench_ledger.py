@@ -29,12 +29,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ingest.bus import SpoolSink
-from ingest.spool_ingester import ingest_spool
-from ledger.query import Reader
-from ledger.store import Ledger
-from schemas import config_hash, decode_event, encode_event, make_event
-from schemas import payloads as p
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.spool_ingester import ingest_spool
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger
+from runledger.schemas import config_hash, decode_event, encode_event, make_event
+from runledger.schemas import payloads as p
 
 LAYERS, EXPERTS, TOP_K = 48, 384, 8
 

@@ -1,5 +1,5 @@
 """`ledger serve page`: how fast a commit reaches an open page, how long a page takes to load, and
-the server's memory with 100 live clients. The server runs in its own process (``ledger.live_page.serve``)
+the server's memory with 100 live clients. The server runs in its own process (``runledger.ledger.live_page.serve``)
 on 127.0.0.1, as a person would run it.
 
 1. Freshness. A run logs one step at a time through ``runledger.init`` → spool; the spool ingester
@@ -41,7 +41,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = (  # SIGUSR1 dumps the server's threads (a stuck build can be seen)
     "import faulthandler, json, signal, sys; faulthandler.register(signal.SIGUSR1); "
-    "from ledger.live_page import serve; serve(sys.argv[1], port=int(sys.argv[2]), **json.loads(sys.argv[3]))"
+    "from runledger.ledger.live_page import serve; serve(sys.argv[1], port=int(sys.argv[2]), **json.loads(sys.argv[3]))"
 )
 
 
@@ -96,8 +96,8 @@ def _ms(values: list[float]) -> str:
 # ---------------------------------------------------------------------------------------- 1. freshness
 def freshness(work: Path, rounds: int) -> dict[str, list[float]]:
     import runledger
-    from ingest.spool_ingester import ingest_spool
-    from ledger.store import Ledger
+    from runledger.ingest.spool_ingester import ingest_spool
+    from runledger.ledger.store import Ledger
 
     spool, ledger = work / "spool", work / "ledger"
     run = runledger.init(
@@ -147,8 +147,8 @@ def page_freshness(work: Path, rounds: int) -> dict[str, list[float]] | None:
     """Commit → point drawn on an open page in headless Chromium (live.js notes when each redraw
     drew up to which leaf: ``window.__live.drawn``), beside the ingester's log → commit."""
     import runledger
-    from ingest.spool_ingester import ingest_spool
-    from ledger.store import Ledger
+    from runledger.ingest.spool_ingester import ingest_spool
+    from runledger.ledger.store import Ledger
 
     driver = _driver()
     if driver is None:
@@ -221,8 +221,8 @@ def page_load(work: Path, ledger: Path | None, steps: int) -> dict[str, Any]:
     baselines first (a plain DuckDB scan of the router rows, ``ledger report``'s build), then the
     server three ways: warm (its start builds the page), a visit while a rebuild runs (page kept,
     ``page_max_age_s=0``: every GET starts one), and cold (no warm-up: the first GET builds)."""
-    from ledger.query import Reader
-    from ledger.report import build_report, render_html
+    from runledger.ledger.query import Reader
+    from runledger.ledger.report import build_report, render_html
 
     out: dict[str, Any] = {"built_s": None}
     if ledger is None:
@@ -370,7 +370,7 @@ def _browser_load(urls: list[str]) -> list[tuple[float, float, float] | None]:
 
 # ---------------------------------------------------------------------------------------- 3. memory
 def memory(work: Path, clients: int, burst: int) -> dict[str, Any]:
-    from ledger.store import Ledger, SourceRecord
+    from runledger.ledger.store import Ledger, SourceRecord
     from tests.support.factory import RunBuilder
 
     ledger = work / "mem"

@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from ledger import verifier
-from ledger.log_checkpoint import parse_and_verify_checkpoint, sign_checkpoint
-from ledger.merkle import (
+from runledger.ledger import verifier
+from runledger.ledger.log_checkpoint import parse_and_verify_checkpoint, sign_checkpoint
+from runledger.ledger.merkle import (
     CompactRange,
     MerkleTree,
     consistency_proof,
@@ -38,7 +38,7 @@ from ledger.merkle import (
     verify_consistency,
     verify_inclusion,
 )
-from schemas.note import generate_keypair
+from runledger.schemas.note import generate_keypair
 
 T = TypeVar("T")
 
@@ -172,10 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     row(f"inclusion (leaf {index:,})", incl, incl_doc, t_incl_pure, t_incl_tree)
     row(f"consistency ({old:,}->)", cons, cons_doc, t_cons_pure, t_cons_tree)
     print(
-        f"verify inclusion:   {t_vi * 1e6:6.1f} µs (ledger.merkle)  {t_vi_sa * 1e6:6.1f} µs (ledger.verifier)"
+        f"verify inclusion:   {t_vi * 1e6:6.1f} µs (runledger.ledger.merkle)  {t_vi_sa * 1e6:6.1f} µs (runledger.ledger.verifier)"
     )
     print(
-        f"verify consistency: {t_vc * 1e6:6.1f} µs (ledger.merkle)  {t_vc_sa * 1e6:6.1f} µs (ledger.verifier)"
+        f"verify consistency: {t_vc * 1e6:6.1f} µs (runledger.ledger.merkle)  {t_vc_sa * 1e6:6.1f} µs (runledger.ledger.verifier)"
     )
 
     skey, vkey = generate_keypair("bench.example/log")

@@ -39,8 +39,8 @@ from typing import Any
 from bench.base_tree import BaseTree, unpack_base
 from bench.bench_lake_ledger import CLI, ENV, ROOT, _run
 from bench.measure import Measured, run_measured
+from runledger.schemas.note import write_keypair
 from runledger.workflows.simulate import RUN_ID
-from schemas.note import write_keypair
 
 PART_FILES, LAKE = "part files", "lake (SQLite, embedded)"
 EVENTS_SQL = (
@@ -87,7 +87,7 @@ def measured(args: list[str | Path], what: str, fmt: str = LAKE) -> Measured:
     """A CLI subprocess timed by GNU time, the part files' by the baseline's code (``BASE``); a
     failure stops the bench with the command's output."""
     if fmt == PART_FILES:
-        m = run_measured(BASE.python("-m", "cli.main", *args), env=BASE.env, cwd=BASE.folder)
+        m = run_measured(BASE.python("-m", "runledger.cli.main", *args), env=BASE.env, cwd=BASE.folder)
     else:
         m = run_measured([*CLI, *map(str, args)], env=ENV, cwd=ROOT)
     if m.returncode != 0:

@@ -54,7 +54,7 @@ import pyarrow.parquet as pq
 
 from bench.base_tree import unpack_base
 from bench.bench_ledger import EXPERTS, LAYERS, TOP_K, Workload, _config, make_workload, pyarrow_ceiling
-from ledger.projectors import STEP_SCALARS
+from runledger.ledger.projectors import STEP_SCALARS
 
 TOKENS = 4096
 MAX_LOAD_NAMES = [f"router/max_load/L{layer:02d}" for layer in range(LAYERS)]  # the workaround's scalars
@@ -163,8 +163,8 @@ def run_peer(
     NEW_LEDGER: what ``ledger ingest spool`` makes of a new folder; PART_FILES: the old format).
     ``max_load``: each step also logs the 48 per-layer max loads as named scalars."""
     import runledger
-    from ingest.spool_ingester import ingest_spool
-    from ledger.store import Ledger
+    from runledger.ingest.spool_ingester import ingest_spool
+    from runledger.ledger.store import Ledger
 
     spool, ledger_dir = work / "spool", work / "ledger"
     catalog = f"sqlite:{ledger_dir / 'catalog.sqlite'}"

@@ -15,7 +15,7 @@ Figures (each command is a subprocess; peak RSS from GNU time or VmHWM, ``bench.
   Parquet files (``shutil.copy2``, one by one);
 * ``ledger publish`` after the next 1,000 steps were ingested; baseline: the same publish with nothing
   new;
-* remote verify (``ledger.remote.verify_remote``, the check ``ledger verify --remote`` runs) from a
+* remote verify (``runledger.ledger.remote.verify_remote``, the check ``ledger verify --remote`` runs) from a
   local HTTP server: from scratch and after the 1,000 steps (time, peak RSS, bytes fetched);
   baseline: local ``ledger verify`` of the same ledger (``--local-verify``; minutes at full size);
 * entry bundle and tile bytes per event (and per entry);
@@ -46,10 +46,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.measure import Measured, run_measured
-from ingest.spool import HIGH_WATER_FILE, SpoolReader
-from schemas.codec import Event, decode_event
+from runledger.ingest.spool import HIGH_WATER_FILE, SpoolReader
+from runledger.schemas.codec import Event, decode_event
 
-LEDGER_CLI = [sys.executable, "-m", "cli.main"]
+LEDGER_CLI = [sys.executable, "-m", "runledger.cli.main"]
 TAIL_STEPS = 1000
 # An address-space cap on every child (``--cap-mb``): a publish that holds the whole log in memory
 # must fail alone, not take the shared machine's memory from everyone else.
@@ -214,8 +214,8 @@ def copy_parquet(ledger: Path, dest: Path, out: Path, log: Path) -> Measured:
 
 def make_log_key(ledger: Path, keys: Path, log: Path) -> str:
     """A log key made by the project's own command, named for the log's origin; its vkey."""
-    from ledger.publish import log_origin
-    from ledger.store import Ledger
+    from runledger.ledger.publish import log_origin
+    from runledger.ledger.store import Ledger
 
     origin = log_origin(Ledger.open(ledger).ledger_id)
     cli(["keys", "init", "--name", origin, "--keys", str(keys)], log)
@@ -230,9 +230,9 @@ def make_log_key(ledger: Path, keys: Path, log: Path) -> str:
 _PROOF_CHILD = """
 import json, sys, time, urllib.request
 from pathlib import Path
-from ledger.log_checkpoint import parse_and_verify_checkpoint
-from ledger.merkle import leaf_hash, verify_inclusion
-from ledger.tiles import TILE_WIDTH, decode_bundle, entries_path, inclusion_proof_from_tiles, tile_path, tile_width
+from runledger.ledger.log_checkpoint import parse_and_verify_checkpoint
+from runledger.ledger.merkle import leaf_hash, verify_inclusion
+from runledger.ledger.tiles import TILE_WIDTH, decode_bundle, entries_path, inclusion_proof_from_tiles, tile_path, tile_width
 base, vkey, index, want_sha256 = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 def get(rel):
     with urllib.request.urlopen(base + rel, timeout=30) as response:
@@ -276,9 +276,9 @@ def proof_target(ledger: Path, dest: Path) -> tuple[str, str, int, str]:
     canonical bytes' SHA-256, salted with the event's salt: what ``prove --salt-out`` hands over)."""
     import pyarrow.dataset as ds
 
-    from ledger.publish import load_published
-    from ledger.query import Reader
-    from ledger.redaction import entry_digest
+    from runledger.ledger.publish import load_published
+    from runledger.ledger.query import Reader
+    from runledger.ledger.redaction import entry_digest
 
     reader = Reader(ledger)
     rows = (
@@ -389,7 +389,7 @@ class Bench:
 
     def publish_once_more(self, name: str) -> None:
         """From scratch to a fresh DEST (the ledger's other publish state untouched), then removed."""
-        from ledger.publish import state_dir
+        from runledger.ledger.publish import state_dir
 
         dest = self.work / "site-from-scratch"
         step(self.f, name, lambda: _publish_row(publish_measured(self.ledger, dest, self.keys, self.log)))

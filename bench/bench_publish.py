@@ -18,12 +18,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from ledger.monitor import check_log
-from ledger.publish import publish
-from ledger.store import Ledger, SourceRecord
-from schemas import encode_event, make_event
-from schemas import payloads as p
-from schemas.note import generate_keypair
+from runledger.ledger.monitor import check_log
+from runledger.ledger.publish import publish
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas import encode_event, make_event
+from runledger.schemas import payloads as p
+from runledger.schemas.note import generate_keypair
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 COMMIT_EVENTS = 5000  # events per ledger commit, as an ingester batches them

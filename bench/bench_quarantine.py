@@ -35,8 +35,8 @@ from typing import Any
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
-from ingest.kafka_ingester import run_ingester
-from ledger.store import CommitResult
+from runledger.ingest.kafka_ingester import run_ingester
+from runledger.ledger.store import CommitResult
 from tests.support.hostile import corpus, valid_events
 from tests.support.kafka import Broker, make_temp_broker_dir
 

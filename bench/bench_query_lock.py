@@ -2,7 +2,7 @@
 
 ``Reader`` now turns DuckDB's external access off (only the ledger's table folders allowed), turns
 extension loading off and locks the configuration once its views are defined
-(``ledger.sql_guard.lock_connection``), and checks each statement (an ``EXPLAIN``'s inner one too).
+(``runledger.ledger.sql_guard.lock_connection``), and checks each statement (an ``EXPLAIN``'s inner one too).
 Measured in the same run, on one synthetic ledger (four metric rows a step), best of ``--repeat``
 (before and after by turns):
 
@@ -32,16 +32,16 @@ from pathlib import Path
 
 import duckdb
 
-from ledger.parquet_schemas import tables_of
-from ledger.sql_guard import (
+from runledger.ledger.parquet_schemas import tables_of
+from runledger.ledger.sql_guard import (
     RefusedStatement,
     SpillFolder,
     lock_connection,
     read_only_statement,
     run_limited,
 )
-from ledger.store import Ledger, SourceRecord
-from ledger.views import connect
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.ledger.views import connect
 from tests.support.factory import RunBuilder
 
 QUERIES = {

@@ -6,7 +6,7 @@ For each size (a fraction of ``--steps``, 390,000 by default), in one run:
 * ingest: ``ledger ingest spool`` into a fresh ledger (a subprocess: seconds, values/s, events/s, its
   own peak RSS, from GNU time: ``bench.measure``);
 * bytes: spool, ledger, ledger bytes per value;
-* the analysts' questions through the public API (``ledger.query.Reader``), each beside the
+* the analysts' questions through the public API (``runledger.ledger.query.Reader``), each beside the
   same answer from a plain DuckDB scan of the ledger's Parquet files (which must agree): state at
   mid-run, one metric's full series, mean drop rate per layer over a 1,000-step window, history,
   diff, blame, the slowest rank per logged step, crashes by kind and host. Times are the median of 3
@@ -42,12 +42,12 @@ import duckdb
 
 from bench import measure
 from bench.measure import Measured
-from ingest.kafka_sink import UNDELIVERED_EXIT_CODE
-from ledger.fold import STATE_TYPES
-from ledger.query import Reader
+from runledger.ingest.kafka_sink import UNDELIVERED_EXIT_CODE
+from runledger.ledger.fold import STATE_TYPES
+from runledger.ledger.query import Reader
 from runledger.workflows.simulate import REFERENCE_STEPS, RUN_ID
 
-LEDGER_CLI = [sys.executable, "-m", "cli.main"]
+LEDGER_CLI = [sys.executable, "-m", "runledger.cli.main"]
 
 
 def run_measured(

@@ -6,7 +6,7 @@
 * Query over HTTP (nginx, scripts/http.sh: Range requests): the verified download (`query --remote`,
   first time: every file; bytes from nginx's log) and `--direct` (DuckDB's httpfs by URL, only the
   ranges the query needs), for the same two queries.
-* S3 (versitygw, scripts/s3.sh): the copy in a bucket (published there when `ledger.publish` writes
+* S3 (versitygw, scripts/s3.sh): the copy in a bucket (published there when `runledger.ledger.publish` writes
   S3, else mirrored file by file), then verify from nothing (when the monitor reads S3), the verified
   download and `--direct`.
 
@@ -33,13 +33,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import ledger.publish
+import runledger.ledger.publish
 from bench.bench_publish import _grow
-from ledger.monitor import check_log
-from ledger.publish import publish
-from ledger.publish_dest import S3Config, S3Dest
-from ledger.store import Ledger
-from schemas.note import generate_keypair
+from runledger.ledger.monitor import check_log
+from runledger.ledger.publish import publish
+from runledger.ledger.publish_dest import S3Config, S3Dest
+from runledger.ledger.store import Ledger
+from runledger.schemas.note import generate_keypair
 
 REPO = Path(__file__).resolve().parent.parent
 QUERIES = {
@@ -50,8 +50,8 @@ QUERIES = {
 _CHILD = """
 import json, sys, time
 from pathlib import Path
-from ledger.integrity import verify_ledger
-from ledger.remote import verify_remote
+from runledger.ledger.integrity import verify_ledger
+from runledger.ledger.remote import verify_remote
 t0 = time.perf_counter()  # after the imports: what is timed is the check itself
 if sys.argv[1] == "local":
     report = verify_ledger(sys.argv[2], None)
@@ -59,11 +59,11 @@ if sys.argv[1] == "local":
 elif sys.argv[1] == "remote":
     verify_remote(sys.argv[2], sys.argv[3], Path(sys.argv[4]))
 elif sys.argv[1] == "download":
-    from ledger.remote import fetch_copy
+    from runledger.ledger.remote import fetch_copy
     rows = fetch_copy(sys.argv[2], sys.argv[3], Path(sys.argv[4])).sql(sys.argv[5]).rows
     assert rows, rows
 else:
-    from ledger.remote import query_direct
+    from runledger.ledger.remote import query_direct
     rows = query_direct(sys.argv[2], sys.argv[3], sys.argv[4]).result.rows
     assert rows, rows
 seconds = time.perf_counter() - t0
@@ -166,8 +166,8 @@ def _s3_legs(root: Path, site: Path, skey: str, vkey: str, work: Path) -> dict[s
     row: dict[str, float] = {}
     try:
         started = time.perf_counter()
-        if getattr(ledger.publish, "open_dest", None) is not None:
-            to_s3: Any = publish  # takes a Dest once ledger.publish writes through ledger.publish_dest
+        if getattr(runledger.ledger.publish, "open_dest", None) is not None:
+            to_s3: Any = publish  # takes a Dest once runledger.ledger.publish writes through runledger.ledger.publish_dest
             to_s3(root, S3Dest(url, config), skey)
             row["s3_publish_s"] = time.perf_counter() - started
         else:

@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_publish import _grow
-from ledger.monitor import DEFAULT_DEADLINE_S, MonitorError
-from ledger.publish import publish
-from ledger.remote import RemoteError, fetch_copy, verify_remote
-from ledger.store import Ledger
-from schemas.note import generate_keypair
+from runledger.ledger.monitor import DEFAULT_DEADLINE_S, MonitorError
+from runledger.ledger.publish import publish
+from runledger.ledger.remote import RemoteError, fetch_copy, verify_remote
+from runledger.ledger.store import Ledger
+from runledger.schemas.note import generate_keypair
 
 ENDLESS_CAP_BYTES = 8 << 30  # the endless server's own bound (never reached by a reader that stops)
 

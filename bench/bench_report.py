@@ -28,14 +28,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.bench_ledger import EXPERTS, LAYERS, TOP_K, emit_run
-from ledger.parquet_schemas import TABLES
-from ledger.projectors import STEP_SCALARS
-from ledger.query import Reader
-from ledger.report import CURVES, build_report, render_html
-from ledger.store import Ledger, SourceRecord
-from schemas import Envelope, encode_event
-from schemas import catalogue as c
-from schemas.durable import write_durably
+from runledger.ledger.parquet_schemas import TABLES
+from runledger.ledger.projectors import STEP_SCALARS
+from runledger.ledger.query import Reader
+from runledger.ledger.report import CURVES, build_report, render_html
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas import Envelope, encode_event
+from runledger.schemas import catalogue as c
+from runledger.schemas.durable import write_durably
 
 BATCH_RECORDS = 4000
 

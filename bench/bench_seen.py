@@ -1,5 +1,5 @@
 """What the ledger's dedupe index costs: the (source, id) and leaf hash of every stored event, kept in
-SQLite beside the commit log (``ledger.seen_index``), so that a writer's memory does not grow with
+SQLite beside the commit log (``runledger.ledger.seen_index``), so that a writer's memory does not grow with
 the ledger.
 
 Figures, over one ledger built here, each beside its baseline from the same run:
@@ -32,10 +32,10 @@ from typing import Any
 import msgspec
 
 from bench.measure import run_measured
-from ledger.seen_index import INDEX_DIR, appended_entries
-from ledger.store import Ledger, SourceRecord
-from schemas import decode_event, encode_event, make_event
-from schemas import payloads as p
+from runledger.ledger.seen_index import INDEX_DIR, appended_entries
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas import decode_event, encode_event, make_event
+from runledger.schemas import payloads as p
 
 BATCH = 20000
 
@@ -92,7 +92,7 @@ def _first_commit(root: Path, probe: bytes) -> tuple[float, float]:
     (the seconds exclude the interpreter's start)."""
     code = (
         "import time; from pathlib import Path; "
-        "from ledger.store import Ledger, SourceRecord; "
+        "from runledger.ledger.store import Ledger, SourceRecord; "
         "t = time.perf_counter(); "
         f"Ledger.open(Path({str(root)!r})).commit([SourceRecord('spool:probe', 0, {probe!r})]); "
         "print(time.perf_counter() - t)"

@@ -26,13 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from ledger.registry import register_producer
-from ledger.store import Ledger, SourceRecord
-from ledger.verifier import producer_signing_bytes
-from schemas import Event, decode_event, encode_event, make_event
-from schemas.note import parse_public_key, write_keypair
-from schemas.payloads import ProducerScope, StepMetrics
-from schemas.signing import Sealer, verify_canonical
+from runledger.ledger.registry import register_producer
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.ledger.verifier import producer_signing_bytes
+from runledger.schemas import Event, decode_event, encode_event, make_event
+from runledger.schemas.note import parse_public_key, write_keypair
+from runledger.schemas.payloads import ProducerScope, StepMetrics
+from runledger.schemas.signing import Sealer, verify_canonical
 
 SOURCE = "trainer/bench/a1/rank0"
 

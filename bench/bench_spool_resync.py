@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ingest.spool import MAGIC, SpoolReader, SpoolWriter, _encode
+from runledger.ingest.spool import MAGIC, SpoolReader, SpoolWriter, _encode
 
 PAYLOAD = 200
 SIDE_BYTES = 4 << 20  # good records before and after the stretch

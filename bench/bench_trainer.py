@@ -24,11 +24,11 @@ from pathlib import Path
 
 warnings.filterwarnings("ignore")  # Megatron-Core's notes about Transformer Engine/Apex on CPU
 
-from ingest.bus import SpoolSink  # noqa: E402
-from schemas.payloads import MoeLayerStats, MoeRouterStats, StepMetrics  # noqa: E402
-from trainer.config import TINY_CPU, edit_config_file, load_config, write_config  # noqa: E402
-from trainer.loop import train  # noqa: E402
-from trainer.telemetry import Emitter, StepReport  # noqa: E402
+from runledger.ingest.bus import SpoolSink  # noqa: E402
+from runledger.schemas.payloads import MoeLayerStats, MoeRouterStats, StepMetrics  # noqa: E402
+from runledger.trainer.config import TINY_CPU, edit_config_file, load_config, write_config  # noqa: E402
+from runledger.trainer.loop import train  # noqa: E402
+from runledger.trainer.telemetry import Emitter, StepReport  # noqa: E402
 
 SETTLE = 2  # steps after a switch left out (the file reload, hooks (un)installed, caches)
 TINY = [*TINY_CPU, "moe.capacity_factor=1.0", "schedule.decay='constant'", "telemetry.peak_tflops=0.16"]

@@ -25,15 +25,15 @@ from pathlib import Path
 
 warnings.filterwarnings("ignore")  # Megatron-Core's notes about Transformer Engine/Apex on CPU
 
-from ingest.bus import SpoolSink  # noqa: E402
-from ingest.wandb_import import find_offline_runs, import_offline_run, read_records  # noqa: E402
-from ingest.wandb_mirror import WandbMirror, offline_environment  # noqa: E402
-from schemas import make_event  # noqa: E402
-from schemas.payloads import MoeLayerStats  # noqa: E402
-from trainer.config import TINY_CPU, load_config, write_config  # noqa: E402
-from trainer.loop import train  # noqa: E402
-from trainer.mirror import step_values  # noqa: E402
-from trainer.telemetry import StepReport, router_stats, step_metrics  # noqa: E402
+from runledger.ingest.bus import SpoolSink  # noqa: E402
+from runledger.ingest.wandb_import import find_offline_runs, import_offline_run, read_records  # noqa: E402
+from runledger.ingest.wandb_mirror import WandbMirror, offline_environment  # noqa: E402
+from runledger.schemas import make_event  # noqa: E402
+from runledger.schemas.payloads import MoeLayerStats  # noqa: E402
+from runledger.trainer.config import TINY_CPU, load_config, write_config  # noqa: E402
+from runledger.trainer.loop import train  # noqa: E402
+from runledger.trainer.mirror import step_values  # noqa: E402
+from runledger.trainer.telemetry import StepReport, router_stats, step_metrics  # noqa: E402
 
 WARMUP = 3  # first steps of each run left out (allocator, caches, W&B's first writes)
 

@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ingest.bus import SpoolSink
-from ingest.wandb_online import CursorStore, import_online, open_api
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.wandb_online import CursorStore, import_online, open_api
 from tests.support.wandb_api_server import FIXTURES, RecordedRun, WandbApiServer
 
 TEMPLATE = "moe-ref-2c9k"

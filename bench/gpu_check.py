@@ -36,8 +36,8 @@ warnings.filterwarnings("ignore")  # Megatron-Core's notes about Transformer Eng
 
 import torch  # noqa: E402
 
-from ingest.bus import open_sink  # noqa: E402
-from trainer.config import (  # noqa: E402
+from runledger.ingest.bus import open_sink  # noqa: E402
+from runledger.trainer.config import (  # noqa: E402
     ModelConfig,
     MoeConfig,
     TrainConfig,
@@ -95,7 +95,7 @@ class NoCuda(RuntimeError):
 def grouped_gemm_support(dry_run: bool = False) -> tuple[str | None, str]:
     """(the expert module the trainer builds with ``moe.grouped_gemm = true`` on this install, or
     None; a few words on why not). The trainer's own check decides (``cpu_compat``)."""
-    from trainer.cpu_compat import grouped_gemm_module, grouped_gemm_problem
+    from runledger.trainer.cpu_compat import grouped_gemm_module, grouped_gemm_problem
 
     te = TrainConfig(model=ModelConfig(spec="transformer_engine"), moe=MoeConfig(grouped_gemm=True))
     local = TrainConfig(moe=MoeConfig(grouped_gemm=True))
@@ -145,8 +145,8 @@ def run_check(args: argparse.Namespace) -> Measured:
         support, why_not = None, "--grouped-gemm off"
     if args.grouped_gemm == "on" and support is None:
         raise NoCuda(f"--grouped-gemm on: {why_not}")
-    from trainer.cpu_compat import check_supported
-    from trainer.loop import train
+    from runledger.trainer.cpu_compat import check_supported
+    from runledger.trainer.loop import train
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from cli.extras import command_needs
-from cli.output import (
+from runledger import signals
+from runledger.cli.extras import command_needs
+from runledger.cli.output import (
     Format,
     VerboseOption,
     console,
@@ -29,7 +30,6 @@ from cli.output import (
     print_rows,
     third_party_warnings,
 )
-from runledger import signals
 
 # The demo's names for the options' defaults and help: that module imports only the standard library
 # and runledger's own light core at its top (the trainer, the bus and the ledger inside ``run_demo``).
@@ -45,10 +45,10 @@ from runledger.workflows.demo import (
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
-    from ingest.spool_ingester import IngestStats
+    from runledger.ingest.spool_ingester import IngestStats
+    from runledger.trainer.loop import TrainResult
+    from runledger.trainer.telemetry import StepReport
     from runledger.workflows.demo import DemoResult, DemoStop
-    from trainer.loop import TrainResult
-    from trainer.telemetry import StepReport
 
 INTERRUPTED_EXIT = 128 + signal.SIGINT
 

@@ -1,21 +1,21 @@
 """The ``ledger`` (and ``runledger``) console script: check the command's install extra, then run the app.
 
-``pip install runledger`` is the client library alone: it has no typer, no DuckDB, so ``cli.main``
+``pip install runledger`` is the client library alone: it has no typer, no DuckDB, so ``runledger.cli.main``
 cannot even import there. Before importing it, this says in one line which extra the command needs
-(``cli.extras``) when that extra is missing, and exits 1; otherwise it runs ``cli.main:app``.
+(``runledger.cli.extras``) when that extra is missing, and exits 1; otherwise it runs ``runledger.cli.main:app``.
 Standard library only, up to the app's import.
 """
 
 from __future__ import annotations
 
 # First of all: SIGINT/SIGTERM follow the command's policy from its first moment (issue 42).
-from cli import startup  # noqa: F401
+from runledger.cli import startup  # noqa: F401
 
 # isort: split
 import sys
 from collections.abc import Sequence
 
-from cli.extras import install_line, missing_extras
+from runledger.cli.extras import install_line, missing_extras
 
 # The commands that need more than the analyst's `ledger` extra (first word, or first two words).
 COMMAND_EXTRAS: dict[str, str] = {
@@ -87,13 +87,13 @@ def main() -> None:
     if line is not None:
         sys.stderr.write(f"error: {line}\n")
         raise SystemExit(1)
-    from cli.main import app
+    from runledger.cli.main import app
 
     # A command the analyst's extra runs until it opens a local ledger: that needs the operator's.
     try:
         app()
     except Exception as exc:
-        from ledger.duck import ExtensionMissing
+        from runledger.ledger.duck import ExtensionMissing
 
         if not isinstance(exc, ExtensionMissing):
             raise

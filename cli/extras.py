@@ -6,7 +6,7 @@ own: the DuckLake tables, ingesters, publishing; brings ``ledger``), ``trainer``
 trainer and the demo; brings ``operator``). A command whose extra is not installed says, in one line
 on stderr, which extra to install: never a traceback from deep inside an import.
 
-Standard library only: the ``ledger`` entry point (``cli.entry``) uses this before typer exists.
+Standard library only: the ``ledger`` entry point (``runledger.cli.entry``) uses this before typer exists.
 """
 
 from __future__ import annotations
@@ -106,11 +106,11 @@ def extra_imports(command: str, *extras: str) -> Iterator[None]:
 @contextmanager
 def command_needs(command: str, *extras: str) -> Iterator[None]:
     """``extra_imports`` inside a running command: the missing extra's line goes out through
-    ``cli.output.fail`` (one line on stderr, exit 1), as every command's errors do."""
+    ``runledger.cli.output.fail`` (one line on stderr, exit 1), as every command's errors do."""
     try:
         with extra_imports(command, *extras):
             yield
     except MissingExtraError as exc:
-        from cli.output import fail  # typer is there: the command is running
+        from runledger.cli.output import fail  # typer is there: the command is running
 
         raise fail(str(exc)) from None

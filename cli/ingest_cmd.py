@@ -1,14 +1,14 @@
 """`ledger ingest spool|kafka|github|wandb`: events from a bus or an outside system.
 
 ``spool`` and ``kafka`` fold the bus into the ledger. ``github`` and ``wandb`` are producers: they write
-events to the bus (``ingest.bus.open_sink``: the spool, or Kafka when configured), which
+events to the bus (``runledger.ingest.bus.open_sink``: the spool, or Kafka when configured), which
 ``ledger ingest spool`` (or ``kafka``) then folds in. For the producers a mistake a user can fix is one
 line on stderr and exit code 2; a failure outside their control (network, GitHub, W&B) exits 1; events
 Kafka had not taken when they end (left in the outage spool) are one line naming the count, the spool
 and the `ledger kafka drain-spool` command that sends them, and exit 3. The
 producers sign their events with the key file named by ``RUNLEDGER_PRODUCER_KEY`` when it is set
 (``_open_sink``, the one way they get a sink). ``wandb`` takes an offline run directory or, when no
-such path exists, an online ``ENTITY/PROJECT[/RUN]`` (``ingest.wandb_online``).
+such path exists, an online ``ENTITY/PROJECT[/RUN]`` (``runledger.ingest.wandb_online``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.kafka_cmd import (
+from runledger.cli.kafka_cmd import (
     BatchMaxOption,
     BootstrapOption,
     ConnectTimeoutOption,
@@ -33,7 +33,7 @@ from cli.kafka_cmd import (
     undelivered_exit,
     undelivered_of,
 )
-from cli.output import (
+from runledger.cli.output import (
     DEFAULT_LEDGER,
     LedgerOption,
     SpoolOption,
@@ -48,13 +48,13 @@ from cli.output import (
     progress,
     user_errors,
 )
-from cli.quarantine_summary import QuarantineTally, say_quarantined
-from ingest.kafka_config import COMMIT_BATCH_MAX
+from runledger.cli.quarantine_summary import QuarantineTally, say_quarantined
+from runledger.ingest.kafka_config import COMMIT_BATCH_MAX
 
 if TYPE_CHECKING:  # the bus and the signer load cryptography (~25 ms): imported by the commands using them
-    from ingest.bus import EventSink
-    from schemas import Envelope
-    from schemas.signing import Sealer
+    from runledger.ingest.bus import EventSink
+    from runledger.schemas import Envelope
+    from runledger.schemas.signing import Sealer
 
 
 def ingest_spool(
@@ -68,8 +68,8 @@ def ingest_spool(
 
     Example: ledger ingest spool --spool .runledger/spool --ledger .runledger/ledger
     """
-    from ingest import spool_ingester
-    from ledger.store import Ledger
+    from runledger.ingest import spool_ingester
+    from runledger.ledger.store import Ledger
 
     with user_errors(ledger), progress("ingest spool", "records") as report:
         if not spool.is_dir():
@@ -145,9 +145,9 @@ def ingest_kafka(
 
     Example: ledger ingest kafka --bootstrap localhost:9092 --group runledger-ingest
     """
-    from ingest.kafka_config import TopicUnavailableError
-    from ingest.kafka_ingester import run_ingester
-    from ledger.lake import LAKE_MARKER
+    from runledger.ingest.kafka_config import TopicUnavailableError
+    from runledger.ingest.kafka_ingester import run_ingester
+    from runledger.ledger.lake import LAKE_MARKER
 
     stop = threading.Event()
     started = time.monotonic()
@@ -198,7 +198,7 @@ def _missing_topic_hint(problem: str, topics: list[str], waited_s: float) -> str
     did not wait, that it can wait)."""
     if "does not exist" not in problem:
         return "" if waited_s else "; --wait-for-topic SECONDS waits for it"
-    from ingest.kafka_config import events_topic
+    from runledger.ingest.kafka_config import events_topic
 
     name = next((t for t in topics if f"topic {t} does not exist" in problem), events_topic())
     wait = "" if waited_s else ", or --wait-for-topic SECONDS waits for it"
@@ -233,20 +233,20 @@ def ingest_github(
 
     Example: ledger ingest github NVIDIA/Megatron-LM --since 2025-01-01   (token from $GITHUB_TOKEN)
     """
-    from ingest.github_backfill import (
+    from runledger.ingest.github_backfill import (
         BackfillError,
         JsonCursorStore,
         backfill,
         cursor_from_spool,
         default_cursor_file,
     )
-    from ingest.github_events import valid_repo
+    from runledger.ingest.github_events import valid_repo
 
     if not valid_repo(repo):
         raise fail(f"not a repository name: {repo!r} (expected OWNER/REPO)", 2)
     start = _parse_since(since) if since is not None else None
     token = _token(token_file)
-    from ingest.bus import default_spool_dir
+    from runledger.ingest.bus import default_spool_dir
 
     where = spool if spool is not None else default_spool_dir()
     try:
@@ -322,7 +322,7 @@ def ingest_wandb(
     Online, the API key is wandb's ($WANDB_API_KEY or `wandb login`) and the server is $WANDB_BASE_URL
     (default api.wandb.ai). A second import continues each run where the last stopped.
     """
-    from ingest.wandb_online import TARGET_RE
+    from runledger.ingest.wandb_online import TARGET_RE
 
     # A path that exists is a local run; else W&B's ENTITY/PROJECT[/RUN] form goes online; anything
     # else is a local path that is not there (and says so).
@@ -335,7 +335,7 @@ def ingest_wandb(
 def _ingest_wandb_offline(
     directory: Path, run_id: str | None, spool: Path | None, accept_partial: bool = False
 ) -> None:
-    from ingest.wandb_import import (
+    from runledger.ingest.wandb_import import (
         PartialImportError,
         WandbImportError,
         find_offline_runs,
@@ -369,13 +369,13 @@ def _ingest_wandb_offline(
 def _ingest_wandb_online(
     target: str, run_id: str | None, spool: Path | None, cursor_file: Path | None
 ) -> None:
-    from ingest.wandb_cursor import CursorFileError, CursorStore, default_cursor_file
-    from ingest.wandb_online import OnlineImportError, import_online, open_api, parse_target
+    from runledger.ingest.wandb_cursor import CursorFileError, CursorStore, default_cursor_file
+    from runledger.ingest.wandb_online import OnlineImportError, import_online, open_api, parse_target
 
     _, _, run_name = parse_target(target)
     if run_id is not None and run_name is None:
         raise fail("--run-id needs one run (ENTITY/PROJECT/RUN)", 2)
-    from ingest.bus import default_spool_dir
+    from runledger.ingest.bus import default_spool_dir
 
     where = spool if spool is not None else default_spool_dir()
     try:
@@ -405,7 +405,7 @@ def _producer_sealer() -> Sealer | None:
     """The ingest commands' signer: the key file named by ``RUNLEDGER_PRODUCER_KEY``, as for the
     trainer. Not chained: an import may stop and resume in a new process (and GitHub events all have
     ``seq`` 0), so a chain would restart at genesis; each event is still signed."""
-    from schemas.signing import PRODUCER_KEY_ENV, Sealer
+    from runledger.schemas.signing import PRODUCER_KEY_ENV, Sealer
 
     try:
         return Sealer.from_env(chain=False)
@@ -420,8 +420,8 @@ def _producer_sealer() -> Sealer | None:
 def _open_sink(spool: Path | None, what: str = "") -> EventSink:
     """The producer's sink (signed when a key is set); with ``what``, it shows its progress (events
     written) until it is closed."""
-    from ingest.bus import default_spool_dir, open_sink
-    from ingest.spool import SpoolLockedError
+    from runledger.ingest.bus import default_spool_dir, open_sink
+    from runledger.ingest.spool import SpoolLockedError
 
     sealer = _producer_sealer()
     where = spool if spool is not None else default_spool_dir()
@@ -448,7 +448,7 @@ def _undelivered_exit(sink: EventSink, done: str) -> typer.Exit | None:
 
 
 class _ProgressSink:
-    """A sink that shows how many events went through it (``cli.output.progress``) until closed."""
+    """A sink that shows how many events went through it (``runledger.cli.output.progress``) until closed."""
 
     def __init__(self, sink: EventSink, what: str) -> None:
         self.sink = sink

@@ -2,7 +2,7 @@
 
 The ledger is created empty; the log key (``NAME.key``, owner-only, and ``NAME.pub``, in the ledger's
 own key folder ``LEDGER/.keys`` unless ``--keys`` names another) signs its log checkpoints (``ledger
-checkpoint``), and the lake records its public half (``ledger.log_key``); the registry starts as one
+checkpoint``), and the lake records its public half (``runledger.ledger.log_key``); the registry starts as one
 ``ledger.policy.changed`` event, so from the first event on only registered producers (``ledger
 producers add``) and the sources named by ``--allow-unsigned`` are admitted. Run again, it changes
 nothing and says so in one line.
@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.merkle_cmd import KeyDir, key_dir
-from cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, plural, user_errors
+from runledger.cli.merkle_cmd import KeyDir, key_dir
+from runledger.cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, plural, user_errors
 
 if TYPE_CHECKING:
-    from ledger.log_key import LogKey
-    from ledger.store import Ledger
+    from runledger.ledger.log_key import LogKey
+    from runledger.ledger.store import Ledger
 
 
 def init(
@@ -64,8 +64,8 @@ def init(
 
     Example: ledger init --ledger .runledger/ledger
     """
-    from ledger.registry import RegistryRaced, append_registry_event, registry_entries
-    from schemas.payloads import PolicyChanged
+    from runledger.ledger.registry import RegistryRaced, append_registry_event, registry_entries
+    from runledger.schemas.payloads import PolicyChanged
 
     if data is not None and catalog is None:
         raise fail("--data needs --catalog", 2)
@@ -105,7 +105,7 @@ def init(
 def _new_ledger(ledger: Path, catalog: str | None, data: str | None) -> Ledger:
     """The ledger made at ``ledger``: on ``catalog`` when given (or joined: another folder's lake),
     else a lake with its catalog in the folder."""
-    from ledger.store import Ledger
+    from runledger.ledger.store import Ledger
 
     return Ledger.create(ledger) if catalog is None else Ledger.create_on_lake(ledger, catalog, data)
 
@@ -113,7 +113,7 @@ def _new_ledger(ledger: Path, catalog: str | None, data: str | None) -> Ledger:
 def _the_ledgers_key(store: Ledger, keys: Path) -> LogKey | None:
     """The ledger's log key from ``keys`` when its lake records one (a one-line error naming it and
     where to copy it when ``keys`` lacks it); None when the lake records none."""
-    from ledger.log_key import log_key_in, missing_key_line, recorded_log_key
+    from runledger.ledger.log_key import log_key_in, missing_key_line, recorded_log_key
 
     recorded = recorded_log_key(store)
     if recorded is None:
@@ -128,8 +128,8 @@ def _the_log_key(store: Ledger, keys: Path, name: str) -> tuple[Path, str]:
     """A new ledger's log key: the one its lake records (another folder's init got there first), or
     NAME's in ``keys`` (made now if missing) recorded as it. Returns the key file to show and how it
     came (new, kept, the ledger's)."""
-    from ledger.log_key import LogKey, missing_key_line, record_log_key
-    from schemas.note import key_stem, parse_private_key, public_key_of, write_keypair
+    from runledger.ledger.log_key import LogKey, missing_key_line, record_log_key
+    from runledger.schemas.note import key_stem, parse_private_key, public_key_of, write_keypair
 
     held = _the_ledgers_key(store, keys)
     if held is not None:
@@ -181,8 +181,8 @@ def _say_joined(store: Ledger, ledger: Path, catalog: str, keys: Path) -> None:
 def _existing(path: Path) -> Ledger | None:
     """The ledger at ``path`` if there is one; None if the place is free; a one-line error if it is
     something else (a file, or a folder holding other things)."""
-    from ledger.log_key import KEYS_DIR
-    from ledger.store import Ledger
+    from runledger.ledger.log_key import KEYS_DIR
+    from runledger.ledger.store import Ledger
 
     if (path / "LEDGER.json").is_file() or (path / "LAKE.json").is_file():
         return Ledger.open(path)

@@ -2,7 +2,7 @@
 was doing (``runledger.signals``).
 
 ``InterruptibleGroup`` (the app's group) and ``InterruptibleCommand`` (a command run on its own,
-``python -m cli.train_cmd``) parse and run the command inside ``signals.listening``: a signal is
+``python -m runledger.cli.train_cmd``) parse and run the command inside ``signals.listening``: a signal is
 recorded until acted on, ``Interrupted`` ends the command with its code, and a signal still pending
 when the command returns (deferred and never honoured, or its raise swallowed by a library, or turned
 by C code into an ordinary error) ends it the same way, never with 0 or a generic 1.
@@ -17,8 +17,8 @@ from typing import Any
 import typer
 from typer.core import TyperCommand
 
-from cli.output import DiskFullGroup, fail
 from runledger import signals
+from runledger.cli.output import DiskFullGroup, fail
 
 
 def interrupted_exit(signum: int, note: str = "") -> typer.Exit:

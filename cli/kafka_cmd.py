@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.output import commits_counted, console, err_console, fail, plural, progress, user_errors
-from cli.quarantine_summary import QuarantineTally, say_quarantined
-from ingest.kafka_config import COMMIT_BATCH_MAX
+from runledger.cli.output import commits_counted, console, err_console, fail, plural, progress, user_errors
+from runledger.cli.quarantine_summary import QuarantineTally, say_quarantined
+from runledger.ingest.kafka_config import COMMIT_BATCH_MAX
 
 if TYPE_CHECKING:  # kafka-python is slow to import: the CLI loads it only for Kafka commands
-    from ingest.kafka_sink import Undelivered
+    from runledger.ingest.kafka_sink import Undelivered
 
 BootstrapOption = Annotated[
     str | None,
@@ -44,7 +44,7 @@ def kafka_errors() -> Iterator[None]:
     """Broker trouble as one line and a non-zero exit (on top of the ledger's own user errors)."""
     from kafka.errors import KafkaError
 
-    from ingest.kafka_config import BrokerUnavailableError, TopicUnavailableError
+    from runledger.ingest.kafka_config import BrokerUnavailableError, TopicUnavailableError
 
     with user_errors():
         try:
@@ -101,8 +101,8 @@ def replay(
 
     Example: ledger replay --bootstrap localhost:9092 --to /tmp/rebuilt
     """
-    from ingest import kafka_replay
-    from ledger.registry import read_registry
+    from runledger.ingest import kafka_replay
+    from runledger.ledger.registry import read_registry
 
     with kafka_errors(), progress("replay", "records") as report:
         tally = QuarantineTally(then=commits_counted(report))
@@ -144,8 +144,8 @@ def drain_spool(
 
     Example: ledger kafka drain-spool --spool .runledger/spool --bootstrap localhost:9092
     """
-    from ingest.kafka_sink import KafkaSink
-    from ingest.spool import SpoolLockedError, pending_files, remove_pending
+    from runledger.ingest.kafka_sink import KafkaSink
+    from runledger.ingest.spool import SpoolLockedError, pending_files, remove_pending
 
     if not spool.is_dir():
         raise fail(f"no spool at {spool}")
@@ -173,11 +173,11 @@ def drain_spool(
 def undelivered_of(sink: object) -> Undelivered | None:
     """What a closed producer sink left off Kafka (in its outage spool); None for the spool bus,
     where the spool is the bus and nothing waits off it."""
-    from ingest.bus import SpoolSink
+    from runledger.ingest.bus import SpoolSink
 
     if isinstance(sink, SpoolSink):  # spared kafka-python's import
         return None
-    from ingest.kafka_sink import KafkaSink
+    from runledger.ingest.kafka_sink import KafkaSink
 
     return sink.undelivered() if isinstance(sink, KafkaSink) else None
 
@@ -185,7 +185,7 @@ def undelivered_of(sink: object) -> Undelivered | None:
 def undelivered_exit(done: str, undelivered: Undelivered) -> typer.Exit:
     """The end of a process that leaves events off Kafka: what it did, how many wait where, and the
     command that sends them, on one line; exit ``UNDELIVERED_EXIT_CODE`` (3). The caller raises it."""
-    from ingest.kafka_sink import UNDELIVERED_EXIT_CODE
+    from runledger.ingest.kafka_sink import UNDELIVERED_EXIT_CODE
 
     return fail(f"{done}; {undelivered.line()}", UNDELIVERED_EXIT_CODE)
 
@@ -227,7 +227,7 @@ def topic_create(
 
     Example: ledger kafka topic create runledger.events --partitions 12 --bootstrap localhost:9092
     """
-    from ingest.kafka_admin import TopicExistsError, admin_client, create_topic
+    from runledger.ingest.kafka_admin import TopicExistsError, admin_client, create_topic
 
     configs = _topic_configs(config or [])
     with kafka_errors(), admin_client(bootstrap, connect_timeout) as admin:
@@ -264,7 +264,7 @@ def topic_add_partitions(
 
     Example: ledger kafka topic add-partitions runledger.events --partitions 12
     """
-    from ingest.kafka_admin import add_partitions, admin_client
+    from runledger.ingest.kafka_admin import add_partitions, admin_client
 
     with kafka_errors(), admin_client(bootstrap, connect_timeout) as admin:
         try:
@@ -292,7 +292,7 @@ def topic_describe(
 
     Example: ledger kafka topic describe runledger.events --group runledger-ingest
     """
-    from ingest.kafka_admin import admin_client, describe_topic
+    from runledger.ingest.kafka_admin import admin_client, describe_topic
 
     with kafka_errors(), admin_client(bootstrap, connect_timeout) as admin:
         info = describe_topic(admin, topic, group)

@@ -10,8 +10,8 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from cli.merkle_cmd import DEFAULT_FETCH_TIMEOUT_S, FetchTimeoutOption, fetch_timeout_s
-from cli.output import (
+from runledger.cli.merkle_cmd import DEFAULT_FETCH_TIMEOUT_S, FetchTimeoutOption, fetch_timeout_s
+from runledger.cli.output import (
     DEFAULT_LEDGER,
     AtCheckpointOption,
     Format,
@@ -41,7 +41,7 @@ RunArgument = Annotated[
 ]
 
 
-# The limits one statement runs under (``ledger.sql_guard.QueryLimits``): `ledger query` and `ledger shell`.
+# The limits one statement runs under (``runledger.ledger.sql_guard.QueryLimits``): `ledger query` and `ledger shell`.
 TimeoutOption = Annotated[
     float | None,
     typer.Option(
@@ -71,7 +71,7 @@ SpillLimitOption = Annotated[
 
 def query_limits(timeout: float | None, memory: str | None, spill: str | None) -> Any:
     """The ``QueryLimits`` the options give, or a one-line usage error."""
-    from ledger.sql_guard import query_limits as limits_of
+    from runledger.ledger.sql_guard import query_limits as limits_of
 
     try:
         return limits_of(timeout, memory, spill)
@@ -82,7 +82,7 @@ def query_limits(timeout: float | None, memory: str | None, spill: str | None) -
 def _reader(ledger: Path, snapshot: int | None = None, at_checkpoint: Path | None = None, limits: Any = None):
     """The ledger's reader; a ledger on DuckLake answers at one snapshot (the newest, ``snapshot``, or
     the one a signed checkpoint pins), named on stderr when one was asked for."""
-    from ledger.query import Reader
+    from runledger.ledger.query import Reader
 
     text = None
     if at_checkpoint is not None:
@@ -189,8 +189,8 @@ def query(
 def _direct_sql(url: str, log_key: str | None, sql: str, limits: Any, deadline_s: float) -> Any:
     import base64
 
-    from cli.merkle_cmd import _vkey
-    from ledger.remote import RemoteError, query_direct
+    from runledger.cli.merkle_cmd import _vkey
+    from runledger.ledger.remote import RemoteError, query_direct
 
     if log_key is None:
         raise fail("--remote needs --log-key VKEY (the published log's public key)", 2)
@@ -214,8 +214,8 @@ def _direct_sql(url: str, log_key: str | None, sql: str, limits: Any, deadline_s
 def _remote_sql(url: str, log_key: str | None, cache: Path, sql: str, limits: Any, deadline_s: float) -> Any:
     import base64
 
-    from cli.merkle_cmd import _vkey
-    from ledger.remote import RemoteError, fetch_copy
+    from runledger.cli.merkle_cmd import _vkey
+    from runledger.ledger.remote import RemoteError, fetch_copy
 
     if log_key is None:
         raise fail("--remote needs --log-key VKEY (the published log's public key)", 2)
@@ -279,7 +279,7 @@ def history(
     of a range, --all every event of the run.
     Example: ledger history latest --from-step 81000 --to-step 82000
     """
-    from ledger.history import history_counts, history_range, summarise_history
+    from runledger.ledger.history import history_counts, history_range, summarise_history
 
     fmt = resolve_format(fmt, output)
     with user_errors(ledger):
@@ -377,7 +377,7 @@ def state(
             markup=False,
         )
     console.print(f"  GitHub events so far: {len(result.github)}", highlight=False)
-    from ledger.history import incident_text
+    from runledger.ledger.history import incident_text
 
     for fact in result.incidents:  # ``  incident: 8 events lost by the producer (trainer/r/a1, …): …``
         console.print(f"  incident: {incident_text(fact, brief=True)}", highlight=False, markup=False)
@@ -518,7 +518,7 @@ def compact(ledger: LedgerOption = DEFAULT_LEDGER) -> None:
 
     Example: ledger compact --ledger .runledger/ledger
     """
-    from ledger.store import Ledger
+    from runledger.ledger.store import Ledger
 
     with user_errors(ledger), Ledger.open(ledger) as opened:
         result = opened.compact()
@@ -535,8 +535,8 @@ def views(ledger: LedgerOption = DEFAULT_LEDGER) -> None:
 
     Example: ledger views && cd .runledger/ledger && duckdb -init views.sql   (or just: ledger shell)
     """
-    from ledger.store import Ledger
-    from ledger.views import write_views_file
+    from runledger.ledger.store import Ledger
+    from runledger.ledger.views import write_views_file
 
     with user_errors(ledger), Ledger.open(ledger) as opened:
         path = write_views_file(opened.root)

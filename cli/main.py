@@ -8,7 +8,7 @@ and its groups and registers every command, by name, below (and nowhere else). L
 from __future__ import annotations
 
 # First of all: SIGINT/SIGTERM follow the command's policy from its first moment (issue 42).
-from cli import startup  # noqa: F401
+from runledger.cli import startup  # noqa: F401
 
 # isort: split
 import importlib.util
@@ -21,7 +21,8 @@ from typing import Annotated, Any, Protocol
 import typer
 from typer.core import TyperArgument
 
-from cli import (
+from runledger import signals
+from runledger.cli import (
     demo_cmd,
     ingest_cmd,
     init_cmd,
@@ -42,9 +43,8 @@ from cli import (
     study_cmd,
     train_cmd,
 )
-from cli.interrupts import InterruptibleGroup
-from cli.output import Program, fail
-from runledger import signals
+from runledger.cli.interrupts import InterruptibleGroup
+from runledger.cli.output import Program, fail
 
 
 def _usage_name(self: TyperArgument) -> str:
@@ -98,7 +98,7 @@ _rich_utils.rich_format_error = _usage_error  # typer's _main looks it up at eac
 
 
 class _App(typer.Typer):
-    """The app. Called as the program (the ``ledger`` script, ``python -m cli.main``), it is still
+    """The app. Called as the program (the ``ledger`` script, ``python -m runledger.cli.main``), it is still
     starting until its command runs (typer builds the command, click parses): a signal until then
     exits at once with 128 + N, nothing done. (Tests invoke it through click, not this call.)"""
 
@@ -136,7 +136,7 @@ producers_app = typer.Typer(
     help="Producer keys and what each may write (kept as events in the log).", no_args_is_help=True
 )
 prove_app = typer.Typer(
-    help="Proofs anyone can check with `python -m ledger.verifier`.", no_args_is_help=True
+    help="Proofs anyone can check with `python -m runledger.ledger.verifier`.", no_args_is_help=True
 )
 
 

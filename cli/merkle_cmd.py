@@ -1,7 +1,7 @@
 """Tamper-evidence commands: `ledger keys init`, `checkpoint`, `verify`, `prove inclusion|consistency`.
 
 A "checkpoint" here is a log checkpoint: a signed tree head (C2SP tlog-checkpoint in a signed note,
-``ledger.log_checkpoint``) of one event stream's Merkle tree, not a model checkpoint.
+``runledger.ledger.log_checkpoint``) of one event stream's Merkle tree, not a model checkpoint.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.output import (
+from runledger.cli.output import (
     DEFAULT_LEDGER,
     LedgerOption,
     OutputOption,
@@ -27,8 +27,8 @@ from cli.output import (
 )
 
 if TYPE_CHECKING:
-    from ledger.log_key import LogKey
-    from ledger.store import Ledger
+    from runledger.ledger.log_key import LogKey
+    from runledger.ledger.store import Ledger
 
 # Default: the ledger's own key folder (``key_dir``), never the current directory's.
 KeyDir = Annotated[
@@ -37,7 +37,9 @@ KeyDir = Annotated[
         "--keys", envvar="RUNLEDGER_KEYS", help="Key directory (default: LEDGER/.keys).", show_default=False
     ),
 ]
-DEFAULT_FETCH_TIMEOUT_S = 300.0  # ledger.monitor.DEFAULT_DEADLINE_S (not imported: the CLI loads lazily)
+DEFAULT_FETCH_TIMEOUT_S = (
+    300.0  # runledger.ledger.monitor.DEFAULT_DEADLINE_S (not imported: the CLI loads lazily)
+)
 # The total time one remote command may take (connections, every read, all files together).
 FetchTimeoutOption = Annotated[
     float,
@@ -59,9 +61,9 @@ _SAID_OLD_LAYOUT: set[Path] = set()  # key folders of the layout before, already
 
 
 def key_dir(keys: Path | None, ledger: Path) -> Path:
-    """``--keys`` when given, else the ledger's own (``ledger.log_key.default_keys``): said once, in
+    """``--keys`` when given, else the ledger's own (``runledger.ledger.log_key.default_keys``): said once, in
     a note, when that is a key folder of the layout before, beside the ledger."""
-    from ledger.log_key import KEYS_DIR, default_keys
+    from runledger.ledger.log_key import KEYS_DIR, default_keys
 
     if keys is not None:
         return keys
@@ -82,8 +84,8 @@ def _log_signing_key(ledger: Path, keys: Path, name: str | None) -> str:
     as its lake records it, from ``keys`` (``--name`` may only name that one); on a lake that records
     none yet (and on part files), chosen without guessing and then recorded (``_chosen_key``). A key
     folder without the ledger's key, or holding another, is one line naming the keys."""
-    from ledger.log_key import private_keys, recorded_log_key
-    from ledger.store import Ledger
+    from runledger.ledger.log_key import private_keys, recorded_log_key
+    from runledger.ledger.store import Ledger
 
     found = private_keys(keys)
     with Ledger.open(ledger) as opened:
@@ -99,13 +101,13 @@ def _log_signing_key(ledger: Path, keys: Path, name: str | None) -> str:
 
 
 def _key_name(vkey: str) -> str:
-    from schemas.note import parse_public_key
+    from runledger.schemas.note import parse_public_key
 
     return parse_public_key(vkey).name
 
 
 def _wrong_key_line(ledger_id: str, recorded: str, held: list[LogKey], keys: Path) -> str:
-    from ledger.log_key import missing_key_line, other_key_line
+    from runledger.ledger.log_key import missing_key_line, other_key_line
 
     return (
         other_key_line(ledger_id, recorded, held, keys)
@@ -116,7 +118,7 @@ def _wrong_key_line(ledger_id: str, recorded: str, held: list[LogKey], keys: Pat
 
 def _log_key_candidates(opened: Ledger, found: list[LogKey]) -> list[LogKey]:
     """The keys of ``found`` that may be a log key: not a producer key of the ledger."""
-    from ledger.registry import producers
+    from runledger.ledger.registry import producers
 
     registered = set(producers(opened).keys)
     return [key for key in found if key.fingerprint not in registered]
@@ -126,8 +128,8 @@ def _chosen_key(opened: Ledger, found: list[LogKey], keys: Path, name: str | Non
     """The log key of a ledger whose lake records none, chosen without guessing: a key file is named
     after its key (``NAME.key``), producer keys of the ledger are never it, and among several the one
     that signed the ledger's checkpoints so far (or ``--name``) is; otherwise a one-line error."""
-    from ledger.integrity import CHECKPOINTS
-    from ledger.log_checkpoint import note_signers
+    from runledger.ledger.integrity import CHECKPOINTS
+    from runledger.ledger.log_checkpoint import note_signers
 
     if not found:
         raise fail(f"no .key key in {keys} (create one with `ledger keys init` or `ledger init`)")
@@ -148,7 +150,7 @@ def _chosen_key(opened: Ledger, found: list[LogKey], keys: Path, name: str | Non
 def _as_the_ledgers(opened: Ledger, key: LogKey, keys: Path) -> str:
     """``key``'s private text once the lake records it as the ledger's log key (recorded now when it
     records none); a one-line error naming both keys when it records another."""
-    from ledger.log_key import other_key_line, record_log_key
+    from runledger.ledger.log_key import other_key_line, record_log_key
 
     recorded = record_log_key(opened, key.vkey)
     if recorded != key.vkey:
@@ -159,9 +161,9 @@ def _as_the_ledgers(opened: Ledger, key: LogKey, keys: Path) -> str:
 def checked_log_key(ledger: Path, key_file: Path) -> str:
     """A private key file given by name (``ledger redact --key``): its text, when it is the ledger's
     log key (recorded as it when the lake records none yet); otherwise one line naming both keys."""
-    from ledger.log_key import LogKey
-    from ledger.store import Ledger
-    from schemas.note import parse_private_key, public_key_of
+    from runledger.ledger.log_key import LogKey
+    from runledger.ledger.store import Ledger
+    from runledger.schemas.note import parse_private_key, public_key_of
 
     try:
         text = key_file.read_text()
@@ -177,7 +179,7 @@ def checked_log_key(ledger: Path, key_file: Path) -> str:
 def _public_keys(keys: Path) -> list[tuple[Path, str]]:
     """Every public key of the folder: its ``.pub`` files, and the public half of each ``.key`` file
     without one (a host brings only the ledger's private key file)."""
-    from schemas.note import CheckpointError, parse_private_key, public_key_of
+    from runledger.schemas.note import CheckpointError, parse_private_key, public_key_of
 
     if not keys.is_dir():
         return []
@@ -202,7 +204,7 @@ def keys_init(
 
     Example: ledger keys init --name ci --keys ci-keys
     """
-    from schemas.note import write_keypair
+    from runledger.schemas.note import write_keypair
 
     keys = key_dir(keys, ledger)
     with user_errors():
@@ -226,7 +228,7 @@ def checkpoint(
     The key is the ledger's log key (its lake records it), from --keys (default: LEDGER/.keys).
     Example: ledger checkpoint
     """
-    from ledger.integrity import sign_checkpoints
+    from runledger.ledger.integrity import sign_checkpoints
 
     with user_errors(ledger):
         written = sign_checkpoints(ledger, _log_signing_key(ledger, key_dir(keys, ledger), name))
@@ -292,7 +294,7 @@ def verify(
     if remote is not None:
         _verify_remote(remote, log_key, witness or [], quorum, state, fetch_timeout_s(fetch_timeout))
         return
-    from ledger.integrity import CHECKPOINTS, verify_ledger
+    from runledger.ledger.integrity import CHECKPOINTS, verify_ledger
 
     with user_errors(ledger), progress("verify", "events") as shown:
         if public_key is not None:
@@ -356,7 +358,7 @@ def verify(
 
 def _vkey(text: str) -> str:
     """A public key given inline or as a .pub file, checked (exit 2 with one line if it is not one)."""
-    from schemas.note import CheckpointError, parse_public_key
+    from runledger.schemas.note import CheckpointError, parse_public_key
 
     key = Path(text).read_text().strip() if Path(text).is_file() else text
     try:
@@ -374,10 +376,10 @@ def _verify_remote(
     state: Path | None,
     timeout_s: float,
 ) -> None:
-    from ledger.monitor import MonitorError
-    from ledger.remote import default_state_path, verify_remote
-    from ledger.witness import parse_cosignature_key
-    from schemas.note import CheckpointError
+    from runledger.ledger.monitor import MonitorError
+    from runledger.ledger.remote import default_state_path, verify_remote
+    from runledger.ledger.witness import parse_cosignature_key
+    from runledger.schemas.note import CheckpointError
 
     if log_key is None:
         raise fail("--remote needs --log-key VKEY (the published log's public key)", 2)
@@ -409,8 +411,8 @@ def _verify_remote(
 
 def _leaf_bytes(ledger: Path, doc: dict) -> bytes:
     """The canonical bytes of the event a proof is for: the leaf the verifier hashes itself."""
-    from ledger.merkle import leaf_hash
-    from ledger.query import Reader
+    from runledger.ledger.merkle import leaf_hash
+    from runledger.ledger.query import Reader
 
     rows = (
         Reader(ledger)
@@ -477,7 +479,7 @@ def prove_inclusion(
         return
     if fmt != "json":
         raise fail(f"--format is json or tlog-proof, not {fmt!r}", 2)
-    from ledger.integrity import prove_inclusion as prove
+    from runledger.ledger.integrity import prove_inclusion as prove
 
     with user_errors(ledger):
         doc = prove(ledger, event_id, source)
@@ -510,7 +512,7 @@ def _prove_tlog(
     output: Path | None,
     leaf_out: Path | None,
 ) -> None:
-    from ledger.remote import RemoteError, prove_published
+    from runledger.ledger.remote import RemoteError, prove_published
 
     if dest is None:
         raise fail("--format tlog-proof needs --published DEST (the folder `ledger publish` wrote)", 2)
@@ -530,8 +532,8 @@ def _prove_tlog(
 
 def _salt_hex_of(ledger: Path, event_id: str, source: str | None) -> str:
     """The event's salt in hex ("" for an event stored before salts)."""
-    from ledger.redaction import find_event, salt_of, stored_rows
-    from ledger.store import Ledger
+    from runledger.ledger.redaction import find_event, salt_of, stored_rows
+    from runledger.ledger.store import Ledger
 
     with user_errors(ledger), Ledger.open(ledger) as opened:
         stored = stored_rows(opened)
@@ -541,7 +543,7 @@ def _salt_hex_of(ledger: Path, event_id: str, source: str | None) -> str:
 
 
 def _leaf_bytes_of(ledger: Path, event_id: str, source: str | None) -> bytes:
-    from ledger.query import Reader
+    from runledger.ledger.query import Reader
 
     where, params = ("id = ? AND source = ?", [event_id, source]) if source else ("id = ?", [event_id])
     rows = Reader(ledger).sql(f"SELECT canonical FROM events WHERE {where}", params).rows
@@ -577,8 +579,8 @@ def verify_proof(
     """
     import json
 
-    from ledger.redaction import entry_matches
-    from ledger.remote import RemoteError, verify_tlog_proof
+    from runledger.ledger.redaction import entry_matches
+    from runledger.ledger.remote import RemoteError, verify_tlog_proof
 
     key = _vkey(log_key)
     with user_errors():
@@ -624,7 +626,7 @@ def prove_consistency(
 
     Example: ledger prove consistency run-a --from 100 -o proof.json
     """
-    from ledger.integrity import prove_consistency as prove
+    from runledger.ledger.integrity import prove_consistency as prove
 
     with user_errors(ledger):
         doc = prove(ledger, stream, from_size, to_size)

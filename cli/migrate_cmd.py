@@ -1,4 +1,4 @@
-"""`ledger migrate OLD NEW`: a ledger of part files into the DuckLake format (ledger.lake_migrate)."""
+"""`ledger migrate OLD NEW`: a ledger of part files into the DuckLake format (runledger.ledger.lake_migrate)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli.output import console, fail, plural, user_errors
+from runledger.cli.output import console, fail, plural, user_errors
 
 
 def migrate(
@@ -29,7 +29,7 @@ def migrate(
 
     Example: ledger migrate .runledger/ledger .runledger/lake
     """
-    from ledger.lake_migrate import MigrateError, migrate_into
+    from runledger.ledger.lake_migrate import MigrateError, migrate_into
 
     # The whole migration or nothing: migrate_into checks OLD before it makes NEW, and removes what it
     # made when a commit fails or the result differs, so a refusal is one line and leaves nothing.

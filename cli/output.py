@@ -58,7 +58,7 @@ TABLE_ROWS_DEFAULT = 40  # rows a terminal table shows unless --limit says other
 
 
 class Program:
-    """Whether this process is the ``ledger`` program itself (set by ``cli.main``'s app when called
+    """Whether this process is the ``ledger`` program itself (set by ``runledger.cli.main``'s app when called
     as the program), not a test or a library calling the app: only the program is sure to hold no
     other connection to a lake's catalog, so only it reads a SQLite catalog with Python's sqlite3."""
 
@@ -113,7 +113,7 @@ LimitOption = Annotated[
 FullOption = Annotated[
     bool, typer.Option("--full", help="Whole hashes and cells in tables (no shortening, no fitting).")
 ]
-# Where a producer command (ingest github/wandb, serve webhooks) puts its events: see ingest.bus.open_sink.
+# Where a producer command (ingest github/wandb, serve webhooks) puts its events: see runledger.ingest.bus.open_sink.
 SpoolOption = Annotated[
     Path | None,
     typer.Option(
@@ -142,8 +142,8 @@ def user_errors(ledger: Path | None = None) -> Iterator[None]:
 
     Given the command's ``ledger``, a missing ledger's line points at the ledger that does exist.
     """
-    from ledger.duck import ExtensionMissing  # here, not at the top: pyarrow is slow to import
-    from ledger.store import LedgerError
+    from runledger.ledger.duck import ExtensionMissing  # here, not at the top: pyarrow is slow to import
+    from runledger.ledger.store import LedgerError
 
     try:
         yield
@@ -300,7 +300,7 @@ def _write_parquet(columns: Sequence[str], rows: Sequence[Sequence[Any]], output
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from schemas.durable import write_durably
+    from runledger.schemas.durable import write_durably
 
     try:
         table = pa.table({c: [r[i] for r in rows] for i, c in enumerate(columns)})
@@ -448,7 +448,7 @@ def _write_text(text: str, output: Path | None) -> None:
         sys.stdout.flush()
     else:
         # Imported here: `schemas` brings NumPy, which a command that prints to stdout never needs.
-        from schemas.durable import write_durably
+        from runledger.schemas.durable import write_durably
 
         write_durably(output, text)
 
@@ -673,7 +673,7 @@ def _bar(what: str, unit: str) -> Iterator[ProgressCallback]:
 
 def commits_counted(report: ProgressCallback) -> Callable[[Any], None]:
     """An ingester's ``on_commit`` that reports the records read so far (each record of a batch is
-    accepted, a duplicate, skipped or quarantined: ``ledger.store.CommitResult``)."""
+    accepted, a duplicate, skipped or quarantined: ``runledger.ledger.store.CommitResult``)."""
     read = [0]
 
     def on_commit(result: Any) -> None:

@@ -1,5 +1,5 @@
 """`ledger serve page`: the run's page, live (a web page per run and an index of runs, over a local
-ledger or a published copy of one). The work is in ``ledger.live_page``; this is a thin shell."""
+ledger or a published copy of one). The work is in ``runledger.ledger.live_page``; this is a thin shell."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.merkle_cmd import DEFAULT_FETCH_TIMEOUT_S, fetch_timeout_s
-from cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, user_errors
+from runledger.cli.merkle_cmd import DEFAULT_FETCH_TIMEOUT_S, fetch_timeout_s
+from runledger.cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, user_errors
 
 if TYPE_CHECKING:
-    from ledger.live_page import Witnesses
+    from runledger.ledger.live_page import Witnesses
 
 
 def serve_page(
@@ -72,8 +72,8 @@ def serve_page(
     Example: ledger serve page --ledger .runledger/demo/ledger --port 8790
     Example: ledger serve page --remote https://example.org/log/ --log-key log.pub --witness w1.vkey --quorum 1
     """
-    from ledger.live_page import serve
-    from ledger.store import Ledger
+    from runledger.ledger.live_page import serve
+    from runledger.ledger.store import Ledger
 
     if not 0 < port < 65536:
         raise fail(f"--port {port}: give 1..65535", 2)
@@ -98,7 +98,7 @@ def serve_page(
 
 def _witnesses(given: list[str], quorum: int | None) -> Witnesses:
     """The --witness keys (inline or a file each) and --quorum, checked: one line and exit 2 if bad."""
-    from ledger.live_page import Witnesses
+    from runledger.ledger.live_page import Witnesses
 
     if quorum is not None and not given:
         raise fail("--quorum needs --witness VKEY (the keys whose cosignatures count)", 2)
@@ -127,8 +127,8 @@ def _serve_remote(
     witnesses: Witnesses,
     timeout_s: float,
 ) -> None:
-    from cli.merkle_cmd import _vkey
-    from ledger.live_page import serve_published
+    from runledger.cli.merkle_cmd import _vkey
+    from runledger.ledger.live_page import serve_published
 
     if log_key is None:
         raise fail("--remote needs --log-key VKEY (the published log's public key)", 2)

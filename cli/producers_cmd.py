@@ -1,7 +1,7 @@
 """`ledger producers add|rotate|revoke|list|policy`: the producer registry, kept as events in the log.
 
 Each command appends one ``ledger.producer.*`` or ``ledger.policy.changed`` event to the ledger
-(``ledger.registry``; ingest judges events by them in ``ledger.admission``), so who was allowed to
+(``runledger.ledger.registry``; ingest judges events by them in ``runledger.ledger.admission``), so who was allowed to
 write what, and when that changed, is on the record. A ledger with no such event admits unsigned
 events from every source, as before.
 """
@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from cli.output import (
+from runledger.cli.output import (
     DEFAULT_LEDGER,
     FormatOption,
     FullOption,
@@ -35,16 +35,16 @@ ActorOption = Annotated[str | None, typer.Option("--actor", help="Who made this 
 
 def _public_key(path: Path) -> tuple[str, str]:
     """The key text and its key id; a malformed key is a user error."""
-    from schemas.note import parse_public_key
-    from schemas.signing import key_id_of
+    from runledger.schemas.note import parse_public_key
+    from runledger.schemas.signing import key_id_of
 
     text = path.read_text().strip()
     return text, key_id_of(parse_public_key(text))
 
 
 def _known_key(ledger: Path, key_id: str) -> None:
-    from ledger.registry import producers
-    from ledger.store import Ledger
+    from runledger.ledger.registry import producers
+    from runledger.ledger.store import Ledger
 
     keys = producers(Ledger.open(ledger)).keys
     if key_id not in keys:
@@ -88,9 +88,9 @@ def add(
 ) -> None:
     """Register a producer key and what it may write. From then on, this ledger refuses unsigned events
     except from sources `ledger producers policy --allow-unsigned` names."""
-    from ledger.registry import register_producer
-    from ledger.store import Ledger
-    from schemas.payloads import ProducerScope
+    from runledger.ledger.registry import register_producer
+    from runledger.ledger.store import Ledger
+    from runledger.schemas.payloads import ProducerScope
 
     with user_errors(ledger):
         scope = ProducerScope(
@@ -112,9 +112,9 @@ def rotate(
     ledger: LedgerOption = DEFAULT_LEDGER,
 ) -> None:
     """Replace a producer's key with a new one of the same scope; the old key is refused from here on."""
-    from ledger.registry import append_registry_event
-    from ledger.store import Ledger
-    from schemas.payloads import ProducerRotated
+    from runledger.ledger.registry import append_registry_event
+    from runledger.ledger.store import Ledger
+    from runledger.schemas.payloads import ProducerRotated
 
     with user_errors(ledger):
         _known_key(ledger, key_id)
@@ -131,9 +131,9 @@ def revoke(
     ledger: LedgerOption = DEFAULT_LEDGER,
 ) -> None:
     """Refuse a producer key's events from this point of the log on (its earlier events still verify)."""
-    from ledger.registry import append_registry_event
-    from ledger.store import Ledger
-    from schemas.payloads import ProducerRevoked
+    from runledger.ledger.registry import append_registry_event
+    from runledger.ledger.store import Ledger
+    from runledger.schemas.payloads import ProducerRevoked
 
     with user_errors(ledger):
         _known_key(ledger, key_id)
@@ -154,9 +154,9 @@ def policy(
     ledger: LedgerOption = DEFAULT_LEDGER,
 ) -> None:
     """Set which sources may send unsigned events (shown as unauthenticated); none given: no source."""
-    from ledger.registry import append_registry_event
-    from ledger.store import Ledger
-    from schemas.payloads import PolicyChanged
+    from runledger.ledger.registry import append_registry_event
+    from runledger.ledger.store import Ledger
+    from runledger.schemas.payloads import PolicyChanged
 
     with user_errors(ledger):
         append_registry_event(
@@ -173,8 +173,8 @@ def list_producers(
     full: FullOption = False,
 ) -> None:
     """The producer registry as of the ledger's last commit, and its unsigned-source policy."""
-    from ledger.registry import producers
-    from ledger.store import Ledger
+    from runledger.ledger.registry import producers
+    from runledger.ledger.store import Ledger
 
     with user_errors(ledger):
         state = producers(Ledger.open(ledger))
@@ -207,8 +207,8 @@ def export(
 ) -> None:
     """Save the registry and policy events with the points of the log they were made at, for a
     backup and for `ledger replay --registry-from FILE` (a replay from Kafka alone would lose them)."""
-    from ledger.registry import registry_entries, write_registry_file
-    from ledger.store import Ledger
+    from runledger.ledger.registry import registry_entries, write_registry_file
+    from runledger.ledger.store import Ledger
 
     with user_errors(ledger):
         count = write_registry_file(registry_entries(Ledger.open(ledger)), out)

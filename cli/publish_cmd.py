@@ -1,6 +1,6 @@
 """`ledger publish DEST` and `ledger monitor URL`: the ledger as a public tile log, and a follower of one.
 
-DEST is a folder or ``s3://bucket/prefix`` (``ledger.publish_dest``; the S3 server and credentials
+DEST is a folder or ``s3://bucket/prefix`` (``runledger.ledger.publish_dest``; the S3 server and credentials
 from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from cli.merkle_cmd import (
+from runledger.cli.merkle_cmd import (
     DEFAULT_FETCH_TIMEOUT_S,
     FetchTimeoutOption,
     KeyDir,
@@ -20,7 +20,7 @@ from cli.merkle_cmd import (
     fetch_timeout_s,
     key_dir,
 )
-from cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, plural, user_errors
+from runledger.cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, plural, user_errors
 
 
 @contextmanager
@@ -36,7 +36,7 @@ def _one_line(ledger: Path) -> Iterator[None]:
 
 def _destination(dest: str) -> str:
     """DEST as given (a folder, or s3://bucket/prefix), checked before anything is read or written."""
-    from ledger.publish_dest import DestError, parse_s3_url
+    from runledger.ledger.publish_dest import DestError, parse_s3_url
 
     if "://" not in dest:
         return dest
@@ -69,8 +69,8 @@ def publish(
     Example: ledger publish site/log
     Example: AWS_ENDPOINT_URL=http://127.0.0.1:7070 ledger publish s3://public/runledger
     """
-    from ledger.publish import publish as publish_log
-    from ledger.witness import WitnessRefused
+    from runledger.ledger.publish import publish as publish_log
+    from runledger.ledger.witness import WitnessRefused
 
     dest = _destination(dest)
     with _one_line(ledger):
@@ -124,9 +124,9 @@ def monitor(
     """
     import time
 
-    from ledger.monitor import MonitorError, check_log
-    from ledger.witness import parse_cosignature_key
-    from schemas.note import CheckpointError, parse_public_key
+    from runledger.ledger.monitor import MonitorError, check_log
+    from runledger.ledger.witness import parse_cosignature_key
+    from runledger.schemas.note import CheckpointError, parse_public_key
 
     key = Path(log_key).read_text().strip() if Path(log_key).is_file() else log_key
     try:
@@ -178,8 +178,8 @@ def witness_add(
 
     Example: ledger witness add w1 http://127.0.0.1:7380 'witness.example+1234abcd+BA...'
     """
-    from ledger.store import Ledger
-    from ledger.witness import add_witness
+    from runledger.ledger.store import Ledger
+    from runledger.ledger.witness import add_witness
 
     with _one_line(ledger):
         Ledger.open(ledger)
@@ -197,7 +197,7 @@ def witness_quorum(
 
     Example: ledger witness quorum 2
     """
-    from ledger.witness import set_quorum
+    from runledger.ledger.witness import set_quorum
 
     with _one_line(ledger):
         policy = set_quorum(ledger, quorum)
@@ -209,7 +209,7 @@ def witness_list(ledger: LedgerOption = DEFAULT_LEDGER) -> None:
 
     Example: ledger witness list
     """
-    from ledger.witness import load_policy
+    from runledger.ledger.witness import load_policy
 
     policy = load_policy(ledger)
     for w in policy.witnesses:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cli.output import err_console
+from runledger.cli.output import err_console
 
 REASONS_SHOWN = 3  # the most frequent reasons named; the rest are counted as "other"
 PREFIX_SEGMENTS = 2  # trainer/RUN covers every attempt and rank of a run (trainer/RUN/aN/rankR)
@@ -120,8 +120,8 @@ def say_quarantined(tally: QuarantineTally, ledger: Path) -> None:
 def _allowed_unsigned(ledger: Path) -> list[str]:
     """The sources the ledger's policy lets in unsigned now (a new policy replaces the list, so
     the suggested command keeps them); [] when it cannot be read: the summary is advice only."""
-    from ledger.registry import producers
-    from ledger.store import Ledger
+    from runledger.ledger.registry import producers
+    from runledger.ledger.store import Ledger
 
     try:
         with Ledger.open(ledger) as opened:

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from cli.merkle_cmd import KeyDir, _log_signing_key, checked_log_key, key_dir
-from cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, user_errors
+from runledger.cli.merkle_cmd import KeyDir, _log_signing_key, checked_log_key, key_dir
+from runledger.cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, user_errors
 
 
 def redact(
@@ -33,7 +33,7 @@ def redact(
     `ledger state` mark it, and the next `ledger publish` removes the old files from DEST.
     Example: ledger redact evt-0042 --reason "API token in the config" --actor alice
     """
-    from ledger.redaction import redact as redact_event
+    from runledger.ledger.redaction import redact as redact_event
 
     with user_errors(ledger):
         if key is not None:

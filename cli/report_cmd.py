@@ -1,5 +1,5 @@
 """`ledger report` (one self-contained HTML page) and `ledger plot` (an image): a run's curves with its
-history drawn on them. The work is in ``ledger.report``; these are thin shells."""
+history drawn on them. The work is in ``runledger.ledger.report``; these are thin shells."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from cli.extras import command_needs
-from cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, user_errors
+from runledger.cli.extras import command_needs
+from runledger.cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, user_errors
 
 FromStep = Annotated[
     int | None, typer.Option("--from-step", help="First step shown (default: the run's first).")
@@ -41,7 +41,7 @@ def report(
     ledger: LedgerOption = DEFAULT_LEDGER,
 ) -> None:
     """Write one HTML file (opens from disk, no network) with the run's curves and its history on them."""
-    from ledger.report import write_report
+    from runledger.ledger.report import write_report
 
     if output.suffix.lower() not in (".html", ".htm"):
         raise fail(f"--output {output}: give an .html file", 2)
@@ -78,7 +78,7 @@ def plot(
 ) -> None:
     """Draw metrics against step as an image, with the same event markers as the report."""
     with command_needs("ledger plot", "operator"):
-        from ledger.report import write_plot
+        from runledger.ledger.report import write_plot
 
     if output.suffix.lower() not in (".png", ".svg"):
         raise fail(f"--output {output}: give a .png or .svg file", 2)
@@ -93,8 +93,8 @@ def _resolve_runs(ledger: Path, runs: list[str]) -> list[str]:
     command that takes a run id reads them."""
     if "latest" not in runs:
         return runs
-    from cli.ledger_cmd import resolve_run
-    from ledger.query import Reader
+    from runledger.cli.ledger_cmd import resolve_run
+    from runledger.ledger.query import Reader
 
     reader = Reader(ledger)
     return [resolve_run(reader, run) for run in runs]

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from cli.output import console, fail
+from runledger.cli.output import console, fail
 
 
 def bucket_create(
@@ -19,7 +19,7 @@ def bucket_create(
 
     Example: AWS_ENDPOINT_URL=http://127.0.0.1:7070 ledger s3 bucket create s3://runs
     """
-    from ledger.publish_dest import DestError, S3Config, create_bucket, parse_s3_url
+    from runledger.ledger.publish_dest import DestError, S3Config, create_bucket, parse_s3_url
 
     try:
         bucket, _ = parse_s3_url(url)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cli.output import (
+from runledger.cli.output import (
     FormatOption,
     FullOption,
     LimitOption,
@@ -26,7 +26,7 @@ def export_schemas(
 
     Example: ledger schemas export schemas/json
     """
-    from schemas.codec import export_json_schemas
+    from runledger.schemas.codec import export_json_schemas
 
     with user_errors():
         written = export_json_schemas(directory)
@@ -40,7 +40,7 @@ def list_schemas(
 
     Example: ledger schemas list -f csv
     """
-    from schemas import CATALOGUE
+    from runledger.schemas import CATALOGUE
 
     rows = [(t.name, ", ".join(map(str, sorted(t.versions))), t.doc) for t in CATALOGUE.values()]
     print_rows(

@@ -1,6 +1,6 @@
 """`ledger serve webhooks`: the GitHub webhook receiver, a producer onto the bus.
 
-It writes events to the spool (``ingest.bus``); ``ledger ingest spool`` folds them into the
+It writes events to the spool (``runledger.ingest.bus``); ``ledger ingest spool`` folds them into the
 ledger. A mistake a user can fix is one line on stderr and exit code 2.
 """
 
@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from cli.output import SpoolOption, fail
+from runledger.cli.output import SpoolOption, fail
 
 
 def serve_webhooks(
@@ -71,9 +71,9 @@ def serve_webhooks(
 
     Example: ledger serve webhooks --secret-file webhook.secret --port 8787
     """
-    from ingest.bus import default_spool_dir
-    from ingest.github_webhook import default_delivery_db, read_secret, receiver_sealer, serve
-    from ingest.spool import SpoolLockedError
+    from runledger.ingest.bus import default_spool_dir
+    from runledger.ingest.github_webhook import default_delivery_db, read_secret, receiver_sealer, serve
+    from runledger.ingest.spool import SpoolLockedError
 
     try:
         read_secret(secret_file)

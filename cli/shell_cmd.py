@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.ledger_cmd import MemoryLimitOption, SpillLimitOption, TimeoutOption, query_limits
-from cli.output import (
+from runledger.cli.ledger_cmd import MemoryLimitOption, SpillLimitOption, TimeoutOption, query_limits
+from runledger.cli.output import (
     DEFAULT_LEDGER,
     Format,
     LedgerOption,
@@ -35,7 +35,7 @@ from cli.output import (
 )
 
 if TYPE_CHECKING:
-    from ledger.sql_guard import QueryLimits
+    from runledger.ledger.sql_guard import QueryLimits
 
 PROMPT = "ledger> "
 MORE = "   ...> "  # a statement continues until a line ends with ";"
@@ -55,7 +55,7 @@ def shell(
 
     Example: ledger shell   (then: SELECT * FROM runs;)
     """
-    from ledger.query import Reader
+    from runledger.ledger.query import Reader
 
     limits = query_limits(timeout, memory_limit, spill_limit)
     with user_errors(ledger):
@@ -75,10 +75,10 @@ def init_sql(root: Path, *, limits: QueryLimits | None = None, spill: Path | Non
     and the lock of ``ledger query``'s connection (SQL reaches only the ledger's tables). DuckDB's
     shell has no statement check, and its dot-commands (``.output``, ``.shell``) write where they
     are told: ``--builtin`` is the read-only one."""
-    from ledger.lake import LakeFolder
-    from ledger.parquet_schemas import tables_of
-    from ledger.sql_guard import lock_sql
-    from ledger.views import lake_init_sql, views_sql
+    from runledger.ledger.lake import LakeFolder
+    from runledger.ledger.parquet_schemas import tables_of
+    from runledger.ledger.sql_guard import lock_sql
+    from runledger.ledger.views import lake_init_sql, views_sql
 
     lake = LakeFolder.read(root)
     if lake is not None:  # the lake's data folder only (a remote data path: the lock allows no file)
@@ -89,7 +89,7 @@ def init_sql(root: Path, *, limits: QueryLimits | None = None, spill: Path | Non
 
 
 def _duckdb_shell(binary: str, root: Path, limits: QueryLimits) -> int:
-    from ledger.query import SPILL_AREA, spill_folder
+    from runledger.ledger.query import SPILL_AREA, spill_folder
 
     spill = spill_folder(root / SPILL_AREA)
     with tempfile.TemporaryDirectory(prefix="runledger-shell-") as tmp:
@@ -109,8 +109,8 @@ def _duckdb_shell(binary: str, root: Path, limits: QueryLimits) -> int:
 
 
 def _builtin_shell(reader) -> None:
-    from ledger.sql_guard import RefusedStatement, split_statements
-    from ledger.store import LedgerError
+    from runledger.ledger.sql_guard import RefusedStatement, split_statements
+    from runledger.ledger.store import LedgerError
 
     err_console.print(f"runledger shell on {reader.root} (read-only). {HELP}", highlight=False)
     pending: list[str] = []

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.kafka_cmd import BootstrapOption, kafka_errors, undelivered_exit, undelivered_of
-from cli.output import SpoolOption, fail, print_json, progress
+from runledger.cli.kafka_cmd import BootstrapOption, kafka_errors, undelivered_exit, undelivered_of
+from runledger.cli.output import SpoolOption, fail, print_json, progress
 
 if TYPE_CHECKING:  # imported where used: the bus is slow to import
-    from ingest.bus import EventSink
+    from runledger.ingest.bus import EventSink
 
 
 class Scenario(enum.StrEnum):
@@ -65,8 +65,8 @@ def simulate(
     With --bus kafka, events Kafka has not taken when the run ends stay in the outage spool: the
     summary counts them (undelivered) and names the command that sends them, and the exit status is 3.
     """
-    from ingest.bus import SpoolSink, default_spool_dir, open_sink
-    from ingest.spool import SpoolLockedError
+    from runledger.ingest.bus import SpoolSink, default_spool_dir, open_sink
+    from runledger.ingest.spool import SpoolLockedError
     from runledger.workflows.simulate import SimOptions
     from runledger.workflows.simulate import simulate as run_simulation
 

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.extras import command_needs
-from cli.output import Format, VerboseOption, console, fail, print_rows, third_party_warnings
+from runledger.cli.extras import command_needs
+from runledger.cli.output import Format, VerboseOption, console, fail, print_rows, third_party_warnings
 
 if TYPE_CHECKING:
     from runledger.workflows.study import StudyResult, Summary

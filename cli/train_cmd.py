@@ -1,10 +1,10 @@
 """`ledger train CONFIG`: train (or resume) a run and emit its events to the bus.
 
-Under torchrun every rank runs this command; each opens its own sink (``trainer.telemetry.
-open_rank_sink``). Also runnable alone: ``python -m cli.train_cmd CONFIG ...`` (what torchrun and
+Under torchrun every rank runs this command; each opens its own sink (``runledger.trainer.telemetry.
+open_rank_sink``). Also runnable alone: ``python -m runledger.cli.train_cmd CONFIG ...`` (what torchrun and
 the trainer's subprocess tests launch, without the rest of the CLI).
 
-``--wandb`` mirrors the run to Weights & Biases (``ingest.wandb_mirror.WandbMirror``, on rank 0 only):
+``--wandb`` mirrors the run to Weights & Biases (``runledger.ingest.wandb_mirror.WandbMirror``, on rank 0 only):
 project from ``--wandb-project`` (else ``$WANDB_PROJECT``, else "runledger"), entity from
 ``--wandb-entity`` (else ``$WANDB_ENTITY``, else W&B's default); online, offline or disabled as
 ``$WANDB_MODE`` says, files under ``$WANDB_DIR``, as with wandb itself. The W&B run id is the run id,
@@ -25,10 +25,10 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.extras import command_needs
+from runledger.cli.extras import command_needs
 
 # Progress and the summary go to stderr; errors through `fail`, as in every command.
-from cli.output import VerboseOption, err_console, fail, third_party_warnings
+from runledger.cli.output import VerboseOption, err_console, fail, third_party_warnings
 
 
 def train(
@@ -93,11 +93,11 @@ def train(
     """
     # The trainer extra (torch, Megatron-Core) before anything else: else one line naming it.
     with command_needs("ledger train", "trainer"):
-        from cli.kafka_cmd import undelivered_of
+        from runledger.cli.kafka_cmd import undelivered_of
         from runledger.emitter import rank_spool
-        from trainer import loop
-        from trainer.config import ConfigError
-        from trainer.telemetry import StepReport, open_rank_sink
+        from runledger.trainer import loop
+        from runledger.trainer.config import ConfigError
+        from runledger.trainer.telemetry import StepReport, open_rank_sink
 
     if step is not None and not resume:
         raise fail("a checkpoint STEP needs --resume", 2)
@@ -109,7 +109,7 @@ def train(
     rank = int(os.environ.get("RANK", "0"))
     mirror = None
     if wandb and rank == 0:
-        from ingest.wandb_mirror import WandbMirror  # imports wandb itself only when the run starts
+        from runledger.ingest.wandb_mirror import WandbMirror  # imports wandb itself only when the run starts
 
         mirror = WandbMirror(project=wandb_project, entity=wandb_entity or None)
     sink = open_rank_sink(spool, rank, kafka or bootstrap)  # an explicit --kafka beats the env var
@@ -142,7 +142,7 @@ def train(
     finally:
         sink.close()
         if "WORLD_SIZE" in os.environ:  # under torchrun: leave the process group cleanly
-            from trainer.distributed import shutdown
+            from runledger.trainer.distributed import shutdown
 
             shutdown()
     summary = (
@@ -156,7 +156,7 @@ def train(
     err_console.print(summary, highlight=False, markup=False)
     undelivered = undelivered_of(sink)
     if undelivered is not None and undelivered.events:
-        from ingest.kafka_sink import UNDELIVERED_EXIT_CODE
+        from runledger.ingest.kafka_sink import UNDELIVERED_EXIT_CODE
 
         err_console.print(undelivered.line(), highlight=False, markup=False)
         if result.exit_code == 0:  # a crash's or a signal's own status says more
@@ -191,7 +191,7 @@ def edit(
 
     Example: ledger edit config.toml moe.capacity_factor=1.25 --author alice
     """
-    from trainer.config import ConfigError, edit_config_file, parse_override
+    from runledger.trainer.config import ConfigError, edit_config_file, parse_override
 
     try:
         parsed = {".".join(keys): value for keys, value in map(parse_override, changes)}
@@ -215,12 +215,12 @@ def check_config_value(key: str, value: Any) -> None:
     """Refuse (``ConfigError``) a key the trainer's config does not have, or a value its type does not
     take, naming the key's type: what the run would refuse at its next step, said before the edit.
 
-    Types are checked as the trainer reads its file (``trainer.config.from_dict``: not strict, so
+    Types are checked as the trainer reads its file (``runledger.trainer.config.from_dict``: not strict, so
     ``1`` is a float and ``"0.5"`` a number); ``none`` removes a key, which only a key that defaults
     to none allows."""
     import msgspec
 
-    from trainer.config import CHANGE_TABLE, ConfigError, TrainConfig
+    from runledger.trainer.config import CHANGE_TABLE, ConfigError, TrainConfig
 
     field = _config_field(TrainConfig, key.split("."), key)
     if isinstance(field.type, type) and issubclass(field.type, msgspec.Struct):
@@ -244,7 +244,7 @@ def _config_field(struct: Any, parts: list[str], key: str) -> Any:
     """The ``msgspec`` field a dotted key names, or ``ConfigError`` naming the keys there are."""
     import msgspec
 
-    from trainer.config import ConfigError
+    from runledger.trainer.config import ConfigError
 
     fields = {f.name: f for f in msgspec.structs.fields(struct)}
     found = fields.get(parts[0])
@@ -296,7 +296,7 @@ def _check_edited_config(path: Path, changes: dict[str, Any]) -> None:
     e.g. ``moe.top_k`` within ``1..moe.num_experts``); else ``ConfigError``, and the file is left."""
     import tomllib
 
-    from trainer.config import CHANGE_TABLE, ConfigError, from_dict, validate
+    from runledger.trainer.config import CHANGE_TABLE, ConfigError, from_dict, validate
 
     try:
         tree = tomllib.loads(path.read_text())
@@ -319,7 +319,7 @@ def _check_edited_config(path: Path, changes: dict[str, Any]) -> None:
 
 
 def _not_live(changes: dict[str, Any]) -> list[str]:
-    from trainer.config import LIVE_KEYS
+    from runledger.trainer.config import LIVE_KEYS
 
     return [key for key in changes if "/" + key.replace(".", "/") not in LIVE_KEYS]
 
@@ -338,8 +338,8 @@ def _resume_value(value: str) -> Any:
 
 
 if __name__ == "__main__":  # what torchrun launches: this one command, without the rest of the CLI
-    from cli.interrupts import InterruptibleCommand
     from runledger import signals
+    from runledger.cli.interrupts import InterruptibleCommand
 
     signals.install(starting=True)  # the command's signal policy, as `ledger train` has it (exit 128 + N)
     standalone = typer.Typer(add_completion=False, pretty_exceptions_enable=False)

@@ -4,7 +4,7 @@ Producers (the trainer, the webhook receiver, backfills) hold an ``EventSink``; 
 whether Kafka or the embedded spool is behind it. ``open_sink`` picks: Kafka when a bootstrap
 server is configured (``RUNLEDGER_KAFKA_BOOTSTRAP``), else the on-disk spool.
 
-A sink given a ``Sealer`` (``schemas.signing``) signs (and, if the sealer chains,
+A sink given a ``Sealer`` (``runledger.schemas.signing``) signs (and, if the sealer chains,
 chains per source) every envelope it emits, in emit order. The producer decides: the trainer's
 ``open_rank_sink`` passes the key named by ``RUNLEDGER_PRODUCER_KEY``.
 """
@@ -15,9 +15,9 @@ import os
 from pathlib import Path
 from typing import Protocol
 
-from ingest.spool import SpoolWriter
-from schemas import Envelope, encode_event
-from schemas.signing import Sealer
+from runledger.ingest.spool import SpoolWriter
+from runledger.schemas import Envelope, encode_event
+from runledger.schemas.signing import Sealer
 
 DEFAULT_SPOOL = Path(".runledger/spool")
 
@@ -71,7 +71,7 @@ def open_sink(
     bootstrap = kafka_bootstrap or os.environ.get("RUNLEDGER_KAFKA_BOOTSTRAP")
     spool = Path(spool_dir) if spool_dir is not None else default_spool_dir()
     if bootstrap:
-        from ingest.kafka_sink import KafkaSink  # imported lazily: kafka-python is heavy to import
+        from runledger.ingest.kafka_sink import KafkaSink  # imported lazily: kafka-python is heavy to import
 
         return KafkaSink(bootstrap=bootstrap, outage_spool=spool, sealer=sealer)
     return SpoolSink(spool, sealer=sealer)

@@ -14,7 +14,7 @@ What is read, per repository ``owner/name`` (the ``full_name`` GitHub returns na
 Events have the backfill's own source, ``github-backfill/{owner/repo}``, and ids naming the observed
 object state (``issue/{number}/{updated_at}``, ``commit/{sha}``…), so reading the same state again (a
 rerun, the inclusive ``since`` boundary) adds nothing to the ledger. Their payloads carry the same
-``fact`` keys as the webhook's events for the same fact (``ingest.github_events``): a
+``fact`` keys as the webhook's events for the same fact (``runledger.ingest.github_events``): a
 backfill over a period the webhook already covered adds a second observation of each fact, which the
 ``github`` view shows once (``observations`` = 2, ``observed_via`` = [backfill, webhook]).
 
@@ -52,8 +52,8 @@ from github.GithubObject import GithubObject
 from urllib3 import Retry
 from urllib3.response import HTTPResponse
 
-from ingest.bus import EventSink
-from ingest.github_events import (
+from runledger.ingest.bus import EventSink
+from runledger.ingest.github_events import (
     CURSOR_KIND_OF_TYPE,
     comment_event,
     commit_event,
@@ -63,8 +63,8 @@ from ingest.github_events import (
     review_event,
     valid_repo,
 )
-from schemas import Envelope, Event, decode_event
-from schemas.durable import write_durably
+from runledger.schemas import Envelope, Event, decode_event
+from runledger.schemas.durable import write_durably
 
 log = logging.getLogger("runledger.github_backfill")
 
@@ -108,7 +108,7 @@ class MemoryCursorStore:
 class JsonCursorStore:
     """``{"version": 1, "repos": {"owner/name": {"issues": "2024-03-01T10:00:00Z", …}}}``.
 
-    Replaced atomically and durably (``schemas.durable.write_durably``) on every ``set``.
+    Replaced atomically and durably (``runledger.schemas.durable.write_durably``) on every ``set``.
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -159,7 +159,7 @@ def cursor_from_events(events: Iterable[Envelope], repo: str) -> dict[str, datet
 
 def cursor_from_spool(spool_dir: str | Path, repo: str) -> dict[str, datetime]:
     """``cursor_from_events`` over every valid event on a spool (an absent spool gives no cursor)."""
-    from ingest.spool import SpoolReader
+    from runledger.ingest.spool import SpoolReader
 
     try:
         reader = SpoolReader(spool_dir)

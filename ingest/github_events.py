@@ -39,7 +39,7 @@ Timestamps in ids and facts are normalised to UTC ``YYYY-MM-DDTHH:MM:SSZ``; hash
 digits of the SHA-256 of the value's canonical JSON. Envelope fields: ``stream`` = ``owner/repo`` (as
 GitHub spells it: ``repository.full_name``; an org-level webhook: the organisation's login), ``time`` =
 the object's own update/submit time, ``subject`` = ``issue/N``, ``pull/N``, ``ref/<ref>`` or
-``commit/<sha>``, ``seq`` = 0 (see schemas.github).
+``commit/<sha>``, ``seq`` = 0 (see runledger.schemas.github).
 """
 
 from __future__ import annotations
@@ -51,10 +51,10 @@ from typing import Any
 
 import msgspec
 
-from schemas import Envelope, make_event
-from schemas import github as gh
-from schemas.canonical import canonical_bytes, sha256_hex
-from schemas.catalogue import (
+from runledger.schemas import Envelope, make_event
+from runledger.schemas import github as gh
+from runledger.schemas.canonical import canonical_bytes, sha256_hex
+from runledger.schemas.catalogue import (
     GITHUB_COMMIT,
     GITHUB_ISSUE,
     GITHUB_ISSUE_COMMENT,
@@ -667,7 +667,7 @@ def _typed_webhook(
     raise GitHubMappingError(f"no typed mapping for {event!r}")
 
 
-# Event type → the backfill cursor kind whose listing produces it (see ingest.github_backfill).
+# Event type → the backfill cursor kind whose listing produces it (see runledger.ingest.github_backfill).
 CURSOR_KIND_OF_TYPE: dict[str, str] = {
     GITHUB_ISSUE: "issues",
     GITHUB_PULL_REQUEST: "issues",

@@ -32,7 +32,7 @@ Every refusal is ``{"status": "refused", "reason": …, "detail": one line}`` wi
 disk slow, sink failing, too many bodies being read, shutting down): the sender should redeliver.
 Bad input never gets a 5xx, and the connection stays usable (keep-alive) after any refusal.
 
-**202 means durable.** An accepted delivery is mapped to envelopes (``ingest.github_events``: typed
+**202 means durable.** An accepted delivery is mapped to envelopes (``runledger.ingest.github_events``: typed
 for issues, issue_comment, pull_request, pull_request_review, pull_request_review_comment and push;
 anything else, ``ping`` included, is kept whole as ``github.raw``) and queued to ONE worker thread that
 owns the sink (the spool writer is single-threaded). The worker emits, syncs (fsync), records the
@@ -50,7 +50,7 @@ each accepted body (with the event name and hook id it came under) are remembere
 file beside the spool (``DeliveryLog``, the last ``max_entries`` deliveries, kept across restarts):
 a redelivery is answered ``duplicate``, a body re-sent under a new id, event or hook is refused
 (409); the event name is checked against the payload's shape. The ledger's (source, id) dedupe is the
-line behind (an event's id is ``delivery/<X-GitHub-Delivery>/<n>``, see ``ingest.github_events``).
+line behind (an event's id is ``delivery/<X-GitHub-Delivery>/<n>``, see ``runledger.ingest.github_events``).
 What the HMAC attests and what it cannot: docs/security.md.
 
 Refusals are counted by reason: ``GET /metrics`` (Prometheus text format; JSON with ``Accept:
@@ -61,7 +61,7 @@ without a usable hook id header, just ``github-hmac-sha256``): only deliveries w
 become events, so the check travels on with the event instead of ending at the edge. Given the
 receiver's producer key (``serve``'s ``producer_key_file``, default the file named by
 ``RUNLEDGER_PRODUCER_KEY``), its sink signs every event with it, as the trainer's does
-(``open_sink(sealer=)``, ``schemas.signing``; no hash chain: GitHub events have no
+(``open_sink(sealer=)``, ``runledger.schemas.signing``; no hash chain: GitHub events have no
 per-source sequence), and the attestation is part of the signed bytes.
 """
 
@@ -93,9 +93,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ingest.bus import EventSink, default_spool_dir, open_sink
-from ingest.github_events import event_shape_problem, webhook_events
-from ingest.github_webhook_limits import (
+from runledger.ingest.bus import EventSink, default_spool_dir, open_sink
+from runledger.ingest.github_events import event_shape_problem, webhook_events
+from runledger.ingest.github_webhook_limits import (
     DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_UNVERIFIED_BYTES,
@@ -103,9 +103,9 @@ from ingest.github_webhook_limits import (
     UnverifiedBudget,
     guarded_h11,
 )
-from schemas import Envelope, Quarantined, decode_event, encode_event
-from schemas.codec import MAX_DEPTH
-from schemas.signing import HMAC_CHECKED, Sealer
+from runledger.schemas import Envelope, Quarantined, decode_event, encode_event
+from runledger.schemas.codec import MAX_DEPTH
+from runledger.schemas.signing import HMAC_CHECKED, Sealer
 
 log = logging.getLogger("runledger.github_webhook")
 
@@ -748,7 +748,7 @@ def decode_body(body: bytes, content_type: str, *, max_depth: int = DEFAULT_MAX_
     return payload
 
 
-# The ledger door's reason code (schemas.codec) → this receiver's answer.
+# The ledger door's reason code (runledger.schemas.codec) → this receiver's answer.
 _DOOR_REFUSALS = {"too-large": (413, "too_large"), "too-deep": (400, "too_deep")}
 
 

@@ -17,8 +17,8 @@ An ingester (a subclass of ``Ingester``) supplies only what differs:
 * ``committed``: anything it does after a commit (the Kafka group ingester's dead letters and
   offset hints); nothing by default.
 
-The ingesters: ``ingest.spool_ingester`` (the embedded spool), ``ingest.kafka_ingester`` (a Kafka
-consumer group, until stopped or idle) and ``ingest.kafka_replay`` (every partition from the
+The ingesters: ``runledger.ingest.spool_ingester`` (the embedded spool), ``runledger.ingest.kafka_ingester`` (a Kafka
+consumer group, until stopped or idle) and ``runledger.ingest.kafka_replay`` (every partition from the
 beginning up to the end offsets captured at the start).
 """
 
@@ -31,8 +31,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from ledger.store import CommitResult, Ledger, SourceRecord
-from schemas.codec import MAX_EVENT_BYTES
+from runledger.ledger.store import CommitResult, Ledger, SourceRecord
+from runledger.schemas.codec import MAX_EVENT_BYTES
 
 
 @dataclass
@@ -53,14 +53,14 @@ class IngestStats:
     metric_values: int = 0  # metric rows the accepted events added
     started: float = field(default_factory=time.monotonic)
     seconds: float = 0.0  # since ``started``, as of the end of the latest ``Ingester.run``
-    # The spool ingester (``ingest.spool_ingester``).
+    # The spool ingester (``runledger.ingest.spool_ingester``).
     missing: int = 0  # spool positions that held no record (recorded as ``bus.positions_missing``)
-    # The Kafka group ingester (``ingest.kafka_ingester``).
+    # The Kafka group ingester (``runledger.ingest.kafka_ingester``).
     polls: int = 0
     deadlettered: int = 0  # dead letters Kafka acknowledged
     consumer_restarts: int = 0  # consumers replaced after losing the group coordinator for too long
     assignments: list[list[str]] = field(default_factory=list)  # each assignment's "topic:partition"s
-    # The replay (``ingest.kafka_replay``).
+    # The replay (``runledger.ingest.kafka_replay``).
     partitions: int = 0
     resumed: bool = False  # into a ledger that was already there
     ledger_id: str = ""

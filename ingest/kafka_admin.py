@@ -22,7 +22,12 @@ from kafka import errors as kafka_errors
 from kafka.admin import OffsetSpec
 from kafka.errors import KafkaError, KafkaTimeoutError
 
-from ingest.kafka_config import BrokerUnavailableError, TopicUnavailableError, client_kwargs, describe
+from runledger.ingest.kafka_config import (
+    BrokerUnavailableError,
+    TopicUnavailableError,
+    client_kwargs,
+    describe,
+)
 
 T = TypeVar("T")
 GROUP_WAIT_S = 10.0  # a new cluster makes its offsets topic (the group coordinator) on first use

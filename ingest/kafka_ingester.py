@@ -3,7 +3,7 @@
 Where to read comes from the ledger, never from Kafka: on every partition assignment the consumer
 seeks each partition to the ledger's next position for ``kafka:<topic>:<partition>`` (the beginning
 if the ledger has none). Each poll batch is one ``Ledger.commit`` (the loop and its counts are
-``ingest.ingester``'s, shared with the spool ingester and the replay), which stores the data and the new
+``runledger.ingest.ingester``'s, shared with the spool ingester and the replay), which stores the data and the new
 positions atomically and skips positions already covered; so a crash anywhere, a rebalance, or two
 ingesters briefly reading the same partition can neither lose nor duplicate a record. Kafka's own
 committed offsets are written after each ledger commit only as a monitoring hint (consumer lag).
@@ -43,8 +43,8 @@ from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.errors import KafkaError, KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
-from ingest.ingester import Ingester, IngestStats
-from ingest.kafka_config import (
+from runledger.ingest.ingester import Ingester, IngestStats
+from runledger.ingest.kafka_config import (
     COMMIT_BATCH_MAX,
     BrokerUnavailableError,
     TopicUnavailableError,
@@ -53,8 +53,8 @@ from ingest.kafka_config import (
     describe,
     events_topic,
 )
-from ledger.store import CommitResult, Ledger, SourceRecord
-from schemas.codec import MAX_EVENT_BYTES, Quarantined
+from runledger.ledger.store import CommitResult, Ledger, SourceRecord
+from runledger.schemas.codec import MAX_EVENT_BYTES, Quarantined
 
 log = logging.getLogger(__name__)
 

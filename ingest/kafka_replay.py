@@ -2,7 +2,7 @@
 
 Every partition of the topics is assigned by hand (no consumer group, nothing committed to Kafka),
 read from the beginning up to the end offsets captured when the replay starts, and folded in with
-the same ``Ledger.commit``, in the same loop (``ingest.ingester``), as the live ingester. Because a
+the same ``Ledger.commit``, in the same loop (``runledger.ingest.ingester``), as the live ingester. Because a
 stream lives in one partition and the ledger keeps the first copy of every (source, id), the result
 holds the same events, with the same ``stream_seq`` in every stream, as the live ledger that
 ingested those offsets.
@@ -34,14 +34,14 @@ from typing import Any
 
 from kafka import TopicPartition
 
-from ingest.ingester import Ingester, IngestStats
-from ingest.kafka_config import COMMIT_BATCH_MAX, events_topic
-from ingest.kafka_ingester import open_consumer, source_name
-from ledger.admission import REGISTRY_INGEST
-from ledger.lake import LAKE_MARKER
-from ledger.registry import RegistryEntry
-from ledger.store import CommitResult, Ledger, LedgerError, SourceRecord
-from schemas.codec import MAX_EVENT_BYTES
+from runledger.ingest.ingester import Ingester, IngestStats
+from runledger.ingest.kafka_config import COMMIT_BATCH_MAX, events_topic
+from runledger.ingest.kafka_ingester import open_consumer, source_name
+from runledger.ledger.admission import REGISTRY_INGEST
+from runledger.ledger.lake import LAKE_MARKER
+from runledger.ledger.registry import RegistryEntry
+from runledger.ledger.store import CommitResult, Ledger, LedgerError, SourceRecord
+from runledger.schemas.codec import MAX_EVENT_BYTES
 
 log = logging.getLogger(__name__)
 

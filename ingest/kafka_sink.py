@@ -8,7 +8,7 @@ Delivery:
     retried batch never overtakes a later one. A retry may still write a record twice; the ledger
     drops the second copy by (envelope source, id), so duplicates on the topic are harmless.
   * Two modes. *direct*: ``emit`` hands the record to kafka-python's buffer and remembers it until
-    the broker acks. *spooling*: ``emit`` appends to the outage spool (``ingest.spool``) and a
+    the broker acks. *spooling*: ``emit`` appends to the outage spool (``runledger.ingest.spool``) and a
     background thread drains the spool to Kafka in order.
   * direct → spooling when the topic's metadata can't be had within ``max_block_ms``, when a send
     fails, when the oldest unacked record is older than ``stall_timeout_s`` (broker down or slow),
@@ -60,11 +60,11 @@ from kafka import KafkaProducer
 from kafka import codec as kafka_codec
 from kafka.errors import KafkaError
 
-from ingest.kafka_config import client_kwargs, events_topic
-from ingest.spool import SpoolReader, SpoolRecord, SpoolWriter
-from schemas import Envelope, encode_event
-from schemas.durable import write_durably
-from schemas.signing import Sealer
+from runledger.ingest.kafka_config import client_kwargs, events_topic
+from runledger.ingest.spool import SpoolReader, SpoolRecord, SpoolWriter
+from runledger.schemas import Envelope, encode_event
+from runledger.schemas.durable import write_durably
+from runledger.schemas.signing import Sealer
 
 log = logging.getLogger(__name__)
 

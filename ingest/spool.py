@@ -51,7 +51,7 @@ from typing import BinaryIO, Literal
 
 import msgspec
 
-from schemas.durable import fsync_dir, write_durably
+from runledger.schemas.durable import fsync_dir, write_durably
 
 MAGIC = b"RLSPOOL1"
 HEADER = struct.Struct("<II")

@@ -1,6 +1,6 @@
 """Fold a spool into the ledger, exactly once: positions come from the ledger, never from the reader.
 
-The loop and the counts are ``ingest.ingester``'s; the spool supplies its records, named
+The loop and the counts are ``runledger.ingest.ingester``'s; the spool supplies its records, named
 ``spool:<spool id>`` at their index in the spool.
 
 Nothing is passed over in silence. A stretch of positions that holds no record any more (a deleted
@@ -11,7 +11,7 @@ segment holds past its last position (garbage or a record added to it) has no po
 quarantined from ``spool:<spool id>:beyond``, at ``segment base << 32 | byte offset``.
 
 A producer whose bus was still down when it ended keeps its drop report in the spool's ``pending/``
-folder (``ingest.spool.PendingSlot``). Once the spool is drained up to the producer's last position,
+folder (``runledger.ingest.spool.PendingSlot``). Once the spool is drained up to the producer's last position,
 each such event is committed from ``spool:<spool id>:pending`` at that source's next position, and
 its file is removed after the commit. The event is the producer's own (its source, seq, signature,
 chain), not one the ingester makes: admission checks it as it checks the producer's other events,
@@ -24,8 +24,8 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ingest.ingester import Ingester, IngestStats
-from ingest.spool import (
+from runledger.ingest.ingester import Ingester, IngestStats
+from runledger.ingest.spool import (
     PendingFile,
     SpoolReader,
     SpoolRecord,
@@ -34,10 +34,10 @@ from ingest.spool import (
     remove_pending,
     writer_alive,
 )
-from ledger.store import CommitResult, Ledger, SourceRecord
-from schemas import encode_event
-from schemas import payloads as p
-from schemas.codec import MAX_EVENT_BYTES, Event, decode_event, make_event
+from runledger.ledger.store import CommitResult, Ledger, SourceRecord
+from runledger.schemas import encode_event
+from runledger.schemas import payloads as p
+from runledger.schemas.codec import MAX_EVENT_BYTES, Event, decode_event, make_event
 
 __all__ = ["IngestStats", "SpoolIngester", "ingest_spool"]
 

@@ -1,7 +1,7 @@
 """The online W&B import's resume cursor: per W&B run, how far its import went.
 
 One JSON file (by default ``<spool>.wandb-cursors.json``, beside the spool the events went to),
-replaced atomically and durably (``schemas.durable.write_durably``) on every save. The importer
+replaced atomically and durably (``runledger.schemas.durable.write_durably``) on every save. The importer
 saves a run's cursor only after the events it covers were handed to the sink and synced, so the
 cursor never claims more than the bus holds.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import msgspec
 
-from schemas.durable import write_durably
+from runledger.schemas.durable import write_durably
 
 
 class CursorFileError(ValueError):

@@ -30,7 +30,7 @@ the same file adds nothing). A file whose run record is damaged is imported when
 the ledger run (``run_id``): the W&B run id then comes from the file's name.
 
 Online runs (``ENTITY/PROJECT[/RUN]`` through W&B's public API) are imported by
-``ingest.wandb_online``, which shares this module's row mapping (``history_values``).
+``runledger.ingest.wandb_online``, which shares this module's row mapping (``history_values``).
 """
 
 from __future__ import annotations
@@ -49,11 +49,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from ingest.bus import EventSink
+from runledger.ingest.bus import EventSink
+from runledger.schemas import Envelope, config_hash, make_event
+from runledger.schemas import payloads as p
+from runledger.schemas.launch import Provenance, launch_event, launch_fields
 from runledger.wandb_rows import StepAxis, step_metrics_of_row
-from schemas import Envelope, config_hash, make_event
-from schemas import payloads as p
-from schemas.launch import Provenance, launch_event, launch_fields
 
 log = logging.getLogger("runledger.wandb")
 

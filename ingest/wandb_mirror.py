@@ -1,11 +1,11 @@
 """Mirror a live run to Weights & Biases (the producer side: the trainer's copy for W&B users).
 
-``WandbMirror`` satisfies ``trainer.mirror.Mirror``: the trainer keeps the ledger as its record
+``WandbMirror`` satisfies ``runledger.trainer.mirror.Mirror``: the trainer keeps the ledger as its record
 and mirrors steps to W&B with the real ``wandb`` library, in whatever mode the environment selects
 (``WANDB_MODE``: online, offline, disabled). ``start`` returns the W&B run id and URL (None offline)
 for ``RunStarted.external``; ``log``, ``config_update``, ``summary`` and ``finish`` follow the run.
 A W&B failure after ``start`` never stops training: it is logged and counted (``strict=True`` raises).
-The other direction, an offline W&B run into the ledger, is ``ingest.wandb_import``.
+The other direction, an offline W&B run into the ledger, is ``runledger.ingest.wandb_import``.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ when its ``_step`` is not above the previous row's (a rewind W&B kept), when ``_
 ``from_checkpoint_step`` is the step before a rewind, else the last step W&B kept before the restart
 (an upper bound: the real checkpoint may be earlier, and the steps W&B refused are lost).
 
-**Resume.** A cursor per run (``ingest.wandb_cursor``, JSON beside the spool) holds the last imported step, the
+**Resume.** A cursor per run (``runledger.ingest.wandb_cursor``, JSON beside the spool) holds the last imported step, the
 next ``seq`` of each source, the attempt and the previous row. It is written only after the events it
 covers were handed to the sink and synced, after every page of rows and when a read fails mid-run, so
 an interrupted import continues at the next row. Nothing is emitted for a run before its config and
@@ -52,13 +52,13 @@ from typing import Any, Literal, TypedDict
 
 import msgspec
 
-from ingest.bus import EventSink
-from ingest.wandb_cursor import CursorStore, RunCursor
-from ingest.wandb_import import RUN_ID_RE, history_values
+from runledger.ingest.bus import EventSink
+from runledger.ingest.wandb_cursor import CursorStore, RunCursor
+from runledger.ingest.wandb_import import RUN_ID_RE, history_values
+from runledger.schemas import config_hash, make_event
+from runledger.schemas import payloads as p
+from runledger.schemas.launch import Provenance, launch_event, launch_fields
 from runledger.wandb_rows import StepAxis, step_metrics_of_row
-from schemas import config_hash, make_event
-from schemas import payloads as p
-from schemas.launch import Provenance, launch_event, launch_fields
 
 log = logging.getLogger("runledger.wandb")
 

@@ -5,15 +5,15 @@ log order and refuses it (a ``Quarantined``) or lets it in; ``incidents`` gives 
 incident events that ``check`` asked for, which it stores right after the record that caused them.
 
 The store imports this module, never the other way round: admission sees the ledger only through
-``LedgerView`` (what it reads of ``ledger.store.Ledger``) and a record through ``IngestRecord``.
-Writing registry events into a ledger, and carrying them across a replay, is ``ledger.registry``'s
+``LedgerView`` (what it reads of ``runledger.ledger.store.Ledger``) and a record through ``IngestRecord``.
+Writing registry events into a ledger, and carrying them across a replay, is ``runledger.ledger.registry``'s
 (it commits through the store).
 
 **Registry.** Kept as events in the log (``ledger.producer.registered|rotated|revoked`` and
 ``ledger.policy.changed``, written by ``ledger producers``), so each key's addition, rotation and
 revocation is on the record, and admission uses the registry *as of that point in the log*: a key
 revoked at commit 7 refuses its events from commit 7 on, while its events already stored still
-verify (``ledger.verifier``). The ledger's own types (``LEDGER_TYPES``) and sources named
+verify (``runledger.ledger.verifier``). The ledger's own types (``LEDGER_TYPES``) and sources named
 ``ledger:...`` are admitted only from the ledger's own ingest sources (``REGISTRY_INGEST``,
 ``INCIDENT_INGEST``): whoever can write to a topic cannot register a key.
 
@@ -27,7 +27,7 @@ Quarantine codes: ``unsigned``, ``unknown-key``, ``revoked-key``, ``bad-signatur
 ``out-of-scope``, ``reserved``.
 
 **Order.** An event that carries ``prev`` (its producer keeps a hash chain, see
-``schemas.signing``) must follow its source's last stored event: ``seq`` one more than the
+``runledger.schemas.signing``) must follow its source's last stored event: ``seq`` one more than the
 highest stored, ``prev`` that event's hash (``GENESIS`` and seq 0 for a source's first). Otherwise
 it is still stored (never blocking) and a ``ledger.incident`` event is appended on its stream:
 ``gap`` (``missing`` seq numbers before it) or ``fork`` (its seq was already taken, or its ``prev``
@@ -63,9 +63,9 @@ from typing import Any, Protocol
 
 import msgspec
 
-from schemas import catalogue as c
-from schemas import payloads as p
-from schemas.codec import (
+from runledger.schemas import catalogue as c
+from runledger.schemas import payloads as p
+from runledger.schemas.codec import (
     Event,
     Quarantined,
     decode_event,
@@ -73,8 +73,8 @@ from schemas.codec import (
     make_event,
     refused_event,
 )
-from schemas.note import CheckpointError, NoteVerifier, parse_public_key
-from schemas.signing import GENESIS, SignatureError, event_hash, key_id_of, verify_canonical
+from runledger.schemas.note import CheckpointError, NoteVerifier, parse_public_key
+from runledger.schemas.signing import GENESIS, SignatureError, event_hash, key_id_of, verify_canonical
 
 log = logging.getLogger("runledger.ledger")
 
@@ -94,7 +94,7 @@ REGISTRY_TYPES = (c.PRODUCER_REGISTERED, c.PRODUCER_ROTATED, c.PRODUCER_REVOKED,
 
 
 class IngestRecord(Protocol):
-    """What admission reads of a record a commit consumes (``ledger.store.SourceRecord``)."""
+    """What admission reads of a record a commit consumes (``runledger.ledger.store.SourceRecord``)."""
 
     @property
     def source(self) -> str: ...  # the ingest source it was read from
@@ -104,7 +104,7 @@ class IngestRecord(Protocol):
 
 
 class LedgerView(Protocol):
-    """What admission reads (and keeps) of a ledger (``ledger.store.Ledger``)."""
+    """What admission reads (and keeps) of a ledger (``runledger.ledger.store.Ledger``)."""
 
     root: Path
     admission_state: AdmissionState | None  # the state as of a commit, kept here between commits
@@ -349,7 +349,7 @@ class AdmissionRound:
     def _launch(self, event: Event) -> None:
         """A second launch of one attempt of a run (two producers recording one run: the W&B bridge
         and a later import, two processes claiming one run id): stored, and a ``duplicate-launch``
-        incident says so. The views keep the first (``ledger.views``)."""
+        incident says so. The views keep the first (``runledger.ledger.views``)."""
         env = event.envelope
         if env.type not in (c.RUN_STARTED, c.RUN_RESUMED) or not env.run_id:
             return
@@ -491,7 +491,7 @@ def scan_state(ledger: LedgerView, commit: int) -> AdmissionState:
 class RegistryTimeline:
     """The registry and policy as they stood at each commit, for judging stored events again
     (``ledger verify``): an event stored in commit ``n`` was admitted under the registry events of
-    the commits before ``n`` (``ledger.registry.append_registry_event`` commits each one alone)."""
+    the commits before ``n`` (``runledger.ledger.registry.append_registry_event`` commits each one alone)."""
 
     def __init__(self, registry_events: Iterable[tuple[int, str, msgspec.Struct]]) -> None:
         """``registry_events``: (commit, type, payload) of each registry or policy event, in log order."""

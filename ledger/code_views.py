@@ -1,7 +1,7 @@
 """DuckDB views joining GitHub events to runs: what code each attempt ran, and what landed in between.
 
-Defined over the views of ``ledger.views`` (``attempts``, ``github``, ``events``); install them on a
-connection from ``ledger.views.connect`` with ``install(con)``, or append ``CODE_VIEWS`` to the SQL.
+Defined over the views of ``runledger.ledger.views`` (``attempts``, ``github``, ``events``); install them on a
+connection from ``runledger.ledger.views.connect`` with ``install(con)``, or append ``CODE_VIEWS`` to the SQL.
 
   attempt_windows                each attempt with the start of the next one (NULL for the latest)
   github_pull_requests           one row per pull request: its latest state, merge time and commits
@@ -139,5 +139,5 @@ ORDER BY l.time, l.kind, l.number;
 
 
 def install(con: duckdb.DuckDBPyConnection) -> None:
-    """Define the code views on a connection that already has ``ledger.views``' views."""
+    """Define the code views on a connection that already has ``runledger.ledger.views``' views."""
     con.execute(CODE_VIEWS)

@@ -5,7 +5,7 @@ The part-file writer's own compaction (its size levels and merges) is gone with 
 merges its files itself (``LakeTables.maintain``), keeping these orders.
 
 ``metrics`` rows are written sorted by metric name (``SORTED_TABLES``: a lake's commits and its
-merges, ``ledger.lake``), so that one metric's series reads only its own row groups (by their
+merges, ``runledger.ledger.lake``), so that one metric's series reads only its own row groups (by their
 min/max statistics) instead of every metric's rows.
 """
 

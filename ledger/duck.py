@@ -12,7 +12,7 @@ most of a one-statement read of a lake (two extensions). So the check runs once 
 signed load succeeds, the file's identity (inode, size, change time: any rewrite, rename over or
 ``chmod`` changes the change time, which user space cannot set back) is noted in ``EXTENSION_DIR``,
 and a connection whose every extension still has that identity loads them without the second check
-(``allow_unsigned_extensions``). Such a connection runs user SQL only after ``ledger.sql_guard``'s lock
+(``allow_unsigned_extensions``). Such a connection runs user SQL only after ``runledger.ledger.sql_guard``'s lock
 (external access off), which refuses every further ``LOAD``.
 """
 

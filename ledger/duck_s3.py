@@ -1,7 +1,7 @@
 """DuckDB's S3 secret from the AWS_* variables: one function for every connection that reads S3.
 
-``ledger query --remote s3://… --direct`` (``ledger.remote``) and a lake whose data path is
-``s3://bucket/prefix`` (``ledger.lake``) both reach the server that ``ledger.publish_dest.S3Config``
+``ledger query --remote s3://… --direct`` (``runledger.ledger.remote``) and a lake whose data path is
+``s3://bucket/prefix`` (``runledger.ledger.lake``) both reach the server that ``runledger.ledger.publish_dest.S3Config``
 describes (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_SESSION_TOKEN``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``), with path-style addressing (what
 S3-compatible servers answer). The connection must have ``httpfs`` loaded.
@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import duckdb
 
-from ledger.publish_dest import S3Config
+from runledger.ledger.publish_dest import S3Config
 
 __all__ = ["create_s3_secret", "s3_secret_options"]
 

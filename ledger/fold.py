@@ -23,7 +23,7 @@ reader as much as the flood. So the incidents of one source and kind fold into o
 (``fold_incidents``: how many, first..last seq, step and time), and of a kind with many sources the
 few with the most incidents stand apart and the rest fold into one: a state lists a few lines
 however many incidents or sources there are. A reader with SQL folds them where it reads them
-(``ledger.views.incident_ranges_query``) and decodes only ``FOLD_TYPES``; handed the incident events
+(``runledger.ledger.views.incident_ranges_query``) and decodes only ``FOLD_TYPES``; handed the incident events
 themselves, the fold folds them the same way.
 """
 
@@ -37,10 +37,10 @@ from typing import Any
 
 import msgspec
 
-from schemas import Envelope
-from schemas import catalogue as c
-from schemas.canonical import config_hash
-from schemas.config_patch import ConfigPatchError, apply_config_patch
+from runledger.schemas import Envelope
+from runledger.schemas import catalogue as c
+from runledger.schemas.canonical import config_hash
+from runledger.schemas.config_patch import ConfigPatchError, apply_config_patch
 
 # The event types the fold reads (metrics are not needed to know a run's state).
 STATE_TYPES = (
@@ -59,7 +59,7 @@ STATE_TYPES = (
     c.LEDGER_REDACTION,  # an event of the run whose payload was erased: the state says so
 )
 # The state events without ingest's incidents: what a reader decodes when it reads those in summary
-# (``ledger.views.incident_ranges_query``); ``STATE_TYPES`` is what the ``state_events`` table holds.
+# (``runledger.ledger.views.incident_ranges_query``); ``STATE_TYPES`` is what the ``state_events`` table holds.
 FOLD_TYPES = tuple(t for t in STATE_TYPES if t != c.LEDGER_INCIDENT)
 # Ingest's incident kinds (``ledger.incident``), folded per (kind, source) into ranges; of a kind with
 # more sources than this, all but the ``SOURCES_APART - 1`` with the most incidents fold into one.
@@ -355,7 +355,7 @@ def fold_incidents(facts: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Incident facts (``incident_fact``, in stream order) with ingest's gaps and forks folded: one
     range per (kind, source) (``range_fact``), and of a kind with more than ``SOURCES_APART`` sources,
     the ``SOURCES_APART - 1`` with the most incidents apart and the rest as one range; in time order
-    (a range at its first incident's). ``ledger.views.incident_ranges_query`` folds them alike in SQL."""
+    (a range at its first incident's). ``runledger.ledger.views.incident_ranges_query`` folds them alike in SQL."""
     per_source: dict[tuple[Any, Any], dict[str, Any]] = {}
     out: list[dict[str, Any]] = []
     for fact in facts:
@@ -425,7 +425,7 @@ def with_incident_ranges(
     incidents: Iterable[dict[str, Any]], ranges: Iterable[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """A state's incidents (a fold handed no ``ledger.incident`` event) and ingest's incidents read
-    in summary (``ledger.views.incident_range_facts``), in time order."""
+    in summary (``runledger.ledger.views.incident_range_facts``), in time order."""
     return sorted([*incidents, *ranges], key=lambda fact: fact["time"])
 
 

@@ -1,6 +1,6 @@
 """A run's history as a story: each history row (an event, a GitHub row) told as one line.
 
-The narration ``ledger history`` prints and ``ledger diff`` quotes: ``ledger.query.Reader.history``
+The narration ``ledger history`` prints and ``ledger diff`` quotes: ``runledger.ledger.query.Reader.history``
 reads the rows and the code each attempt ran; this module turns them into ``HistoryItem`` sentences,
 and summarises a long history to a screen (``summarise_history``, ``history_range``,
 ``history_counts``). No queries here: everything it tells comes in as arguments.
@@ -20,10 +20,10 @@ import jsonpatch
 import jsonpointer
 import msgspec
 
-from ledger.fold import RANGE_KINDS, incident_fact
-from schemas import Envelope
-from schemas import catalogue as c
-from schemas.config_patch import ConfigPatchError, apply_config_patch
+from runledger.ledger.fold import RANGE_KINDS, incident_fact
+from runledger.schemas import Envelope
+from runledger.schemas import catalogue as c
+from runledger.schemas.config_patch import ConfigPatchError, apply_config_patch
 
 
 @dataclass
@@ -47,7 +47,7 @@ _MERGE_TEXT = re.compile(r"PR #\d+ merged \(")  # github_item's line for a merge
 
 
 # A history longer than this is summarised unless asked for in full: what a terminal table shows
-# (cli.output.TABLE_ROWS_DEFAULT), so a summary is never cut by the row limit.
+# (runledger.cli.output.TABLE_ROWS_DEFAULT), so a summary is never cut by the row limit.
 SCREEN_LINES = 40
 
 
@@ -213,7 +213,7 @@ def history_item(
 
 
 def incident_items(ranges: Sequence[Mapping[str, Any]]) -> list[HistoryItem]:
-    """Ingest's incidents read in summary (``ledger.views.incident_range_facts``) as history lines:
+    """Ingest's incidents read in summary (``runledger.ledger.views.incident_range_facts``) as history lines:
     one per source and kind, at its first incident, counting the incidents it folds."""
     return [
         HistoryItem(
@@ -239,7 +239,7 @@ _BRIEF_WORDS = {
 
 
 def incident_text(fact: Mapping[str, Any], *, brief: bool = False) -> str:
-    """An incident as the fold lists it (``ledger.fold.incident_fact``), told as ``ledger history``
+    """An incident as the fold lists it (``runledger.ledger.fold.incident_fact``), told as ``ledger history``
     tells it: ``1,203 events lost by trainer/r/a1/rank0 (steps 318–1,520; seq 319–1,521): bus down
     (…)``, ``gap in trainer/r/a1/rank0: 5 events missing (seq 40–44)``, ``fork in … at seq 7
     (expected 5)``; or ``brief``, as ``ledger state`` lists it: ``8 events lost by the producer
@@ -276,7 +276,7 @@ def incident_text(fact: Mapping[str, Any], *, brief: bool = False) -> str:
     )
 
 
-# A range of ingest's incidents (``ledger.fold.range_fact``), ``ledger state``'s words and history's.
+# A range of ingest's incidents (``runledger.ledger.fold.range_fact``), ``ledger state``'s words and history's.
 _RANGE_BRIEF = {"gap": "missing", "fork": "forked", "duplicate-launch": "launched twice"}
 _RANGE_NOUNS = {"gap": "gaps", "fork": "forks", "duplicate-launch": "duplicate launches"}
 

@@ -10,7 +10,7 @@ What is checked by ``verify_ledger``:
     says appended it; every column of every file must read (damage anywhere is "unreadable");
   * every typed table equals what the events produce: an edited metric names its event;
   * every producer event is admitted again under the registry kept in the log as it stood when the
-    event was stored (``ledger.admission.authenticate``): its key registered, not revoked before it,
+    event was stored (``runledger.ledger.admission.authenticate``): its key registered, not revoked before it,
     its scope covering it, its Ed25519 signature over its bytes good, or its source let in unsigned by
     the policy then; a failure is a ``producer`` problem naming the event. Its row's
     ``authenticated`` column must say the same.
@@ -42,8 +42,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ledger import duck, verifier
-from ledger.admission import (
+from runledger.ledger import duck, verifier
+from runledger.ledger.admission import (
     REGISTRY_STREAM,
     REGISTRY_TYPES,
     RegistryTimeline,
@@ -51,19 +51,19 @@ from ledger.admission import (
     is_own,
     load_state,
 )
-from ledger.log_checkpoint import note_signers, parse_and_verify_checkpoint, sign_checkpoint
-from ledger.merkle import CompactRange, MerkleTree, leaf_hash, root_from_leaf_hashes
-from ledger.parquet_schemas import ADDED_COLUMNS, TABLES
-from ledger.projectors import FoldState, RowBuffer, rows_for_event
-from ledger.redaction import is_redacted, read_marker
-from ledger.store import SALTS, Ledger, LedgerError
-from ledger.stored_files import StoredFile, StoredFiles
-from schemas import Event, decode_event
-from schemas.catalogue import LEDGER_REDACTION
-from schemas.codec import CONFLICT
-from schemas.durable import write_durably
-from schemas.note import NoteVerifier, parse_private_key, parse_public_key
-from schemas.signing import SignatureError, key_id_of, verify_canonical
+from runledger.ledger.log_checkpoint import note_signers, parse_and_verify_checkpoint, sign_checkpoint
+from runledger.ledger.merkle import CompactRange, MerkleTree, leaf_hash, root_from_leaf_hashes
+from runledger.ledger.parquet_schemas import ADDED_COLUMNS, TABLES
+from runledger.ledger.projectors import FoldState, RowBuffer, rows_for_event
+from runledger.ledger.redaction import is_redacted, read_marker
+from runledger.ledger.store import SALTS, Ledger, LedgerError
+from runledger.ledger.stored_files import StoredFile, StoredFiles
+from runledger.schemas import Event, decode_event
+from runledger.schemas.catalogue import LEDGER_REDACTION
+from runledger.schemas.codec import CONFLICT
+from runledger.schemas.durable import write_durably
+from runledger.schemas.note import NoteVerifier, parse_private_key, parse_public_key
+from runledger.schemas.signing import SignatureError, key_id_of, verify_canonical
 
 CHECKPOINTS = "_checkpoints"
 
@@ -960,7 +960,7 @@ def _blank(table: pa.Table, column: str, keys: set[tuple[str, int]]) -> pa.Table
 def stored_partition(value: str | None) -> str:
     """The hive directory value a projector's partition is stored under: the store writes an empty
     one (a GitHub event naming no owner, an annotation without a run) as ``_``
-    (``ledger.store.Ledger._write_files``)."""
+    (``runledger.ledger.store.Ledger._write_files``)."""
     return value or "_"
 
 
@@ -1009,7 +1009,7 @@ def _signed_size(ledger: Ledger, stream: str) -> int | None:
 
 
 def prove_inclusion(root: str | Path, event_id: str, source: str | None = None) -> dict[str, Any]:
-    from ledger.query import Reader
+    from runledger.ledger.query import Reader
 
     # The reader first, then the ledger: a DuckDB-file lake catalog is attached once at a time.
     reader = Reader(root)

@@ -1,14 +1,14 @@
 """The ledger's tables in a DuckLake: one engine transaction per ledger commit, one snapshot per reader.
 
-``LakeTables`` stores the tables of ``ledger.parquet_schemas.TABLES`` (plus their hive partition
+``LakeTables`` stores the tables of ``runledger.ledger.parquet_schemas.TABLES`` (plus their hive partition
 column, partitioned by it) in a DuckLake (DuckDB's lakehouse format; duckdb 1.5.5 with the extension
-wheels ``ledger.duck`` loads). Its catalog is a SQLite file (one host: writers retry "database is
+wheels ``runledger.ledger.duck`` loads). Its catalog is a SQLite file (one host: writers retry "database is
 locked" with a bounded backoff) or a PostgreSQL DSN (many writers on many hosts); its data files are
 Parquet under ``data_path``. (A DuckDB-file catalog is not offered: DuckDB's file lock lets one process
 hold it, so checkpoint, publish and redact could not run beside a writer.)
 
 It is the storage layer *under* the ledger's commit logic (decode, admission, projection, Merkle state
-stay in ``ledger.store``):
+stay in ``runledger.ledger.store``):
 
 * ``commit(tables, positions, state)``: every table's rows, each source's position, the writer's state
   and a ``ledger_commits`` row in ONE transaction = one snapshot. Positions are fenced: each source has
@@ -51,11 +51,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ledger.compaction import SORTED_TABLES, conform
-from ledger.duck import column_type, connect
-from ledger.file_writes import write_all
-from ledger.parquet_schemas import SIDE_TABLES, TABLES, Table
-from schemas.durable import fsync_dir
+from runledger.ledger.compaction import SORTED_TABLES, conform
+from runledger.ledger.duck import column_type, connect
+from runledger.ledger.file_writes import write_all
+from runledger.ledger.parquet_schemas import SIDE_TABLES, TABLES, Table
+from runledger.schemas.durable import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -516,7 +516,7 @@ def is_s3(data_path: str) -> bool:
 
 def _s3_config(data_path: str) -> Any:
     """The server and credentials of an ``s3://bucket/prefix`` data path (the AWS_* variables)."""
-    from ledger.publish_dest import DestError, S3Config, parse_s3_url
+    from runledger.ledger.publish_dest import DestError, S3Config, parse_s3_url
 
     try:
         parse_s3_url(data_path)
@@ -531,7 +531,7 @@ def connect_data(
     """A connection with the catalog's extensions and, for an ``s3://`` data path, ``httpfs`` and the
     S3 secret from the AWS_* variables (``probe``: the server is asked once, so missing credentials,
     a missing bucket or a dead server are one LakeError line now rather than a failed commit later)."""
-    from ledger.duck import ExtensionMissing
+    from runledger.ledger.duck import ExtensionMissing
 
     if "://" in data_path and not is_s3(data_path):
         raise LakeError(f"lake data {data_path}: give a local folder or s3://bucket/prefix")
@@ -543,7 +543,7 @@ def connect_data(
     except ExtensionMissing as exc:
         raise LakeError(f"lake data {data_path}: {exc}") from None
     try:
-        from ledger.duck_s3 import create_s3_secret
+        from runledger.ledger.duck_s3 import create_s3_secret
 
         create_s3_secret(con, config, S3_SECRET)
         # An upload holds one part in memory per file written (httpfs: the largest file / the most
@@ -599,7 +599,7 @@ def _s3_sha256(con: duckdb.DuckDBPyConnection, url: str) -> str | None:
 
 
 def _s3_sha256_arrow(url: str) -> str | None:
-    from ledger.publish_dest import parse_s3_url
+    from runledger.ledger.publish_dest import parse_s3_url
 
     bucket, key = parse_s3_url(url)
     s3 = _s3_config(url).filesystem()
@@ -616,7 +616,7 @@ def _s3_sha256_arrow(url: str) -> str | None:
 def fetch_object(url: str, target: Path) -> str:
     """Download an ``s3://`` object to ``target`` (through ``target``.tmp, fsynced, then renamed), a
     MiB at a time. Returns the SHA-256 of the bytes fetched; LakeError (one line) if it is gone."""
-    from ledger.publish_dest import parse_s3_url
+    from runledger.ledger.publish_dest import parse_s3_url
 
     bucket, key = parse_s3_url(url)
     s3 = _s3_config(url).filesystem()
@@ -720,7 +720,7 @@ class LakeFolder:
 
     def write(self) -> None:
         """The marker, with the catalog and data path relative to the folder when they are inside it."""
-        from schemas.durable import write_durably
+        from runledger.schemas.durable import write_durably
 
         catalog, data = self.relative_catalog().spec, self.relative_data_path()
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -733,8 +733,8 @@ def checkpoint_snapshot(con: duckdb.DuckDBPyConnection, ledger_id: str, note: st
     """The snapshot a signed stream checkpoint (``ledger checkpoint``'s note) pins: the commit that
     brought its stream to the checkpoint's size, whose Merkle head must have the checkpoint's root
     (so a checkpoint of another history names no snapshot). ``con``: ``open_snapshot``'s, newest."""
-    from ledger.log_checkpoint import CheckpointError, parse_checkpoint
-    from ledger.merkle import CompactRange
+    from runledger.ledger.log_checkpoint import CheckpointError, parse_checkpoint
+    from runledger.ledger.merkle import CompactRange
 
     try:
         cp = parse_checkpoint(note.split("\n\n", 1)[0] + "\n")

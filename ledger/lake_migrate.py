@@ -32,9 +32,9 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from ledger.duck import connect
-from ledger.integrity import CHECKPOINTS
-from ledger.lake import (
+from runledger.ledger.duck import connect
+from runledger.ledger.integrity import CHECKPOINTS
+from runledger.ledger.lake import (
     COMMIT_FENCE,
     EMBEDDED_CATALOG,
     ID_FENCE,
@@ -49,8 +49,8 @@ from ledger.lake import (
     read_positions,
     read_state,
 )
-from ledger.parquet_schemas import SALTS, tables_of
-from ledger.store import COMMITS
+from runledger.ledger.parquet_schemas import SALTS, tables_of
+from runledger.ledger.store import COMMITS
 
 __all__ = ["MigrateError", "Migration", "OldLedger", "migrate", "migrate_into", "read_old", "table_digests"]
 

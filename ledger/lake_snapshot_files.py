@@ -5,14 +5,14 @@ each to load, more than the query a ``ledger query`` runs).
 It reads the catalog's documented tables (``ducklake_snapshot``, ``ducklake_metadata``,
 ``ducklake_schema``, ``ducklake_table``, ``ducklake_data_file``, ``ducklake_delete_file``,
 ``ducklake_file_partition_value``, ``ducklake_inlined_data_tables``) at one snapshot id, in one read
-transaction, and answers the same list as ``ledger.lake.snapshot_files`` on an attached lake. Where
+transaction, and answers the same list as ``runledger.ledger.lake.snapshot_files`` on an attached lake. Where
 that list would not be plain files (a snapshot with delete files or inlined rows), or the catalog
 says anything unusual (no such snapshot, another ledger's id, a damaged file), it answers None and
 the caller reads through the extensions, which say why in their own words.
 
 Only for a process that holds no other connection to the catalog (a ``ledger`` read command): a
 second SQLite library in one process drops the first's POSIX locks on the file when it closes it
-(see ``ledger.lake.LakeTables._attach_writer``).
+(see ``runledger.ledger.lake.LakeTables._attach_writer``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledger.lake import (
+from runledger.ledger.lake import (
     ID_OPTION,
     SIDE_TABLES,
     TABLES,
@@ -121,7 +121,7 @@ def _known_snapshot(db: sqlite3.Connection, snapshot: int | None) -> int | None:
 
 
 def _catalog_ledger_id(db: sqlite3.Connection) -> str | None:
-    """The ledger id the catalog names (``ledger.lake.attached_ledger_id``'s row)."""
+    """The ledger id the catalog names (``runledger.ledger.lake.attached_ledger_id``'s row)."""
     row = db.execute("SELECT value FROM ducklake_metadata WHERE key = ?", [ID_OPTION]).fetchone()
     return str(row[0]) if row is not None and row[0] is not None else None
 

@@ -1,9 +1,9 @@
 """`ledger serve page`: the run's page, live. An index of runs, and a page per run that draws the
-report's charts (``ledger.report``: the same data, downsampling and ECharts app) and then follows
+report's charts (``runledger.ledger.report``: the same data, downsampling and ECharts app) and then follows
 the ledger: every event committed to the run's stream reaches the open page by Server-Sent Events.
 
 How it follows the ledger cheaply: a commit is one record, ``_commits/<n>.json``, written by an
-atomic rename (``ledger.store``), so one thread stats the *next* record's name every ``poll_s``
+atomic rename (``runledger.ledger.store``), so one thread stats the *next* record's name every ``poll_s``
 (0.25 s) and reads only records that exist: no listing, no query. A record names, per stream, the
 leaves it appended (``appended``: first leaf index and count); their events are read from the
 Parquet files the record lists (or, once a compaction moved them, with one query).
@@ -53,18 +53,18 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ledger.history import config_after, history_item
-from ledger.integrity import checkpoint_path
-from ledger.lake import LAKE_MARKER, Catalog, LakeError, LakeFolder, open_snapshot
-from ledger.log_checkpoint import parse_and_verify_checkpoint, parse_checkpoint
-from ledger.monitor import DEFAULT_DEADLINE_S, MonitorError, check_quorum
-from ledger.query import QueryError, Reader, RecordHead
-from ledger.remote import RemoteError, default_state_path, fetch_copy, verify_remote
-from ledger.report import CURVES, MARKER_KINDS, asset, build_report, script_json
-from ledger.store import COMMITS
-from ledger.witness import parse_cosignature_key, verify_cosignatures
-from schemas import Envelope, decode_event
-from schemas import catalogue as c
+from runledger.ledger.history import config_after, history_item
+from runledger.ledger.integrity import checkpoint_path
+from runledger.ledger.lake import LAKE_MARKER, Catalog, LakeError, LakeFolder, open_snapshot
+from runledger.ledger.log_checkpoint import parse_and_verify_checkpoint, parse_checkpoint
+from runledger.ledger.monitor import DEFAULT_DEADLINE_S, MonitorError, check_quorum
+from runledger.ledger.query import QueryError, Reader, RecordHead
+from runledger.ledger.remote import RemoteError, default_state_path, fetch_copy, verify_remote
+from runledger.ledger.report import CURVES, MARKER_KINDS, asset, build_report, script_json
+from runledger.ledger.store import COMMITS
+from runledger.ledger.witness import parse_cosignature_key, verify_cosignatures
+from runledger.schemas import Envelope, decode_event
+from runledger.schemas import catalogue as c
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,9 @@ KEEPALIVE_S = 15.0  # a comment line on an idle stream, so proxies keep it open
 HEADER_TIMEOUT_S = 5.0  # a connection that has not sent a whole request head by then is closed
 RETRY_MS = 1000  # the browser's reconnect delay (SSE `retry:`)
 STATE_TYPES = frozenset(f"runledger.{kind}" for kind in MARKER_KINDS if not kind.startswith("github."))
-RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # schemas.envelope.RunId: nothing else is a run
+RUN_ID = re.compile(
+    r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+)  # runledger.schemas.envelope.RunId: nothing else is a run
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
     "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -118,8 +120,8 @@ def _finite(value: Any) -> float | None:
 @dataclass(frozen=True)
 class Witnesses:
     """The witness keys (C2SP cosignature/v1 vkeys) a page checks cosignatures against, and how
-    many must verify (the quorum). The check is ``ledger.witness``'s; whether the quorum holds is
-    ``ledger.monitor``'s (the same rule ``ledger verify --remote --witness`` applies)."""
+    many must verify (the quorum). The check is ``runledger.ledger.witness``'s; whether the quorum holds is
+    ``runledger.ledger.monitor``'s (the same rule ``ledger verify --remote --witness`` applies)."""
 
     vkeys: tuple[str, ...] = ()
     quorum: int = 0
@@ -222,7 +224,7 @@ def _event_message(env: Envelope, config: dict[str, Any] | None) -> tuple[str, d
 
 
 def _attempt_change(env: Envelope) -> dict[str, Any]:
-    """What a state event changes in the attempts timeline (``ledger.report.attempts_table``'s
+    """What a state event changes in the attempts timeline (``runledger.ledger.report.attempts_table``'s
     rows): a launch adds an attempt (a resume from step S supersedes the earlier attempts' steps
     after S), a crash or a finish says how an attempt ended."""
     d = env.data
@@ -795,10 +797,10 @@ class PublishedWatch(LedgerWatch):
     """The watch over a published copy (``ledger publish``) at ``url``: the same interface the pages
     and streams use, answered from a verified local copy instead of a ledger folder.
 
-    Each poll is one look of the monitor (``ledger.remote.verify_remote``: the checkpoint's signature,
+    Each poll is one look of the monitor (``runledger.ledger.remote.verify_remote``: the checkpoint's signature,
     its consistency with the last one seen, the new entries and data files; nothing new costs one
     GET of ``/checkpoint``). Only a grown checkpoint that verifies refreshes the copy
-    (``ledger.remote.fetch_copy``: the signed manifest's files, each against its SHA-256) and turns
+    (``runledger.ledger.remote.fetch_copy``: the signed manifest's files, each against its SHA-256) and turns
     the new leaves of the followed runs into messages. A checkpoint that does not verify (a bad
     signature, a fork, a rollback, data that does not match) is shown as ``not verified: <reason>``
     and ends the updates for good: nothing later from that copy is shown as current. An unreachable
@@ -1380,7 +1382,7 @@ def _guarded_protocol(header_timeout_s: float) -> type[Any]:
     - a malformed body of a request already in the app's hands gets uvicorn's 400 and a close, and
       the app's own answer is dropped (instead of an "Exception in ASGI application").
 
-    The webhook receiver's ``ingest.github_webhook_limits`` keeps the same rules (the ledger may not
+    The webhook receiver's ``runledger.ingest.github_webhook_limits`` keeps the same rules (the ledger may not
     import a source)."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol

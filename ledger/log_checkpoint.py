@@ -9,7 +9,7 @@ Wire format (byte-compatible with Go's golang.org/x/mod/sumdb/note and transpare
     — <key name> <base64(4-byte key hash ‖ 64-byte Ed25519 signature)>\\n
 
 The signature covers the body (the first three lines, trailing newline included). The signed-note
-format, its keys, key hashes and key files are ``schemas.note``'s (producers sign their events with
+format, its keys, key hashes and key files are ``runledger.schemas.note``'s (producers sign their events with
 the same keys); this module adds the checkpoint body.
 """
 
@@ -19,7 +19,7 @@ import base64
 import re
 from dataclasses import dataclass
 
-from schemas.note import (
+from runledger.schemas.note import (
     CheckpointError,
     NoteSigner,
     NoteVerifier,

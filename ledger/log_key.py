@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from schemas.note import (
+from runledger.schemas.note import (
     CheckpointError,
     NoteSigner,
     key_stem,
@@ -31,10 +31,10 @@ from schemas.note import (
     parse_public_key,
     public_key_of,
 )
-from schemas.signing import key_id_of
+from runledger.schemas.signing import key_id_of
 
 if TYPE_CHECKING:
-    from ledger.store import Ledger
+    from runledger.ledger.store import Ledger
 
 __all__ = [
     "KEYS_DIR",

@@ -12,7 +12,7 @@ part-*.parquet`` and names each (path, bytes, SHA-256) in ``manifest.json``, sig
   guessed types): here the value is taken from the manifest's path as it is, a string.
 
 ``open_published(DEST, log_key)`` verifies the checkpoint, the manifest's signature, digest and
-origin (``ledger.remote``'s check, the one ``query --remote`` makes) and then every listed file's
+origin (``runledger.ledger.remote``'s check, the one ``query --remote`` makes) and then every listed file's
 size and SHA-256, refusing with ``RemoteError`` before any engine opens a file. ``table_files`` is
 the pure part: a manifest's files per table, with their partition values.
 
@@ -30,8 +30,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from ledger.log_checkpoint import Checkpoint
-from ledger.remote import RemoteError, Source, _manifest_files, _signed_manifest
+from runledger.ledger.log_checkpoint import Checkpoint
+from runledger.ledger.remote import RemoteError, Source, _manifest_files, _signed_manifest
 
 __all__ = ["FolderSource", "Published", "TableFile", "listed_tables", "open_published", "table_files"]
 
@@ -81,7 +81,7 @@ def listed_tables(manifest: dict[str, Any], files: dict[str, list[TableFile]]) -
     """Every table the copy publishes: the manifest's ``tables`` (those without files included), or,
     in a manifest written before it named them, the tables that have files. RemoteError for a name
     that is not a ledger table, or a file of a table the list leaves out."""
-    from ledger.lake import lake_schema
+    from runledger.ledger.lake import lake_schema
 
     named = manifest.get("tables")
     if named is None:
@@ -152,7 +152,7 @@ class Published:
     def empty(self, table: str) -> pa.Table:
         """The table with no rows, with the columns and types its files have (its file columns,
         then its partition column as a string): what an engine reads for a table without files."""
-        from ledger.lake import lake_schema
+        from runledger.ledger.lake import lake_schema
 
         self.files(table)  # a table the manifest names
         return lake_schema(table).empty_table()

@@ -13,7 +13,7 @@ look also walks the entries new since the last accepted checkpoint and hashes th
 the signed manifest not verified before: a remote verifier of what is new only.
 
 The log is read over HTTP from its base URL, or through any ``LogFiles`` (``files=``: e.g.
-``ledger.remote``'s reader of an S3 bucket).
+``runledger.ledger.remote``'s reader of an S3 bucket).
 
 Only an accepted checkpoint is written to the state file, so a refused one is refused again; a look
 that finds nothing new leaves the file as it was (no rewrite, no fsync).
@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 from urllib.parse import urlsplit
 
-from ledger.log_checkpoint import parse_and_verify_checkpoint
-from ledger.merkle import ProofError, verify_consistency
-from ledger.parquet_schemas import SIDE_TABLES, TABLES
-from ledger.tiles import (
+from runledger.ledger.log_checkpoint import parse_and_verify_checkpoint
+from runledger.ledger.merkle import ProofError, verify_consistency
+from runledger.ledger.parquet_schemas import SIDE_TABLES, TABLES
+from runledger.ledger.tiles import (
     TileError,
     TileReader,
     consistency_proof_from_tiles,
@@ -49,9 +49,9 @@ from ledger.tiles import (
     tile_path,
     walk_new_entries,
 )
-from ledger.witness import parse_cosignature_key, verify_cosignatures
-from schemas.durable import write_durably
-from schemas.note import CheckpointError, open_note
+from runledger.ledger.witness import parse_cosignature_key, verify_cosignatures
+from runledger.schemas.durable import write_durably
+from runledger.schemas.note import CheckpointError, open_note
 
 __all__ = [
     "DEFAULT_DEADLINE_S",
@@ -186,7 +186,7 @@ def http_blocks(url: str, deadline: Deadline, max_bytes: int | None = None) -> I
 # ------------------------------------------------------------------------------- the manifest's shape
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
-# A partition value as the ledger names its folder: a plain name, or percent escapes (ledger.lake).
+# A partition value as the ledger names its folder: a plain name, or percent escapes (runledger.ledger.lake).
 _PARTITION_VALUE = re.compile(r"(?:[A-Za-z0-9._-]|%[0-9A-F]{2}){1,200}")
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.parquet")
 _PATH_CHARS = re.compile(r"[A-Za-z0-9._=%/-]*")

@@ -1,7 +1,7 @@
 """The ledger's Parquet tables: their names, pyarrow schemas and hive partition keys.
 
 Every table but ``events`` and ``quarantine`` is a projection of ``events`` (which holds each event's
-canonical bytes): ``ledger.projectors`` says how events fill them, so ``ledger verify`` can
+canonical bytes): ``runledger.ledger.projectors`` says how events fill them, so ``ledger verify`` can
 rebuild any table from the events and compare. Rows carry ``stream`` and ``stream_seq``: the event
 they came from.
 """
@@ -232,7 +232,7 @@ TABLES: dict[str, Table] = {
                 ("time", TS),
                 ("kind", pa.string()),
                 ("action", pa.string()),
-                ("fact", pa.string()),  # what it is, whoever observed it (ingest.github_events)
+                ("fact", pa.string()),  # what it is, whoever observed it (runledger.ingest.github_events)
                 ("via", pa.string()),  # the producer that observed it: webhook | backfill
                 ("number", pa.int64()),
                 ("title", pa.string()),

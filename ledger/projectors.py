@@ -4,7 +4,7 @@ A projector is a small function of one event (its envelope, its ``stream_seq`` a
 that returns the rows the event contributes: ``Row`` (one row) or ``Columns`` (several rows given
 column-wise). ``PROJECTORS`` maps each event type to its projector; ``rows_for_event`` looks the
 event's type up and adds what it returns to a ``RowBuffer``. The tables themselves (names, schemas,
-partitioning) are in ``ledger.parquet_schemas``.
+partitioning) are in ``runledger.ledger.parquet_schemas``.
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from ledger.fold import STATE_TYPES
-from ledger.parquet_schemas import TABLES
-from schemas import catalogue as c
-from schemas import github as gh
-from schemas import payloads as p
-from schemas.canonical import canonical_bytes, config_hash
-from schemas.codec import Event
-from schemas.config_patch import ConfigPatchError, apply_config_patch
-from schemas.envelope import Envelope
+from runledger.ledger.fold import STATE_TYPES
+from runledger.ledger.parquet_schemas import TABLES
+from runledger.schemas import catalogue as c
+from runledger.schemas import github as gh
+from runledger.schemas import payloads as p
+from runledger.schemas.canonical import canonical_bytes, config_hash
+from runledger.schemas.codec import Event
+from runledger.schemas.config_patch import ConfigPatchError, apply_config_patch
+from runledger.schemas.envelope import Envelope
 
 CHUNK_ROWS = 32_768  # a group's rows are made Arrow this many at a time, not all at the commit
 

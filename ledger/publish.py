@@ -1,10 +1,10 @@
 """`ledger publish DEST`: the whole ledger as one public C2SP tlog-tiles log, plus its Parquet files.
 
 DEST is a folder any static HTTP server can serve, or ``s3://bucket/prefix`` on an S3-compatible
-server (``ledger.publish_dest``: endpoint and credentials from the AWS_* variables); either holds::
+server (``runledger.ledger.publish_dest``: endpoint and credentials from the AWS_* variables); either holds::
 
     checkpoint                          signed note (origin ``runledger/<ledger id>``, size, root)
-    tile/<L>/<N>[.p/<W>]                hash tiles (``ledger.tiles``)
+    tile/<L>/<N>[.p/<W>]                hash tiles (``runledger.ledger.tiles``)
     tile/entries/<N>[.p/<W>]            entry bundles
     data/<table>/<partition>/part-*.parquet   the ledger's live Parquet files, byte for byte
     manifest.json, manifest.sig         those files (path, bytes, SHA-256, leaf range), and a signed
@@ -52,15 +52,15 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from ledger.lake import fetch_object, is_s3
-from ledger.log_checkpoint import parse_checkpoint, sign_checkpoint
-from ledger.merkle import EMPTY_ROOT, CompactRange, leaf_hash, verify_consistency
-from ledger.parquet_schemas import SIDE_TABLES, tables_of
-from ledger.publish_dest import Dest, FolderDest, open_dest
-from ledger.redaction import entry_digest, is_redacted, read_marker
-from ledger.store import COMMITS, SALTS, Ledger
-from ledger.stored_files import lake_file_list, recorded_sha256
-from ledger.tiles import (
+from runledger.ledger.lake import fetch_object, is_s3
+from runledger.ledger.log_checkpoint import parse_checkpoint, sign_checkpoint
+from runledger.ledger.merkle import EMPTY_ROOT, CompactRange, leaf_hash, verify_consistency
+from runledger.ledger.parquet_schemas import SIDE_TABLES, tables_of
+from runledger.ledger.publish_dest import Dest, FolderDest, open_dest
+from runledger.ledger.redaction import entry_digest, is_redacted, read_marker
+from runledger.ledger.store import COMMITS, SALTS, Ledger
+from runledger.ledger.stored_files import lake_file_list, recorded_sha256
+from runledger.ledger.tiles import (
     MAX_ENTRY_BYTES,
     TILE_WIDTH,
     TileError,
@@ -73,10 +73,10 @@ from ledger.tiles import (
     root_of_prefix,
     tile_path,
 )
-from ledger.views import files_or_empty, named_views
-from ledger.witness import collect_cosignatures, load_policy
-from schemas.durable import write_durably
-from schemas.note import NoteSigner, open_note, parse_private_key, sign_note
+from runledger.ledger.views import files_or_empty, named_views
+from runledger.ledger.witness import collect_cosignatures, load_policy
+from runledger.schemas.durable import write_durably
+from runledger.schemas.note import NoteSigner, open_note, parse_private_key, sign_note
 
 __all__ = ["PublishError", "PublishResult", "load_published", "log_origin", "publish"]
 
@@ -532,7 +532,7 @@ def _manifest(stored: _Stored, state: PublishState, live: list[str], origin: str
 
 
 def _views_sql(tables: Sequence[str], live: Sequence[str]) -> bytes:
-    """``views.sql``: the names ``ledger query`` answers with, one meaning each (``ledger.views.
+    """``views.sql``: the names ``ledger query`` answers with, one meaning each (``runledger.ledger.views.
     named_views``: the stored rows as ``_metrics`` and ``lake.metrics``, the de-duplicated ones as
     ``metrics``), over the published files (paths relative to DEST: ``cd DEST && duckdb -init
     views.sql``, or prefix them with the base URL for httpfs); a table without files is empty."""
@@ -817,7 +817,7 @@ def _publish(ledger: Ledger, dest: str | Path | Dest, private_key: str) -> Publi
 
 
 def _cosign(root: Path, files: _Files, new: PublishState) -> dict[str, str]:
-    """The witnesses' cosignatures on the staged checkpoint (``ledger.witness``), before the swap:
+    """The witnesses' cosignatures on the staged checkpoint (``runledger.ledger.witness``), before the swap:
     a 422 or a missed quorum stops the publish with nothing published."""
     policy = load_policy(root)
     if not policy.witnesses:

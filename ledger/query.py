@@ -1,6 +1,6 @@
 """Read-side library: SQL over the views, a run's events, its state, history and diffs.
 
-The history's rows are read here and told as sentences by ``ledger.history``.
+The history's rows are read here and told as sentences by ``runledger.ledger.history``.
 
 The CLI is a thin shell over these functions; tests and other programs call them directly.
 """
@@ -20,8 +20,8 @@ import jsonpatch
 import msgspec
 import pyarrow as pa
 
-from ledger import duck
-from ledger.fold import (
+from runledger.ledger import duck
+from runledger.ledger.fold import (
     FOLD_TYPES,
     STATE_TYPES,
     RunState,
@@ -30,7 +30,7 @@ from ledger.fold import (
     on_lineage,
     with_incident_ranges,
 )
-from ledger.history import (
+from runledger.ledger.history import (
     MISSING,
     HistoryItem,
     config_after,
@@ -41,7 +41,7 @@ from ledger.history import (
     op_text,
     value_at,
 )
-from ledger.lake import (
+from runledger.ledger.lake import (
     ALIAS,
     Catalog,
     LakeError,
@@ -58,12 +58,12 @@ from ledger.lake import (
     retry_locked,
     snapshot_files,
 )
-from ledger.lake import COMMITS as LAKE_COMMITS
-from ledger.lake import STATE as LAKE_STATE
-from ledger.merkle import CompactRange
-from ledger.parquet_schemas import tables_of
-from ledger.redaction import REDACTED_PREFIX, is_redacted, read_marker
-from ledger.sql_guard import (
+from runledger.ledger.lake import COMMITS as LAKE_COMMITS
+from runledger.ledger.lake import STATE as LAKE_STATE
+from runledger.ledger.merkle import CompactRange
+from runledger.ledger.parquet_schemas import tables_of
+from runledger.ledger.redaction import REDACTED_PREFIX, is_redacted, read_marker
+from runledger.ledger.sql_guard import (
     QueryLimits,
     RefusedStatement,
     SpillFolder,
@@ -74,16 +74,20 @@ from ledger.sql_guard import (
     read_only_statement,
     run_limited,
 )
-from ledger.store import COMMITS, Ledger, LedgerError, StreamHead
-from ledger.views import _empty_relation, connect, incident_range_facts, incident_ranges_query, lake_views_sql
-from schemas import Envelope, decode_event
-from schemas import catalogue as c
-from schemas.config_patch import ConfigPatchError, apply_config_patch
+from runledger.ledger.store import COMMITS, Ledger, LedgerError, StreamHead
+from runledger.ledger.views import (
+    _empty_relation,
+    connect,
+    incident_range_facts,
+    incident_ranges_query,
+    lake_views_sql,
+)
+from runledger.schemas import Envelope, decode_event
+from runledger.schemas import catalogue as c
+from runledger.schemas.config_patch import ConfigPatchError, apply_config_patch
 
 _T = TypeVar("_T")
-SPILL_AREA = (
-    ".spill"  # under a ledger's folder: its readers' spill folders (``ledger.sql_guard.SpillFolder``)
-)
+SPILL_AREA = ".spill"  # under a ledger's folder: its readers' spill folders (``runledger.ledger.sql_guard.SpillFolder``)
 
 
 class QueryError(LedgerError):
@@ -112,7 +116,7 @@ class RecordHead:
 
     @classmethod
     def of_record(cls, ledger_id: str, record: Any) -> RecordHead:
-        """From a commit record (a dict as ``ledger.store`` writes it; None: no commit yet)."""
+        """From a commit record (a dict as ``runledger.ledger.store`` writes it; None: no commit yet)."""
         if record is None:
             return cls(ledger_id, -1, {})
         try:
@@ -125,7 +129,7 @@ class RecordHead:
 
 
 class Reader:
-    """Read-only access to one ledger: a published copy's folder of part files (``ledger.remote``), or
+    """Read-only access to one ledger: a published copy's folder of part files (``runledger.ledger.remote``), or
     a folder whose tables are in a DuckLake (``LAKE.json``), read at one snapshot (``snapshot``: that
     one, default the newest when the reader opens). Every statement runs under ``limits`` (default
     ``QueryLimits()``: 300 s, 2 GiB or a quarter of the memory, 10 GB of spill in ``<ledger>/.spill``)."""
@@ -141,7 +145,7 @@ class Reader:
     ) -> None:
         self.root = Path(root)
         # issue 41: read a SQLite catalog's file list with Python's sqlite3 (``_open_lake``): only in a
-        # process holding no other connection to the catalog (``ledger.lake_snapshot_files``).
+        # process holding no other connection to the catalog (``runledger.ledger.lake_snapshot_files``).
         self._sqlite3_catalog = sqlite3_catalog
         self.snapshot: int | None = None  # the lake snapshot every statement sees (a lake only)
         self._ledger: Ledger | None = None  # a published copy only
@@ -164,7 +168,7 @@ class Reader:
         self._spill = spill_folder(self.root / SPILL_AREA)
         self.con = connect(self.root)
         # DuckDB itself refuses to reach outside the ledger's tables, and nothing can undo that
-        # (``ledger.sql_guard``); the statement check in ``_run`` is the second wall.
+        # (``runledger.ledger.sql_guard``); the statement check in ``_run`` is the second wall.
         lock_connection(
             self.con,
             [self.root / name for name in tables_of(self.root)],
@@ -184,10 +188,10 @@ class Reader:
         no catalog scanner and no DuckLake (their functions open files with their own I/O, past
         DuckDB's lock), only views over the listed Parquet files (and httpfs for S3)."""
         # -- issue 41: with ``sqlite3_catalog``, a SQLite catalog's plain file list is read with
-        # Python's sqlite3 (``ledger.lake_snapshot_files``: no extension loaded); else DuckLake's.
+        # Python's sqlite3 (``runledger.ledger.lake_snapshot_files``: no extension loaded); else DuckLake's.
         listed = None
         if self._sqlite3_catalog and at_checkpoint is None:
-            from ledger.lake_snapshot_files import sqlite_snapshot_files
+            from runledger.ledger.lake_snapshot_files import sqlite_snapshot_files
 
             listed = sqlite_snapshot_files(lake, snapshot)
         if listed is not None:
@@ -453,7 +457,7 @@ class Reader:
         self, run_id: str, *, attempt: int | None = None, step: int | None = None, at: datetime | None = None
     ) -> list[dict[str, Any]]:
         """The run's ingest incidents (gaps, forks) folded per source and kind in one GROUP BY
-        (``ledger.views.incident_ranges_query``): as the state counts them at ``attempt``/``step``/
+        (``runledger.ledger.views.incident_ranges_query``): as the state counts them at ``attempt``/``step``/
         ``at``, or (none given) all of them."""
         query, params = incident_ranges_query(
             run_id, state_table=self._state_table, attempt=attempt, step=step, at=at
@@ -667,7 +671,7 @@ class Reader:
 
 
 def _s3_lock_sql(data_path: str, limits: QueryLimits, spill: Path) -> str:
-    """``ledger.sql_guard``'s lock with the lake's ``s3://bucket/prefix/`` the one place DuckDB may
+    """``runledger.ledger.sql_guard``'s lock with the lake's ``s3://bucket/prefix/`` the one place DuckDB may
     read (objects under it; not another bucket or prefix, not a local file). A prefix, as the lake's
     files are many and change with every commit; DuckDB compares the text, so ``…/prefix/../x`` passes
     it and the server's key handling decides (versitygw refuses such a key)."""
@@ -696,8 +700,8 @@ def _plain_connection(data_path: str) -> duckdb.DuckDBPyConnection:
     for an ``s3://`` data path."""
     if not is_s3(data_path):
         return duck.connect()
-    from ledger.duck_s3 import create_s3_secret
-    from ledger.lake import S3_SECRET, _s3_config
+    from runledger.ledger.duck_s3 import create_s3_secret
+    from runledger.ledger.lake import S3_SECRET, _s3_config
 
     try:
         con = duck.connect(extensions=["httpfs"])
@@ -792,7 +796,7 @@ def _pinned_views(pinned: duckdb.DuckDBPyConnection, lake: LakeFolder, snapshot:
     attached as ``lake``): each table's files by name; a table whose files carry deletions (a
     redaction's, until its erasure ends) reads them without the deleted rows; a table with rows
     inlined in the catalog (another writer's setting) refuses to be read rather than drop them. The
-    names and their meanings are every reader's (``ledger.views.named_views``), ``lake.<table>``
+    names and their meanings are every reader's (``runledger.ledger.views.named_views``), ``lake.<table>``
     the stored rows as when the lake itself is attached as ``lake``."""
     files = snapshot_files(pinned, lake.data_path, snapshot)
     whole = {name: listed for name, listed in files.items() if listed is not None}

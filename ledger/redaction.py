@@ -31,17 +31,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from ledger.admission import INCIDENT_INGEST, is_own
-from ledger.compaction import conform
-from ledger.lake import ALIAS, LakeTables, lake_schema
-from ledger.merkle import leaf_hash
-from ledger.parquet_schemas import TABLES
-from ledger.projectors import FoldState, RowBuffer, rows_for_event
-from ledger.store import SALTS, CommitResult, LakeEdit, Ledger, LedgerError, SourceRecord
-from schemas import catalogue as c
-from schemas import payloads as p
-from schemas.codec import Event, decode_event, encode_event, make_event
-from schemas.signing import Sealer
+from runledger.ledger.admission import INCIDENT_INGEST, is_own
+from runledger.ledger.compaction import conform
+from runledger.ledger.lake import ALIAS, LakeTables, lake_schema
+from runledger.ledger.merkle import leaf_hash
+from runledger.ledger.parquet_schemas import TABLES
+from runledger.ledger.projectors import FoldState, RowBuffer, rows_for_event
+from runledger.ledger.store import SALTS, CommitResult, LakeEdit, Ledger, LedgerError, SourceRecord
+from runledger.schemas import catalogue as c
+from runledger.schemas import payloads as p
+from runledger.schemas.codec import Event, decode_event, encode_event, make_event
+from runledger.schemas.signing import Sealer
 
 REDACTED_PREFIX = '{"redacted":'  # a real event's canonical JSON never starts so (its keys are fixed)
 MAX_REASON_CHARS = 2000
@@ -250,7 +250,7 @@ def _record(
 
 # ------------------------------------------------------------------------------------------ the lake edit
 
-# Events the fold of a run's config reads (ledger.projectors.FoldState): erasing one changes the
+# Events the fold of a run's config reads (runledger.ledger.projectors.FoldState): erasing one changes the
 # rows the attempt's later changes project (each ``configs`` row is a whole config, the erased
 # secret included), so those tables are projected again for the stream, without it.
 _FOLD_INPUTS = frozenset({c.RUN_STARTED, c.RUN_RESUMED, c.CONFIG_CHANGED})

@@ -2,7 +2,7 @@
 (``ledger producers add|rotate|revoke|policy``), read back (``ledger producers list``), and carried
 across a replay (``ledger producers export``, ``ledger kafka replay --registry``).
 
-What the registry *means* at ingest, and the state it is folded into, is ``ledger.admission``'s; this
+What the registry *means* at ingest, and the state it is folded into, is ``runledger.ledger.admission``'s; this
 module writes through the store (``Ledger.commit``), so it sits above both.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from ledger.admission import (
+from runledger.ledger.admission import (
     INCIDENT_INGEST,
     REGISTRY_INGEST,
     REGISTRY_STREAM,
@@ -25,11 +25,11 @@ from ledger.admission import (
     ProducerKey,
     load_state,
 )
-from ledger.store import Ledger, LedgerError, SourceRecord
-from schemas import payloads as p
-from schemas.codec import Event, decode_event, encode_event, make_event
-from schemas.note import parse_public_key
-from schemas.signing import key_id_of
+from runledger.ledger.store import Ledger, LedgerError, SourceRecord
+from runledger.schemas import payloads as p
+from runledger.schemas.codec import Event, decode_event, encode_event, make_event
+from runledger.schemas.note import parse_public_key
+from runledger.schemas.signing import key_id_of
 
 # ---------------------------------------------------------------------------------- registry writes
 
@@ -102,7 +102,9 @@ class RegistryEntry:
 
 def registry_entries(ledger: Ledger) -> list[RegistryEntry]:
     """The ledger's registry and policy events, in log order, with the positions they came at."""
-    from ledger.query import Reader  # (ledger.query reads through the store: imported when used)
+    from runledger.ledger.query import (
+        Reader,  # (runledger.ledger.query reads through the store: imported when used)
+    )
 
     # Through the one reader, so a lake (its rows in the catalog's files) and part files read alike.
     reader = Reader(ledger.root)

@@ -2,9 +2,9 @@
 
 The copy is read from a ``Source``: a base URL any static HTTP server answers (``HttpSource``), or
 ``s3://bucket/prefix`` on an S3-compatible server (``S3Source``, endpoint and credentials from the
-usual AWS_* variables; ``ledger.publish_dest``).
+usual AWS_* variables; ``runledger.ledger.publish_dest``).
 
-* ``verify_remote``: ``ledger verify --remote URL``. The monitor's check (``ledger.monitor.check_log``
+* ``verify_remote``: ``ledger verify --remote URL``. The monitor's check (``runledger.ledger.monitor.check_log``
   with ``entries``): the checkpoint's signature and cosignature quorum, its consistency with the last
   checkpoint verified from here, every entry new since then against the signed root, and each data
   file of the signed manifest not verified before. One tile, one bundle and one 1 MiB block of a data
@@ -39,11 +39,11 @@ from urllib.parse import urlsplit
 
 import duckdb
 
-from ledger import duck
-from ledger.duck_s3 import create_s3_secret
-from ledger.log_checkpoint import Checkpoint, parse_and_verify_checkpoint
-from ledger.merkle import HASH_SIZE, ProofError, leaf_hash, verify_inclusion
-from ledger.monitor import (
+from runledger.ledger import duck
+from runledger.ledger.duck_s3 import create_s3_secret
+from runledger.ledger.log_checkpoint import Checkpoint, parse_and_verify_checkpoint
+from runledger.ledger.merkle import HASH_SIZE, ProofError, leaf_hash, verify_inclusion
+from runledger.ledger.monitor import (
     DEFAULT_DEADLINE_S,
     Deadline,
     ManifestFile,
@@ -56,11 +56,11 @@ from ledger.monitor import (
     open_within,
     parse_manifest,
 )
-from ledger.parquet_schemas import ADDED_TABLES, TABLES, tables_of
-from ledger.publish import load_published
-from ledger.publish_dest import Dest, DestError, S3Dest, open_dest
-from ledger.query import QueryError, Result
-from ledger.sql_guard import (
+from runledger.ledger.parquet_schemas import ADDED_TABLES, TABLES, tables_of
+from runledger.ledger.publish import load_published
+from runledger.ledger.publish_dest import Dest, DestError, S3Dest, open_dest
+from runledger.ledger.query import QueryError, Result
+from runledger.ledger.sql_guard import (
     QueryLimits,
     RefusedStatement,
     StatementStopped,
@@ -70,8 +70,8 @@ from ledger.sql_guard import (
     read_only_statement,
     run_limited,
 )
-from ledger.store import COMMITS, Ledger
-from ledger.tiles import (
+from runledger.ledger.store import COMMITS, Ledger
+from runledger.ledger.tiles import (
     TILE_WIDTH,
     decode_bundle,
     entries_path,
@@ -79,9 +79,9 @@ from ledger.tiles import (
     tile_path,
     tile_width,
 )
-from ledger.views import connect, files_or_empty, named_views
-from schemas.durable import write_durably
-from schemas.note import CheckpointError, decode_canonical_base64, open_note
+from runledger.ledger.views import connect, files_or_empty, named_views
+from runledger.schemas.durable import write_durably
+from runledger.schemas.note import CheckpointError, decode_canonical_base64, open_note
 
 __all__ = [
     "TLOG_PROOF_HEADER",
@@ -165,7 +165,7 @@ def format_tlog_proof(extra: bytes, index: int, proof: Sequence[bytes], checkpoi
 def prove_published(root: Path, dest: Path | str | Dest, event_id: str, source: str | None = None) -> str:
     """The tlog-proof of event ``event_id``'s entry in the log last published from ``root`` to
     ``dest`` (a folder or ``s3://…``), at its published checkpoint (the entry is the proof's ``extra``)."""
-    from ledger.query import Reader
+    from runledger.ledger.query import Reader
 
     Ledger.open(root)
     where, params = "id = ?", [event_id]
@@ -178,7 +178,7 @@ def prove_published(root: Path, dest: Path | str | Dest, event_id: str, source: 
             if not found
             else f"{len(found)} events have id {event_id!r}; name one with --source"
         )
-    load: Any = load_published  # takes any DEST once ledger.publish writes through ledger.publish_dest
+    load: Any = load_published  # takes any DEST once runledger.ledger.publish writes through runledger.ledger.publish_dest
     (stream, seq), published = found[0], load(root, dest)
     index = published.leaf_of(stream, seq)
     if index is None or not published.checkpoint:
@@ -373,7 +373,7 @@ def open_source(url: str, *, deadline_s: float = DEFAULT_DEADLINE_S) -> Source:
 
 
 class _MonitorFiles:
-    """A source as ``ledger.monitor.check_log`` reads it (its failures are ``unreachable``)."""
+    """A source as ``runledger.ledger.monitor.check_log`` reads it (its failures are ``unreachable``)."""
 
     def __init__(self, source: Source) -> None:
         self.source = source
@@ -442,7 +442,7 @@ class RemoteCopy:
     def sql(self, statement: str, limits: QueryLimits | None = None) -> Result:
         """One read-only statement over the copy, through the views, walls and limits of a local
         ledger (``limits``: default ``QueryLimits()``; spills in ``<cache>/.spill``)."""
-        from ledger.query import SPILL_AREA, spill_folder
+        from runledger.ledger.query import SPILL_AREA, spill_folder
 
         bounds = limits if limits is not None else QueryLimits()
         spill = spill_folder(self.folder.parent / SPILL_AREA)
@@ -504,7 +504,7 @@ def _signed_manifest(
 
 
 def _manifest_entries(manifest: dict[str, Any]) -> list[ManifestFile]:
-    """The files the manifest names, its shape and each path checked (``ledger.monitor``'s
+    """The files the manifest names, its shape and each path checked (``runledger.ledger.monitor``'s
     allow-list: ``data/<known table>/<column>=<value>/<name>.parquet``), RemoteError otherwise."""
     try:
         return manifest_entries(manifest)
@@ -535,7 +535,7 @@ TRUSTED_STATE = ".trusted-checkpoint.json"  # in a copy's cache folder: the last
 
 def _check_trusted(source: Source, log_key: str, folder: Path, text: bytes) -> None:
     """The checkpoint ``text`` against the last one this cache took from the copy (the monitor's
-    rollback, fork and consistency checks, ``ledger.monitor.check_checkpoint``); saved once taken."""
+    rollback, fork and consistency checks, ``runledger.ledger.monitor.check_checkpoint``); saved once taken."""
     try:
         check_checkpoint(_MonitorFiles(source), log_key, folder / TRUSTED_STATE, text)
     except MonitorError as exc:
@@ -603,7 +603,7 @@ class DirectAnswer:
 
 
 def _direct_views(source: Source, manifest: dict[str, Any], files: Sequence[str]) -> str:
-    """The local ledger's views (``ledger.views.named_views``) over the manifest's files by URL (a
+    """The local ledger's views (``runledger.ledger.views.named_views``) over the manifest's files by URL (a
     list, never a glob: DuckDB cannot glob over HTTP, and a glob would read files the manifest does
     not name); a table without files is empty."""
     by_table: dict[str, list[str]] = {name: [] for name in _views_of_tables(_published_tables(manifest))}
@@ -658,7 +658,7 @@ def query_direct(
 
 
 def _lock_to(urls: Sequence[str]) -> str:
-    """``ledger.sql_guard``'s lock, with the manifest's files the only ones DuckDB may read: exact
+    """``runledger.ledger.sql_guard``'s lock, with the manifest's files the only ones DuckDB may read: exact
     paths, not a URL prefix (a prefix would let ``…/copy/../elsewhere`` through to the server)."""
     quoted = ", ".join("'" + u.replace("'", "''") + "'" for u in urls)
     return (

@@ -25,12 +25,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ledger.history import github_item
-from ledger.integrity import checkpoint_path
-from ledger.log_checkpoint import parse_and_verify_checkpoint, parse_checkpoint
-from ledger.query import QueryError, Reader
-from ledger.store import StreamHead
-from schemas.durable import write_durably
+from runledger.ledger.history import github_item
+from runledger.ledger.integrity import checkpoint_path
+from runledger.ledger.log_checkpoint import parse_and_verify_checkpoint, parse_checkpoint
+from runledger.ledger.query import QueryError, Reader
+from runledger.ledger.store import StreamHead
+from runledger.schemas.durable import write_durably
 
 # The curves drawn against step, in page order: (metric name in the `metrics` view, label).
 CURVES = (
@@ -462,7 +462,7 @@ def record_status(reader: Reader, public_key: str | None, public_key_path: Path 
         "ledger": str(reader.root.resolve()),
         "streams": streams,
         "command": f"ledger verify --ledger {reader.root.resolve()}{key}",
-        "verifier": "python -m ledger.verifier (stand-alone: checks inclusion proofs and checkpoints)",
+        "verifier": "python -m runledger.ledger.verifier (stand-alone: checks inclusion proofs and checkpoints)",
     }
 
 
@@ -564,7 +564,7 @@ def _script_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), default=str).replace("<", "\\u003c")
 
 
-# Public names for the pages that reuse the report's assets (``ledger.live_page``); the old ones still work.
+# Public names for the pages that reuse the report's assets (``runledger.ledger.live_page``); the old ones still work.
 asset = _asset
 script_json = _script_json
 

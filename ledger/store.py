@@ -2,7 +2,7 @@
 
 Layout (all paths relative to the ledger root)::
 
-    LAKE.json                   the lake's catalog, data path and ledger id (``ledger.lake.LakeFolder``)
+    LAKE.json                   the lake's catalog, data path and ledger id (``runledger.ledger.lake.LakeFolder``)
     catalog.sqlite              the embedded catalog (one host; PostgreSQL for many hosts is elsewhere)
     data/main/<table>/<partition>=<value>/*.parquet   the lake's data files
     _commits/0000000042.json    commit 42's record: positions, stream heads, the lake snapshot it made
@@ -18,7 +18,7 @@ group) can share one ledger.
 
 A folder of the old format (part files under ``LEDGER.json``, written before DuckLake) is never
 opened or written: ``ledger migrate`` turns it into a lake (``old_format_problem``). A folder whose
-``LEDGER.json`` is a published copy's (``ledger.remote.fetch_copy``) opens read-only, for reads.
+``LEDGER.json`` is a published copy's (``runledger.ledger.remote.fetch_copy``) opens read-only, for reads.
 
 No record can stop a commit. ``decode_event`` turns any bytes into an event or a quarantined record;
 and an event the ledger still cannot store (its projector raises, or its rows do not fit their
@@ -54,8 +54,8 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from ledger.admission import ADMISSION_REASONS, AdmissionRound, AdmissionState, admission_round
-from ledger.lake import (
+from runledger.ledger.admission import ADMISSION_REASONS, AdmissionRound, AdmissionState, admission_round
+from runledger.ledger.lake import (
     COMMIT_FENCE,
     EMBEDDED_CATALOG,
     ID_FENCE,
@@ -68,11 +68,11 @@ from ledger.lake import (
     missing_catalog,
     wait_for_flock,
 )
-from ledger.merkle import CompactRange, leaf_hash
-from ledger.parquet_schemas import SALTS, SIDE_TABLES, TABLES, Table
-from ledger.projectors import FoldState, RowBuffer, rows_for_event
-from ledger.seen_index import SeenIndex, record_digest, record_key, seen_key
-from schemas.codec import (
+from runledger.ledger.merkle import CompactRange, leaf_hash
+from runledger.ledger.parquet_schemas import SALTS, SIDE_TABLES, TABLES, Table
+from runledger.ledger.projectors import FoldState, RowBuffer, rows_for_event
+from runledger.ledger.seen_index import SeenIndex, record_digest, record_key, seen_key
+from runledger.schemas.codec import (
     CONFLICT,
     CORRUPT,
     DECODE,
@@ -94,7 +94,7 @@ from schemas.codec import (
     refused_event,
     stream_run_mismatch,
 )
-from schemas.durable import write_durably
+from runledger.schemas.durable import write_durably
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ class Ledger:
         self._positions: dict[str, int] = {}
         self._streams: dict[str, StreamHead] = {}
         # (source, id) -> the Merkle leaf hash of the event stored under it: a repeat with the same
-        # hash is a duplicate, with another hash a conflict. On disk (ledger.seen_index).
+        # hash is a duplicate, with another hash a conflict. On disk (runledger.ledger.seen_index).
         self._index = SeenIndex(root)
         self._fold = FoldState(load_config=self._load_config)
         self._swept = False
@@ -227,7 +227,7 @@ class Ledger:
         self._newest_record: dict[str, Any] | None = None
         self._usable_partitions: set[tuple[str, str]] = set()
         self.ledger_id = "ledger"
-        # ledger.admission's state as of a commit (it loads and keeps it)
+        # runledger.ledger.admission's state as of a commit (it loads and keeps it)
         self.admission_state: AdmissionState | None = None
         # A ledger on DuckLake (LAKE.json): its tables, positions and commit records are the lake's;
         # the folder keeps a copy of the records (``_sync_records``) and the dedupe index. None: a
@@ -468,7 +468,7 @@ class Ledger:
     @contextlib.contextmanager
     def events_reader(self) -> Iterator[Any]:
         """A connection on which ``events`` is this ledger's events table at the lake's newest
-        snapshot (``ledger.admission`` rebuilds its state from it)."""
+        snapshot (``runledger.ledger.admission`` rebuilds its state from it)."""
         with self._writable_lake().reader() as con:
             yield con
 
@@ -528,7 +528,9 @@ class Ledger:
         now = datetime.now(UTC)
         day = now.strftime("%Y-%m-%d")
         fold_before = dict(self._fold.configs)
-        admission = admission_round(self, positions)  # producer identity and order: ledger.admission
+        admission = admission_round(
+            self, positions
+        )  # producer identity and order: runledger.ledger.admission
         asked, known = _stored_leaves(self._index, records, max_event_bytes)
         work = _CommitWork(number, streams, admission, _Staging(self._fold), check, asked, known)
         result, buf = work.result, work.buf
@@ -637,7 +639,7 @@ class Ledger:
             "files": files,
             **_appended_record(work.streams, work.added, work.result),
             # Registry, policy and each source's chain head after this commit: stored at the same
-            # commit point as the events that moved them (ledger.admission.load_state reads it).
+            # commit point as the events that moved them (runledger.ledger.admission.load_state reads it).
             "admission": work.admission.state.to_json(),
         }
 
@@ -842,7 +844,7 @@ def _lake_tables(tables: list[tuple[str, str, pa.Table]]) -> dict[str, pa.Table]
         column = pa.repeat(pa.scalar(partition or "_", pa.string()), data.num_rows)
         grouped.setdefault(name, []).append(data.append_column(table_spec(name).partition, column))
     # A table of one group (a commit of one run) is that group's rows as they are, not a copy; the
-    # lake's writer splits several groups again in one pass (``ledger.lake._by_partition``).
+    # lake's writer splits several groups again in one pass (``runledger.ledger.lake._by_partition``).
     return {
         name: parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="default")
         for name, parts in grouped.items()

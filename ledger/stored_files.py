@@ -1,7 +1,7 @@
 """Where a ledger's tables are stored, file by file, for the readers of raw Parquet (``verify``).
 
 A ledger of part files keeps each table under ``ROOT/<table>/<partition>=<value>/*.parquet``, the
-partition's value in the directory's name only. A ledger on a lake (``ledger.lake``) keeps them where
+partition's value in the directory's name only. A ledger on a lake (``runledger.ledger.lake``) keeps them where
 its catalog says, at one snapshot: the files of the newest snapshot are listed by DuckLake
 (``ducklake_list_files``), never globbed (a folder also holds the files of expired snapshots and of
 killed transactions), and each file holds its partition column itself.
@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from ledger.lake import MERGED_PREFIX, LakeError, fetch_object, is_s3, plain_file_under
-from ledger.parquet_schemas import SIDE_TABLES, TABLES, tables_of
+from runledger.ledger.lake import MERGED_PREFIX, LakeError, fetch_object, is_s3, plain_file_under
+from runledger.ledger.parquet_schemas import SIDE_TABLES, TABLES, tables_of
 
 if TYPE_CHECKING:
-    from ledger.lake import LakeReader, LakeTables
-    from ledger.store import Ledger
+    from runledger.ledger.lake import LakeReader, LakeTables
+    from runledger.ledger.store import Ledger
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class StoredFiles:
         lake = ledger.lake
         remote = "://" in lake.data_path
         if remote and not is_s3(lake.data_path):
-            from ledger.store import LedgerError
+            from runledger.ledger.store import LedgerError
 
             raise LedgerError(f"the lake's files are at {lake.data_path}: give a local folder or s3://")
         check = self.lake = LakeFileCheck()

@@ -10,7 +10,7 @@ A tiled log of ``size`` leaves is served as
   entry as a big-endian uint16 length then its bytes (so an entry is at most 65,535 bytes).
 
 ``<N>`` is written in 3-digit groups, each but the last prefixed ``x`` (1234067 → ``x001/x234/067``).
-Hashing is RFC 6962, ``ledger.merkle``'s. Readers and writers here take a ``TileReader`` (a function
+Hashing is RFC 6962, ``runledger.ledger.merkle``'s. Readers and writers here take a ``TileReader`` (a function
 from (level, index, width) to the tile's bytes) so the same code serves a folder, an HTTP server or
 tiles staged in memory.
 """
@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from ledger.merkle import (
+from runledger.ledger.merkle import (
     HASH_SIZE,
     ProofError,
     _consistency_path,

@@ -5,9 +5,9 @@ party can copy it alone and check what a runledger operator hands out, without t
 
 Usage::
 
-    python -m ledger.verifier inclusion   --proof P.json --checkpoint C.txt --public-key K.pub \\
+    python -m runledger.ledger.verifier inclusion   --proof P.json --checkpoint C.txt --public-key K.pub \\
         [--origin ORIGIN] [--leaf LEAF.bin] [--producer-key PRODUCER.pub]
-    python -m ledger.verifier consistency --proof P.json --checkpoint NEW.txt --public-key K.pub \\
+    python -m runledger.ledger.verifier consistency --proof P.json --checkpoint NEW.txt --public-key K.pub \\
         [--old-checkpoint OLD.txt | --old-size N --old-root B64] [--origin ORIGIN]
 
 (or ``python verifier.py ...`` on a copy). It prints one line, ``OK: ...`` or ``FAIL: reason``, and
@@ -81,7 +81,7 @@ class VerificationError(ValueError):
 
 
 # --------------------------------------------------------------------------------------------------
-# RFC 6962 hashing and RFC 9162 proof verification (duplicated from ledger.merkle on purpose)
+# RFC 6962 hashing and RFC 9162 proof verification (duplicated from runledger.ledger.merkle on purpose)
 
 
 def _leaf_hash(data: bytes) -> bytes:
@@ -173,7 +173,7 @@ def verify_consistency(
 
 
 # --------------------------------------------------------------------------------------------------
-# Signed-note checkpoints (duplicated from schemas.note and ledger.log_checkpoint, verification side only)
+# Signed-note checkpoints (duplicated from runledger.schemas.note and runledger.ledger.log_checkpoint, verification side only)
 
 
 @dataclass(frozen=True)

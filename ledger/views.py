@@ -30,17 +30,17 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from ledger import duck
-from ledger.fold import SOURCES_APART
-from ledger.parquet_schemas import ADDED_COLUMNS, SIDE_TABLES, TABLES, Table, tables_of
-from ledger.redaction import REDACTED_PREFIX
-from schemas import catalogue as c
-from schemas.durable import write_durably
+from runledger.ledger import duck
+from runledger.ledger.fold import SOURCES_APART
+from runledger.ledger.parquet_schemas import ADDED_COLUMNS, SIDE_TABLES, TABLES, Table, tables_of
+from runledger.ledger.redaction import REDACTED_PREFIX
+from runledger.schemas import catalogue as c
+from runledger.schemas.durable import write_durably
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from ledger.lake import LakeFolder, TableFiles
+    from runledger.ledger.lake import LakeFolder, TableFiles
 
 # Physical tables whose public name is a derived view (the physical one gets a leading underscore).
 _DERIVED = {"metrics", "moe_layer_stats", "github"}
@@ -148,8 +148,8 @@ def named_views(stored: Mapping[str, str], *, stored_schema: bool = True) -> str
     or without ``--direct``). ``stored``: each stored table -> a SELECT of its rows (files, the lake,
     or an empty relation). ``stored_schema``: also name each stored table ``lake.<table>``, as it is
     where the lake itself is attached as ``lake`` (there, leave it out: the lake's own names stand)."""
-    from ledger.code_views import CODE_VIEWS  # GitHub <-> run joins, over the views below
-    from ledger.lake import ALIAS
+    from runledger.ledger.code_views import CODE_VIEWS  # GitHub <-> run joins, over the views below
+    from runledger.ledger.lake import ALIAS
 
     # The stored rows, under their stored names; then the views every analyst name means.
     base = [f"CREATE OR REPLACE VIEW {stored_name(name)} AS {rows};" for name, rows in stored.items()]
@@ -180,7 +180,7 @@ def parquet_rows(table: str, files: Sequence[str] | str) -> str:
 def empty_rows(table: str) -> str:
     """A stored table with no rows, with the columns and types it has where it has files (its file
     columns, then its partition column): a table without files still answers, with 0 rows."""
-    from ledger.lake import lake_schema
+    from runledger.ledger.lake import lake_schema
 
     empty = _empty_relation(lake_schema(table))
     if empty is None:
@@ -211,12 +211,14 @@ def _part_rows(root: Path, name: str, *, relative: bool) -> str:
 
 def views_sql(root: Path, *, relative: bool = False) -> str:
     """The views over the ledger of part files at ``root`` (an old ledger, or a published copy
-    fetched by ``ledger.remote``); ``relative``: its files named from the ledger folder (for
+    fetched by ``runledger.ledger.remote``); ``relative``: its files named from the ledger folder (for
     ``views.sql``, read by a duckdb started in that folder, wherever it was copied). A lake is read
-    through ``ledger.query.Reader`` at one snapshot."""
+    through ``runledger.ledger.query.Reader`` at one snapshot."""
     root = root.resolve()
     if not (root / "LEDGER.json").is_file():
-        raise ValueError(f"{root} is not a folder of part files (a lake is read by ledger.query.Reader)")
+        raise ValueError(
+            f"{root} is not a folder of part files (a lake is read by runledger.ledger.query.Reader)"
+        )
     return named_views({name: _part_rows(root, name, relative=relative) for name in tables_of(root)})
 
 
@@ -234,13 +236,13 @@ def _empty_relation(schema: pa.Schema) -> str | None:
 
 def lake_rows(name: str, alias: str = "lake", files: Mapping[str, TableFiles | None] | None = None) -> str:
     """A lake table's rows at a pinned snapshot (the lake attached as ``alias``). ``files``: each
-    table's data files at that snapshot (``ledger.lake.snapshot_files``): the table reads them as a
+    table's data files at that snapshot (``runledger.ledger.lake.snapshot_files``): the table reads them as a
     table of part files does (DuckLake's scan asks the catalog for them again in every statement, ~2x
     a statement's time here), its partition column from the folder names where the catalog's values
     are those (a filter on it then opens only its files, as over part files); a table without files
     is an empty relation; a table with deletions or inlined rows (None), or without ``files``, is read
     through DuckLake."""
-    from ledger.lake import lake_schema
+    from runledger.ledger.lake import lake_schema
 
     through_lake = f'SELECT * FROM {alias}.main."{name}"'
     if files is None or name not in files:
@@ -269,7 +271,7 @@ def lake_views_sql(
     rows: Mapping[str, str] | None = None,
     stored_schema: bool = False,
 ) -> str:
-    """The same views over a lake attached as ``alias`` (``ledger.lake.open_snapshot``: pinned at one
+    """The same views over a lake attached as ``alias`` (``runledger.ledger.lake.open_snapshot``: pinned at one
     snapshot, so every view and every statement over them sees one moment): each table's rows as
     ``lake_rows`` reads them, or as ``rows`` gives them (a reader's own reading of a table)."""
     given = rows or {}
@@ -302,7 +304,7 @@ def connect(root: Path) -> duckdb.DuckDBPyConnection:
 def write_views_file(root: Path) -> Path:
     """``<ledger>/views.sql``: paths relative to the ledger folder, so a copied ledger reads itself
     (``cd LEDGER && duckdb -init views.sql``)."""
-    from ledger.lake import LakeFolder
+    from runledger.ledger.lake import LakeFolder
 
     lake = LakeFolder.read(root)
     if lake is not None:
@@ -316,7 +318,7 @@ def lake_init_sql(lake: LakeFolder, *, relative: bool = False) -> str:
     read-only as ``lake``, and the views. Each statement in that shell reads one snapshot (the newest
     when it starts: DuckLake's own transactions); ``ledger query --snapshot N`` pins one for all.
     ``relative``: the catalog and data named from the ledger folder, when they are inside it."""
-    from ledger.lake import ALIAS, Catalog
+    from runledger.ledger.lake import ALIAS, Catalog
 
     catalog, data = Catalog.parse(lake.catalog), lake.data_path
     if relative:
@@ -338,7 +340,7 @@ def _extension_named(name: str, *, portable: bool) -> str:
     """How an init file loads an extension: by name in a file that travels with the ledger (the
     reader's DuckDB has it installed), else from the wheel this install carries (a shell started here
     never downloads)."""
-    from ledger.duck import ExtensionMissing, extension_file
+    from runledger.ledger.duck import ExtensionMissing, extension_file
 
     if portable:
         return name
@@ -355,7 +357,7 @@ def _sql_text(text: str) -> str:
 # -- ingest's incidents, read in summary ---------------------------------------------------------
 # One ``ledger.incident`` is recorded per event whose source skipped or repeated its seq (the record),
 # so a producer that skips on every event makes one per event. Readers fold them here, as
-# ``ledger.fold.fold_incidents`` folds the decoded events: one range per (kind, source), and of a kind
+# ``runledger.ledger.fold.fold_incidents`` folds the decoded events: one range per (kind, source), and of a kind
 # with many sources the ``SOURCES_APART - 1`` with the most incidents apart and the rest in one range.
 # A state or a history then lists the same few lines with 30,000 incidents as with 3, and costs one
 # scan of their rows in DuckDB, not a decode of each in Python.
@@ -413,7 +415,7 @@ def incident_ranges_query(
 ) -> tuple[str, list[Any]]:
     """The statement (and its parameters) that folds run ``run_id``'s ingest incidents into ranges,
     read from ``state_events`` (``state_table``: the ledger keeps it) or else ``events``. With
-    ``attempt`` (the state's live attempt): as ``ledger.fold.fold_run`` counts them, every earlier
+    ``attempt`` (the state's live attempt): as ``runledger.ledger.fold.fold_run`` counts them, every earlier
     attempt's, the live one's up to ``step``, none of a later one; with ``at``, those up to that time.
     Without: every incident of the run (its history). Redacted ones are left to their redaction."""
     where = ["stream = ?", "type = ?", "NOT starts_with(canonical, ?)"]
@@ -436,7 +438,7 @@ def incident_ranges_query(
 
 
 def incident_range_facts(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """``incident_ranges_query``'s rows as the state lists incidents (``ledger.fold.range_fact``)."""
+    """``incident_ranges_query``'s rows as the state lists incidents (``runledger.ledger.fold.range_fact``)."""
     return [
         {
             "step": row["first_step"],

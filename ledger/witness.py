@@ -32,8 +32,8 @@ from pathlib import Path
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from schemas.durable import write_durably
-from schemas.note import CheckpointError, decode_canonical_base64
+from runledger.schemas.durable import write_durably
+from runledger.schemas.note import CheckpointError, decode_canonical_base64
 
 __all__ = [
     "CosignatureKey",

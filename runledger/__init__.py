@@ -1,6 +1,6 @@
 """runledger: an event-sourced, verifiable transparency ledger around a large-model training run.
 
-One importable name. The repository's folders are its subpackages (mapped in pyproject.toml):
+One importable name. The repository's folders are its subpackages (runledger/<folder> -> ../<folder>):
 
 - ``trainer``: a Megatron-Core MoE trainer that emits typed events
 - ``schemas``: the event catalogue (one envelope, versioned payloads)
@@ -11,7 +11,7 @@ One importable name. The repository's folders are its subpackages (mapped in pyp
 The client library (docs/client.md): ``runledger.init(...)`` → ``runledger.Run``, and the W&B
 bridge ``runledger.wandb.tee()``.
 
-Kept light on purpose: ``python -m ledger.verifier`` imports only this file on the way, so
+Kept light on purpose: ``python -m runledger.ledger.verifier`` imports only this file on the way, so
 the client library is loaded on first use of one of its names (module ``__getattr__``).
 """
 

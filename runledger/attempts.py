@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from schemas.durable import write_durably
+from runledger.schemas.durable import write_durably
 
 DEFAULT_STATE_DIR = Path(".runledger/runs")
 _NAME = re.compile(r"^attempt-(\d{6,})\.json$")

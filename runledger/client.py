@@ -11,7 +11,7 @@ What it finds by itself: git commit/branch/dirty of the script's checkout, host,
 (``runledger.provenance``), rank and world size from torchrun / JAX / SLURM / MPI variables,
 the bus from the environment (``open_rank_sink``: the spool, or Kafka with
 ``RUNLEDGER_KAFKA_BOOTSTRAP``; signed with ``RUNLEDGER_PRODUCER_KEY``), and the attempt number
-(``runledger.attempts``). Events are the trainer's own (``schemas.payloads``), built by the
+(``runledger.attempts``). Events are the trainer's own (``runledger.schemas.payloads``), built by the
 same functions (``runledger.step_payloads``) and emitted by the same background emitter
 (``runledger.emitter``), with source ``trainer/<run_id>/a<attempt>/rank<rank>``.
 
@@ -52,17 +52,16 @@ from typing import Any, Literal
 
 import msgspec
 
-from ingest.bus import EventSink
 from runledger import attempts as attempts_lib
 from runledger import host_values, provenance
 from runledger import signals as signals_lib
 from runledger.crashes import CrashKind, NonFinite, cause_of, crashed
 from runledger.emitter import Emitter, open_rank_sink, rank_spool
-from runledger.step_payloads import layer_stats_from_arrays, metrics_from_values
-from schemas import config_hash
-from schemas.envelope import RunId
-from schemas.launch import launch_event, launch_fields
-from schemas.payloads import (
+from runledger.ingest.bus import EventSink
+from runledger.schemas import config_hash
+from runledger.schemas.envelope import RunId
+from runledger.schemas.launch import launch_event, launch_fields
+from runledger.schemas.payloads import (
     Annotation,
     ChangeCause,
     CheckpointSaved,
@@ -73,6 +72,7 @@ from schemas.payloads import (
     RunSummary,
     StepSkipped,
 )
+from runledger.step_payloads import layer_stats_from_arrays, metrics_from_values
 
 log = logging.getLogger("runledger.client")
 
@@ -274,9 +274,9 @@ class Run:
         """Events the bus took but that are not on Kafka yet: they wait in the Kafka sink's outage
         spool (its close warning names the ``ledger kafka drain-spool`` command that sends them). 0 on
         the spool bus, where the spool is the bus. A script may exit 3 when this is not 0, as the CLI does."""
-        if "ingest.kafka_sink" not in sys.modules:  # no Kafka sink was ever made: nothing to ask
+        if "runledger.ingest.kafka_sink" not in sys.modules:  # no Kafka sink was ever made: nothing to ask
             return 0
-        from ingest.kafka_sink import KafkaSink
+        from runledger.ingest.kafka_sink import KafkaSink
 
         return self.sink.undelivered().events if isinstance(self.sink, KafkaSink) else 0
 
@@ -401,7 +401,7 @@ class Run:
         """Apply an RFC 6902 patch to the run's config and record it (``config.changed``) with its
         cause; ``step``: the first step that runs with it (default: the next step ``log`` gets).
         A patch that does not apply raises ValueError and changes nothing."""
-        from schemas.config_patch import apply_config_patch
+        from runledger.schemas.config_patch import apply_config_patch
 
         ops = [msgspec.convert(msgspec.to_builtins(op), PatchOp) for op in patch]
         if not ops:
@@ -639,7 +639,7 @@ def _router_columns(a: dict[str, Any], layers: int, top_k: int) -> dict[str, Any
 def _router_payload(stats: dict[str, Any], a: dict[str, Any], top_k: int) -> Any:
     import numpy as np
 
-    from schemas.payloads import MoeRouterStats
+    from runledger.schemas.payloads import MoeRouterStats
 
     counts = a.get("counts")
     layers = layer_stats_from_arrays(

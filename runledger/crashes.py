@@ -11,7 +11,7 @@ import signal
 import traceback
 from typing import Literal
 
-from schemas.payloads import RunCrashed
+from runledger.schemas.payloads import RunCrashed
 
 CrashKind = Literal["exception", "nonfinite_loss", "signal", "oom"]
 

@@ -1,5 +1,5 @@
 """The background emitter: one producer source's events handed to the bus without the training
-loop waiting on it. Shared by runledger's own trainer (``trainer.loop``) and the client
+loop waiting on it. Shared by runledger's own trainer (``runledger.trainer.loop``) and the client
 library (``runledger.init``): one emission path.
 
 Standard library, msgspec and the bus only (no torch, no Megatron): a process that only logs
@@ -18,7 +18,7 @@ Every event that does not reach the bus is counted (``dropped``) and reported by
 ``runledger.producer.dropped`` event (count, first and last step and seq, why) as soon as the bus
 takes events again, or at ``close``. A bus still down at ``close``: given ``pending_dir`` (the
 spool's folder), the report is kept in a pending file there, reserved full size at the start so that
-a full disk does not refuse it (``ingest.spool.PendingSlot``); the next emitter on that spool hands
+a full disk does not refuse it (``runledger.ingest.spool.PendingSlot``); the next emitter on that spool hands
 it to the bus, and the next ``ledger ingest spool`` records it, whichever comes first (the ledger
 keeps one: the same source and id). Without ``pending_dir`` only the error line says the count.
 """
@@ -39,12 +39,12 @@ from typing import Any
 
 import msgspec
 
-from ingest.bus import EventSink
-from ingest.spool import PendingSlot, pending_files, pending_path, remove_pending
-from schemas import Envelope, encode_event, make_event
-from schemas.envelope import utc_now
-from schemas.payloads import ProducerDropped
-from schemas.signing import Sealer
+from runledger.ingest.bus import EventSink
+from runledger.ingest.spool import PendingSlot, pending_files, pending_path, remove_pending
+from runledger.schemas import Envelope, encode_event, make_event
+from runledger.schemas.envelope import utc_now
+from runledger.schemas.payloads import ProducerDropped
+from runledger.schemas.signing import Sealer
 
 log = logging.getLogger("runledger.emitter")
 
@@ -555,7 +555,7 @@ class Emitter:
 def rank_spool(spool: str | os.PathLike[str] | None, rank: int) -> Path:
     """The spool a rank writes to: the given one for rank 0, ``<spool>.rank<N>`` beside it for the
     others (a spool has one writer)."""
-    from ingest.bus import default_spool_dir
+    from runledger.ingest.bus import default_spool_dir
 
     base = Path(spool) if spool is not None else default_spool_dir()
     return base if rank == 0 else base.with_name(f"{base.name}.rank{rank}")
@@ -566,6 +566,6 @@ def open_rank_sink(
 ) -> EventSink:
     """This rank's sink: Kafka if configured (every rank produces), else its own spool. With
     ``RUNLEDGER_PRODUCER_KEY`` set, every event is signed with that key and chained per source."""
-    from ingest.bus import open_sink
+    from runledger.ingest.bus import open_sink
 
     return open_sink(rank_spool(spool, rank), kafka_bootstrap, sealer=Sealer.from_env(chain=True))

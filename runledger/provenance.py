@@ -15,7 +15,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from schemas.launch import Provenance
+from runledger.schemas.launch import Provenance
 
 CODE_ROOT = Path(__file__).resolve().parent.parent
 

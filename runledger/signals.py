@@ -3,7 +3,7 @@
 The command line's policy (``StopPolicy``: installed before the command's first slow import, it
 records a signal and raises ``Interrupted`` at once or, where the code ``deferred`` it, at its next
 safe point), the client library's crash capture (``runledger.client``), the trainer's stop flag
-(``trainer.loop``: it takes over a signal the policy recorded) and the webhook receiver each decide
+(``runledger.trainer.loop``: it takes over a signal the policy recorded) and the webhook receiver each decide
 *what* a signal means; ``Handlers`` is *how* it is installed, always the same way: only in the main
 thread (Python delivers signals there alone; elsewhere nothing is installed and the defaults stay),
 optionally leaving an ignored signal ignored (``nohup``, a background job's SIGINT), and putting

@@ -1,5 +1,5 @@
 """The per-step payloads (``StepMetrics``, ``MoeRouterStats``) and the crash record, built from host
-values: one builder for runledger's own trainer (``trainer.telemetry``, ``trainer.loop``) and
+values: one builder for runledger's own trainer (``runledger.trainer.telemetry``, ``runledger.trainer.loop``) and
 the client library (``runledger.init``), so both describe a step and a crash with the same fields.
 
 Names: ``STEP_FIELDS`` and ``COUNT_FIELDS`` are ``StepMetrics``' typed fields; any other name is a
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from schemas.payloads import MoeLayerStats, MoeRouterStats, StepMetrics
+from runledger.schemas.payloads import MoeLayerStats, MoeRouterStats, StepMetrics
 
 STEP_FIELDS = ("loss", "grad_norm", "lr", "tokens_per_second", "mfu", "step_time_s")
 COUNT_FIELDS = ("tokens", "total_tokens")
@@ -43,7 +43,7 @@ ALIASES: dict[str, str] = {
     "train/lr": "lr",
     "train/grad_norm": "grad_norm",
     "gradient_norm": "grad_norm",
-    # runledger's own W&B mirror (``trainer.mirror.step_values``): layer means, counters
+    # runledger's own W&B mirror (``runledger.trainer.mirror.step_values``): layer means, counters
     "router/token_drop_rate": "token_drop_rate",
     "router/aux_loss": "aux_loss",
     "router/z_loss": "z_loss",

@@ -1,5 +1,5 @@
 """One W&B history row → one ``StepMetrics``, and the ledger step of a row: shared by the live bridge
-(``runledger.wandb.tee``) and the importers (``ingest.wandb_import``, ``ingest.wandb_online``), so a
+(``runledger.wandb.tee``) and the importers (``runledger.ingest.wandb_import``, ``runledger.ingest.wandb_online``), so a
 run bridged live and the same run imported later say the same thing.
 
 **Names.** Every value is kept under the name it was logged with (``train/loss`` stays
@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from runledger.schemas.payloads import StepMetrics
 from runledger.step_payloads import ALIASES, COUNT_FIELDS, STEP_FIELDS
-from schemas.payloads import StepMetrics
 
 TYPED_FIELDS = (*STEP_FIELDS, *COUNT_FIELDS)
 # Each typed field's names, the field's own first: the first one a row holds fills the field.

@@ -13,8 +13,8 @@ from functools import cached_property
 
 import msgspec
 
-from schemas import github as gh
-from schemas import payloads as p
+from runledger.schemas import github as gh
+from runledger.schemas import payloads as p
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ POLICY_CHANGED = "ledger.policy.changed"
 LEDGER_INCIDENT = "ledger.incident"
 LEDGER_REDACTION = "ledger.redaction"
 # The ledger's own record: written by the ledger (``ledger producers``, ingest's incidents), never
-# admitted from a bus (see ledger.admission).
+# admitted from a bus (see runledger.ledger.admission).
 LEDGER_TYPES = frozenset(
     {
         PRODUCER_REGISTERED,

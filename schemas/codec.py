@@ -13,7 +13,7 @@ Limits on what the door accepts, checked before anything is parsed:
   level, so without a bound a few kilobytes of ``[`` exhaust the interpreter's stack. The check
   costs two ``bytes.count`` calls for an ordinary event; only a record holding more than 64 ``[``
   and ``{`` in all is scanned (strings removed, then a running sum over the brackets left).
-* integers in the envelope fit what the ledger stores (``schemas.envelope``).
+* integers in the envelope fit what the ledger stores (``runledger.schemas.envelope``).
 
 JSON the door accepts as it is (the canonical bytes are computed from the decoded value): duplicate
 object keys (the last one wins, as in the canonical bytes), ``-0.0``, numbers that underflow to 0.
@@ -30,9 +30,9 @@ from typing import Any
 
 import msgspec
 
-from schemas.canonical import canonical_json_value
-from schemas.catalogue import CATALOGUE, TYPE_OF_STRUCT, EventType
-from schemas.envelope import (
+from runledger.schemas.canonical import canonical_json_value
+from runledger.schemas.catalogue import CATALOGUE, TYPE_OF_STRUCT, EventType
+from runledger.schemas.envelope import (
     MAX_ATTRIBUTE_CHARS,
     SPECVERSION,
     Envelope,

@@ -15,9 +15,9 @@ JSON, so the structured JSON form carries them as plain members:
 Producer identity and order (all optional, so events written before them still decode):
 
   key_id          the producer key that signed the event: ``<key name>+<8 hex key hash>`` (the
-                  note-key form of ``schemas.note``)
+                  note-key form of ``runledger.schemas.note``)
   signature       base64 Ed25519 signature over the event's signing bytes: its canonical bytes
-                  without the ``signature`` member (``schemas.signing``)
+                  without the ``signature`` member (``runledger.schemas.signing``)
   prev            hex hash (the Merkle leaf hash) of the previous event of the same ``source``;
                   ``GENESIS`` (64 zeros) for a source's first; None: the producer keeps no chain
   attested        what the signer checked before signing, e.g. ``github-hmac-sha256`` (the
@@ -28,7 +28,7 @@ Producer identity and order (all optional, so events written before them still d
 Every integer attribute is bounded to what the ledger stores (Parquet int64; ``schema_version`` int32),
 so a decoded envelope always fits its row: an out-of-range number is a validation error at the door,
 never an overflow inside a commit. The limits on the raw bytes themselves (size, nesting depth) are in
-``schemas.codec``.
+``runledger.schemas.codec``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ What an event is *about* is its payload's ``fact``: a key naming the GitHub fact
 producer, so the same fact seen by both is two observations of one fact (the ``github`` view shows it
 once). ``seq`` is always 0: deliveries arrive unordered and are redelivered, so no producer keeps a
 gap-free counter; order GitHub events by ``time`` then ``id``. The identity rules live in
-``ingest.github_events`` (and, as a table, in docs/github_wandb.md).
+``runledger.ingest.github_events`` (and, as a table, in docs/github_wandb.md).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from schemas.payloads import Payload
+from runledger.schemas.payloads import Payload
 
 
 class GitHubIssue(Payload, kw_only=True):
@@ -35,7 +35,7 @@ class GitHubIssue(Payload, kw_only=True):
     updated_at: str | None = None
     closed_at: str | None = None
     via: str | None = None  # "webhook" or "backfill": which producer saw it
-    fact: str | None = None  # what it is, whoever saw it (ingest.github_events)
+    fact: str | None = None  # what it is, whoever saw it (runledger.ingest.github_events)
 
 
 class GitHubPullRequest(Payload, kw_only=True):
@@ -63,7 +63,7 @@ class GitHubPullRequest(Payload, kw_only=True):
     draft: bool | None = None
     changed_files_count: int | None = None  # webhooks carry only the count, not the names
     via: str | None = None  # "webhook" or "backfill": which producer saw it
-    fact: str | None = None  # what it is, whoever saw it (ingest.github_events)
+    fact: str | None = None  # what it is, whoever saw it (runledger.ingest.github_events)
 
 
 class GitHubReview(Payload, kw_only=True):
@@ -78,7 +78,7 @@ class GitHubReview(Payload, kw_only=True):
     submitted_at: str | None = None
     url: str | None = None
     via: str | None = None  # "webhook" or "backfill": which producer saw it
-    fact: str | None = None  # what it is, whoever saw it (ingest.github_events)
+    fact: str | None = None  # what it is, whoever saw it (runledger.ingest.github_events)
 
 
 class GitHubComment(Payload, kw_only=True):
@@ -96,7 +96,7 @@ class GitHubComment(Payload, kw_only=True):
     updated_at: str | None = None
     in_reply_to: int | None = None  # the review comment this one answers
     via: str | None = None  # "webhook" or "backfill": which producer saw it
-    fact: str | None = None  # what it is, whoever saw it (ingest.github_events)
+    fact: str | None = None  # what it is, whoever saw it (runledger.ingest.github_events)
 
 
 class PushedCommit(msgspec.Struct, kw_only=True):
@@ -118,7 +118,7 @@ class GitHubPush(Payload, kw_only=True):
     forced: bool = False
     pushed_at: str | None = None
     via: str | None = None  # "webhook" or "backfill": which producer saw it
-    fact: str | None = None  # what it is, whoever saw it (ingest.github_events)
+    fact: str | None = None  # what it is, whoever saw it (runledger.ingest.github_events)
 
 
 class GitHubCommit(Payload, kw_only=True):
@@ -130,7 +130,7 @@ class GitHubCommit(Payload, kw_only=True):
     parents: list[str] = []
     url: str | None = None
     via: str | None = None  # "webhook" or "backfill": which producer saw it
-    fact: str | None = None  # what it is, whoever saw it (ingest.github_events)
+    fact: str | None = None  # what it is, whoever saw it (runledger.ingest.github_events)
 
 
 class GitHubRaw(Payload, kw_only=True):

@@ -1,8 +1,8 @@
 """The launch record: one builder of ``run.started`` / ``run.resumed`` for every producer.
 
-The client library (``runledger.init``), runledger's own trainer (``trainer.loop``), the reference
-simulator (``runledger.workflows.simulate``) and the W&B importers (``ingest.wandb_import``,
-``ingest.wandb_online``) all announce an attempt through ``launch_fields`` and ``launch_event``, so a
+The client library (``runledger.init``), runledger's own trainer (``runledger.trainer.loop``), the reference
+simulator (``runledger.workflows.simulate``) and the W&B importers (``runledger.ingest.wandb_import``,
+``runledger.ingest.wandb_online``) all announce an attempt through ``launch_fields`` and ``launch_event``, so a
 launch record has one shape whoever writes it; they differ only in where the ``Provenance`` comes
 from (this process's, ``runledger.provenance.of_this_process``; the published facts the simulator
 replays; what W&B recorded).
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.payloads import RunResumed, RunStarted
+from runledger.schemas.payloads import RunResumed, RunStarted
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """C2SP signed-notes (Ed25519) and their note keys: the one key format of every producer and log.
 
-A producer signs its events (``schemas.signing``) and the ledger signs its checkpoints
-(``ledger.log_checkpoint``) with keys in this form, byte-compatible with Go's
+A producer signs its events (``runledger.schemas.signing``) and the ledger signs its checkpoints
+(``runledger.ledger.log_checkpoint``) with keys in this form, byte-compatible with Go's
 golang.org/x/mod/sumdb/note and transparency-dev tooling.
 
 Keys use note's text encodings:
@@ -37,7 +37,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from schemas.durable import write_durably
+from runledger.schemas.durable import write_durably
 
 __all__ = [
     "ALG_ED25519",
@@ -67,7 +67,7 @@ _MAX_SIGNATURES = 100  # as in Go's note.Open
 
 class CheckpointError(ValueError):
     """A checkpoint, note or key is malformed or does not verify. (One error for all three: the
-    checkpoint functions of ``ledger.log_checkpoint`` raise it too, and callers catch it by this name.)"""
+    checkpoint functions of ``runledger.ledger.log_checkpoint`` raise it too, and callers catch it by this name.)"""
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ def generate_keypair(name: str) -> tuple[str, str]:
 def write_keypair(directory: str | os.PathLike[str], name: str, stem: str | None = None) -> tuple[Path, Path]:
     """Generate a key pair and write ``<stem>.key`` (mode 0600) and ``<stem>.pub`` in ``directory``.
 
-    Both are written with ``schemas.durable.write_durably(..., exclusive=True)``: the private file's
+    Both are written with ``runledger.schemas.durable.write_durably(..., exclusive=True)``: the private file's
     temporary file is created with O_EXCL and mode 0o600 in a single open() (no window in which the
     key exists with wider permissions), and the finished file is linked into place only if no file
     of that name exists, so an existing key is never overwritten, nor a key left half written.

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from schemas.envelope import NonEmpty
+from runledger.schemas.envelope import NonEmpty
 
 Float = float | None
 Count = Annotated[int, msgspec.Meta(ge=0)]
@@ -179,7 +179,7 @@ class RunSummary(Payload, kw_only=True):
     values: dict[str, Any]
 
 
-# --- producers and the ledger's own record (see ledger.admission) -----------------------
+# --- producers and the ledger's own record (see runledger.ledger.admission) -----------------------
 
 
 class ProducerDropped(Payload, kw_only=True):
@@ -211,7 +211,7 @@ class BusPositionsMissing(Payload, kw_only=True):
 class ProducerScope(msgspec.Struct, kw_only=True):
     """What a producer key may write. Each list holds prefixes matched by whole segments
     (``"trainer/r5"`` covers ``trainer/r5/a1/rank0``, not ``trainer/r5-evil``; ``"github."`` the
-    ``github.*`` types; ``ledger.admission.scope_matches``); an empty list of streams or types means
+    ``github.*`` types; ``runledger.ledger.admission.scope_matches``); an empty list of streams or types means
     any; ``sources`` must name at least one prefix. ``run_scope`` is one run's."""
 
     sources: list[NonEmpty]

@@ -1,7 +1,7 @@
 """Producer signatures and per-source hash chains on events.
 
 A producer (a training rank, the webhook receiver, an importer) holds an Ed25519 key in the note-key
-form of ``schemas.note`` (``write_keypair`` makes one; ``<stem>.key`` is private, ``<stem>.pub``
+form of ``runledger.schemas.note`` (``write_keypair`` makes one; ``<stem>.key`` is private, ``<stem>.pub``
 public). A ``Sealer`` sets, on each envelope before it goes on the bus:
 
 * ``prev``: the hash of the previous event this sealer sealed for the same ``source`` (``GENESIS``
@@ -26,9 +26,9 @@ from typing import Any
 
 import msgspec
 
-from schemas.canonical import canonical_bytes
-from schemas.envelope import Envelope
-from schemas.note import NoteSigner, NoteVerifier, parse_private_key, parse_public_key
+from runledger.schemas.canonical import canonical_bytes
+from runledger.schemas.envelope import Envelope
+from runledger.schemas.note import NoteSigner, NoteVerifier, parse_private_key, parse_public_key
 
 PRODUCER_KEY_ENV = "RUNLEDGER_PRODUCER_KEY"  # path of a producer's private key file
 GENESIS = "0" * 64  # ``prev`` of a source's first event
@@ -121,7 +121,7 @@ _signed_decoder = msgspec.json.Decoder(_Signed)
 def verify_canonical(canonical: bytes, public_key: NoteVerifier | str) -> str:
     """Check the producer signature of an event given its canonical bytes (a leaf's content);
     returns the key id. The signing bytes are read as the stand-alone verifier reads them
-    (``ledger.verifier.producer_signing_bytes``: the leaf without its one
+    (``runledger.ledger.verifier.producer_signing_bytes``: the leaf without its one
     ``"signature":"…",`` member), with msgspec in place of the standard library's json for speed."""
     key = public_key if isinstance(public_key, NoteVerifier) else parse_public_key(public_key)
     try:

@@ -34,7 +34,7 @@ def root_command() -> Command:
     """The command behind the typer app (imported here so the script's usage error stays cheap)."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    from cli.main import app
+    from runledger.cli.main import app
 
     return typer.main.get_command(app)
 

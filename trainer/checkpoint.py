@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from runledger import attempts as attempts_lib
-from schemas.durable import fsync_dir, write_durably
-from trainer.distributed import DistEnv, barrier
+from runledger.schemas.durable import fsync_dir, write_durably
+from runledger.trainer.distributed import DistEnv, barrier
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 

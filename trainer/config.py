@@ -23,8 +23,8 @@ from typing import Any, Literal
 import jsonpatch
 import msgspec
 
-from schemas import config_hash as _config_hash
-from schemas.durable import write_durably
+from runledger.schemas import config_hash as _config_hash
+from runledger.schemas.durable import write_durably
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEMO_CONFIG = CONFIG_DIR / "demo.toml"  # the tiny CPU run the demo trains

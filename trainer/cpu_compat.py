@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from trainer.config import ConfigError, TrainConfig
+from runledger.trainer.config import ConfigError, TrainConfig
 
 
 def _te_available() -> bool:

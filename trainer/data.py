@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.config import ConfigError, TrainConfig
+from runledger.trainer.config import ConfigError, TrainConfig
 
 DATA_DIR = Path(__file__).parent / "data"
 CORPORA = {"opticks": DATA_DIR / "opticks.txt"}

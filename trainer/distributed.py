@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer.config import ConfigError, TrainConfig
+from runledger.trainer.config import ConfigError, TrainConfig
 
 
 @dataclass

@@ -6,7 +6,7 @@ call per phase, and the phases follow in the order it calls them: ``_announce_la
 ``_optimizer_step``, ``_log_telemetry``, ``_checkpoint_on_interval``; then ``_finish``, or
 ``_stop_on_signal`` / ``_crash``. Everything one attempt works with lives in one ``RunContext``.
 
-Events (``schemas.payloads``), all with ``stream = run_id`` and the launch's ``attempt``:
+Events (``runledger.schemas.payloads``), all with ``stream = run_id`` and the launch's ``attempt``:
 
   source   ``trainer/<run_id>/a<attempt>/rank<rank>``: a fresh source per attempt and rank, so its
            ``seq`` starts at 0 and is gap-free without any state surviving a crash. Attempt numbers
@@ -19,7 +19,7 @@ Events (``schemas.payloads``), all with ``stream = run_id`` and the launch's ``a
            skipped, run finished.
   each rank  its own rank stats (step time, host) and its own crash.
 
-Mirror (``mirror=``, e.g. ``ingest.wandb_mirror.WandbMirror``; rank 0 only; see ``trainer.mirror``): started
+Mirror (``mirror=``, e.g. ``runledger.ingest.wandb_mirror.WandbMirror``; rank 0 only; see ``runledger.trainer.mirror``): started
 before the launch event, whose ``external`` records it (or ``wandb_error`` when it could not start:
 training goes on without it); each logged step, each applied live change and the attempt's end
 (summary and finish, also after a crash) are mirrored.
@@ -50,13 +50,13 @@ from typing import Any, Literal
 import msgspec
 import torch
 
-from ingest.bus import EventSink
 from runledger import provenance
 from runledger import signals as signals_lib
 from runledger.crashes import CrashKind, NonFinite, SignalStop, cause_of, crashed
 from runledger.emitter import Emitter
-from schemas.launch import launch_event, launch_fields
-from schemas.payloads import (
+from runledger.ingest.bus import EventSink
+from runledger.schemas.launch import launch_event, launch_fields
+from runledger.schemas.payloads import (
     ChangeCause,
     CheckpointSaved,
     ConfigChanged,
@@ -67,11 +67,11 @@ from schemas.payloads import (
     RunFinished,
     StepSkipped,
 )
-from trainer import checkpoint as ckpt
-from trainer import cpu_compat, distributed, telemetry
-from trainer import mirror as mirror_lib
-from trainer import model as model_lib
-from trainer.config import (
+from runledger.trainer import checkpoint as ckpt
+from runledger.trainer import cpu_compat, distributed, telemetry
+from runledger.trainer import mirror as mirror_lib
+from runledger.trainer import model as model_lib
+from runledger.trainer.config import (
     ConfigError,
     ConfigSource,
     TrainConfig,
@@ -84,8 +84,8 @@ from trainer.config import (
     resolved,
     split_patch,
 )
-from trainer.data import Batches
-from trainer.optim import MasterAdamW, lr_at
+from runledger.trainer.data import Batches
+from runledger.trainer.optim import MasterAdamW, lr_at
 
 ResumeFrom = Literal["latest"] | int | str | Path | None
 Status = Literal["completed", "stopped", "crashed", "signal"]
@@ -265,7 +265,7 @@ def train(
     fresh run, ``"latest"``, a step number or a checkpoint directory. ``stop_at_step`` ends the
     attempt early (status "stopped") after that step. Crashes do not raise: they are recorded and
     returned (``status`` "crashed" or "signal", ``exit_code`` for a CLI to exit with).
-    ``mirror``: an experiment tracker to mirror the run to (``trainer.mirror.Mirror``), used on rank 0.
+    ``mirror``: an experiment tracker to mirror the run to (``runledger.trainer.mirror.Mirror``), used on rank 0.
     ``on_model``: called with the model once it is built (and restored), before the first step, on
     every rank: a study's own hooks (``runledger.workflows.study``) go on here.
     ``pending_dir``: the rank's spool folder, where a loss report the bus still refuses at the end is

@@ -1,7 +1,7 @@
 """An optional mirror of the run to an experiment tracker (Weights & Biases), seen from the trainer.
 
 The trainer knows a mirror only through the ``Mirror`` protocol below, so it never imports wandb;
-``ingest.wandb_mirror.WandbMirror`` satisfies it. The ledger stays the record: the mirror is a copy for
+``runledger.ingest.wandb_mirror.WandbMirror`` satisfies it. The ledger stays the record: the mirror is a copy for
 people who read W&B, and a mirror that cannot start never stops training.
 
 What the loop does with one (rank 0 only):
@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from runledger.step_payloads import report_fields
-from trainer.telemetry import StepReport
+from runledger.trainer.telemetry import StepReport
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ _SECRET_ENV_RE = re.compile(r"(?i)(KEY|TOKEN|SECRET|PASSWORD)")
 
 @runtime_checkable
 class Mirror(Protocol):
-    """What the trainer needs from a mirror (``ingest.wandb_mirror.WandbMirror`` is one)."""
+    """What the trainer needs from a mirror (``runledger.ingest.wandb_mirror.WandbMirror`` is one)."""
 
     def start(
         self, run_id: str, config: Mapping[str, Any], *, name: str | None = None

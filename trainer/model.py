@@ -1,7 +1,7 @@
 """The model: Megatron-Core's GPTModel with a mixture-of-experts MLP in every layer.
 
 Built from ``TrainConfig`` alone. On CPU it uses the local (pure-PyTorch) layer spec and the
-adaptations in ``trainer.cpu_compat``; on GPU the same code can use the Transformer Engine spec,
+adaptations in ``runledger.trainer.cpu_compat``; on GPU the same code can use the Transformer Engine spec,
 bf16 (Megatron's Float16Module), the alltoall dispatcher and grouped-GEMM experts, all chosen by
 config.
 """
@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from trainer import cpu_compat
-from trainer.config import ConfigError, MoeConfig, TrainConfig
+from runledger.trainer import cpu_compat
+from runledger.trainer.config import ConfigError, MoeConfig, TrainConfig
 
-if TYPE_CHECKING:  # imported where used: trainer.cpu_compat adapts Megatron first
+if TYPE_CHECKING:  # imported where used: runledger.trainer.cpu_compat adapts Megatron first
     from megatron.core.transformer.moe.router import TopKRouter
 
 

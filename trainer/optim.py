@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from trainer.config import OptimizerConfig, TrainConfig
+from runledger.trainer.config import OptimizerConfig, TrainConfig
 
 
 class MasterAdamW:

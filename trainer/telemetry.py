@@ -32,6 +32,7 @@ import torch
 # The emitter and the step payloads live in the library, shared with ``runledger.init``'s clients;
 # re-exported here for the trainer's callers.
 from runledger.emitter import Emitter, open_rank_sink, rank_spool
+from runledger.schemas.payloads import MoeLayerStats
 from runledger.step_payloads import (
     StepReport,
     finite,
@@ -40,9 +41,8 @@ from runledger.step_payloads import (
     router_stats,
     step_metrics,
 )
-from schemas.payloads import MoeLayerStats
-from trainer import model as model_lib
-from trainer.config import TrainConfig
+from runledger.trainer import model as model_lib
+from runledger.trainer.config import TrainConfig
 
 if TYPE_CHECKING:
     from megatron.core.transformer.moe.router import TopKRouter

@@ -36,13 +36,13 @@ from runledger.crashes import SignalStop
 from runledger.signals import Interrupted
 
 if TYPE_CHECKING:
-    from ingest.bus import SpoolSink
-    from ingest.spool_ingester import IngestStats
-    from ledger.history import HistoryItem
-    from ledger.integrity import Report
-    from ledger.query import Reader, Result
-    from trainer.loop import TrainResult
-    from trainer.telemetry import StepReport
+    from runledger.ingest.bus import SpoolSink
+    from runledger.ingest.spool_ingester import IngestStats
+    from runledger.ledger.history import HistoryItem
+    from runledger.ledger.integrity import Report
+    from runledger.ledger.query import Reader, Result
+    from runledger.trainer.loop import TrainResult
+    from runledger.trainer.telemetry import StepReport
 
 DEMO_DIR = Path(".runledger/demo")
 MARKER = ".runledger-demo"  # written into every work folder the demo made or took over
@@ -171,7 +171,7 @@ class DemoResult:
 
 
 def _write_config(workdir: Path, run_id: str, *, steps: int, crash_at: int) -> Path:
-    from trainer.config import load_config, write_config
+    from runledger.trainer.config import load_config, write_config
 
     cfg = load_config(
         None,
@@ -213,7 +213,7 @@ def _train(
     """Attempt 1 (its config file edited after ``change_at``, crashing as configured), then attempt 2
     resumed from the last checkpoint, unless a signal stopped the run."""
     with signals.interruptible():  # torch, slow to import; nothing is recorded yet
-        from trainer.loop import train
+        from runledger.trainer.loop import train
 
     attempts: list[TrainResult] = []
     stop: DemoStop | None = None
@@ -251,10 +251,10 @@ def _train(
 def _fold(workdir: Path, producer_pub: Path, run_id: str) -> IngestStats:
     """A fresh ledger that admits the trainer's key for this run only, and the whole spool folded into
     it (deferred, as all of the demo: a second signal stops it between whole commits)."""
-    from ingest.spool_ingester import ingest_spool
-    from ledger.registry import register_producer
-    from ledger.store import Ledger
-    from schemas.payloads import run_scope
+    from runledger.ingest.spool_ingester import ingest_spool
+    from runledger.ledger.registry import register_producer
+    from runledger.ledger.store import Ledger
+    from runledger.schemas.payloads import run_scope
 
     ledger = Ledger.create(workdir / "ledger")
     # Scoped to its run (sources trainer/<run>, stream <run>): the key cannot write another run.
@@ -265,10 +265,10 @@ def _fold(workdir: Path, producer_pub: Path, run_id: str) -> IngestStats:
 def _sign(ledger_dir: Path) -> Path:
     """Every stream's checkpoint signed with a fresh log key, kept with the ledger and recorded as its
     log key; its public key."""
-    from ledger.integrity import sign_checkpoints
-    from ledger.log_key import default_keys, record_log_key
-    from ledger.store import Ledger
-    from schemas.note import write_keypair
+    from runledger.ledger.integrity import sign_checkpoints
+    from runledger.ledger.log_key import default_keys, record_log_key
+    from runledger.ledger.store import Ledger
+    from runledger.schemas.note import write_keypair
 
     # The log key lives with the ledger (``<ledger>/.keys``), where a plain `ledger checkpoint`,
     # `publish` or `verify` looks, and the lake records it so no other key can sign for this ledger.
@@ -365,9 +365,9 @@ def _record(result: DemoResult, *, steps: int, crash_at: int, change_at: int, ob
 
 def _set_up(workdir: Path, run_id: str, *, steps: int, crash_at: int) -> tuple[SpoolSink, Path]:
     """The run's config file, the trainer's producer key and the spool it writes to."""
-    from ingest.bus import SpoolSink
-    from schemas.note import write_keypair
-    from schemas.signing import Sealer
+    from runledger.ingest.bus import SpoolSink
+    from runledger.schemas.note import write_keypair
+    from runledger.schemas.signing import Sealer
 
     config_path = _write_config(workdir, run_id, steps=steps, crash_at=crash_at)
     # The trainer signs (and chains) its events with its own producer key; the ledger registers it.
@@ -382,15 +382,15 @@ def _conclude(result: DemoResult, *, change_at: int, crash_at: int) -> None:
     try:
         result.public_key = _sign(ledger_dir)
         with signals.interruptible():
-            from ledger.integrity import verify_ledger
-            from ledger.query import Reader
-            from ledger.report import write_report
+            from runledger.ledger.integrity import verify_ledger
+            from runledger.ledger.query import Reader
+            from runledger.ledger.report import write_report
 
             phase = "the verification"
             result.verify = verify_ledger(ledger_dir, result.public_key.read_text().strip())
             phase = "the questions"
             _ask(Reader(ledger_dir), result, change_at=change_at, crash_at=crash_at)
-            phase = "the report"  # written whole (schemas.durable), or not at all
+            phase = "the report"  # written whole (runledger.schemas.durable), or not at all
             result.report, _ = write_report(
                 ledger_dir, [result.run_id], result.workdir / "report.html", public_key_path=result.public_key
             )

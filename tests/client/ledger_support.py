@@ -8,11 +8,11 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from cli.main import app
-from ingest.spool import SpoolReader
-from ingest.spool_ingester import ingest_spool
-from ledger.store import Ledger
-from schemas import Envelope, Event, decode_event
+from runledger.cli.main import app
+from runledger.ingest.spool import SpoolReader
+from runledger.ingest.spool_ingester import ingest_spool
+from runledger.ledger.store import Ledger
+from runledger.schemas import Envelope, Event, decode_event
 
 
 def ingest(ledger: Path, *spools: Path) -> int:

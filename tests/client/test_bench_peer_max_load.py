@@ -21,7 +21,7 @@ from bench.bench_peer import (
     run_peer,
     step_scalars,
 )
-from ledger.query import Reader
+from runledger.ledger.query import Reader
 
 STEPS = 12
 

@@ -15,7 +15,7 @@ import pytest
 
 import runledger
 from runledger.client import Placement
-from schemas.payloads import StepMetrics
+from runledger.schemas.payloads import StepMetrics
 from tests.client.ledger_support import cli_json, events, ingest, metric_series, of_type
 from tests.support.sinks import ListSink
 

@@ -25,11 +25,18 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import runledger
-from ingest.spool import PENDING_BYTES, PENDING_DIR, PendingSlot, SpoolReader, SpoolWriter, pending_files
-from ingest.spool_ingester import ingest_spool
-from ledger.store import Ledger
-from schemas.durable import write_durably
-from schemas.note import write_keypair
+from runledger.ingest.spool import (
+    PENDING_BYTES,
+    PENDING_DIR,
+    PendingSlot,
+    SpoolReader,
+    SpoolWriter,
+    pending_files,
+)
+from runledger.ingest.spool_ingester import ingest_spool
+from runledger.ledger.store import Ledger
+from runledger.schemas.durable import write_durably
+from runledger.schemas.note import write_keypair
 from tests.client.ledger_support import cli_json
 
 if TYPE_CHECKING:  # imported by pytest_plugins first, so that pytest rewrites its asserts

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 import runledger
-from ingest.spool_ingester import ingest_spool
-from ledger.store import Ledger
+from runledger.ingest.spool_ingester import ingest_spool
+from runledger.ledger.store import Ledger
 from tests.client.ledger_support import cli_json, ingest, of_type
 
 if TYPE_CHECKING:  # imported by pytest_plugins first, so that pytest rewrites its asserts

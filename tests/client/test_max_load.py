@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import runledger
-from ledger.lake import EMBEDDED_CATALOG, LAKE_MARKER
+from runledger.ledger.lake import EMBEDDED_CATALOG, LAKE_MARKER
+from runledger.schemas.canonical import canonical_bytes
+from runledger.schemas.payloads import MoeLayerStats
 from runledger.step_payloads import StepReport, layer_stats_from_arrays, max_load_of_counts, step_metrics
-from schemas.canonical import canonical_bytes
-from schemas.payloads import MoeLayerStats
 from tests.client.ledger_support import cli_json, ingest, of_type
 from tests.support.sinks import ListSink
 
@@ -137,7 +137,7 @@ def test_the_trainers_step_scalar_is_the_layer_mean_only_when_every_layer_has_it
 
 def test_the_trainers_layer_stats_carry_max_load() -> None:
     pytest.importorskip("torch")
-    from trainer.telemetry import FIXED_COLS, layer_stats
+    from runledger.trainer.telemetry import FIXED_COLS, layer_stats
 
     experts, top_k = 4, 2
     rows = np.zeros((2, FIXED_COLS + experts))
@@ -152,7 +152,7 @@ def test_the_mirrors_load_imbalance_is_the_trainers_max_load() -> None:
     ``max_load`` step scalar, to the bit."""
     pytest.importorskip("torch")
     from runledger.step_payloads import metrics_from_values
-    from trainer.mirror import step_values
+    from runledger.trainer.mirror import step_values
 
     counts = np.array([[2, 4, 7], [3, 3, 3]])
     report = _report(None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from runledger.schemas.payloads import MoeLayerStats, StepMetrics
 from runledger.step_payloads import (
     StepReport,
     layer_stats_from_arrays,
@@ -12,7 +13,6 @@ from runledger.step_payloads import (
     metrics_from_values,
     step_metrics,
 )
-from schemas.payloads import MoeLayerStats, StepMetrics
 
 
 def _report() -> StepReport:
@@ -78,7 +78,7 @@ def test_the_mirrors_wandb_row_maps_back_to_the_trainers_fields() -> None:
     """What runledger's own W&B mirror writes, teed back into the ledger, is the trainer's step again
     (its typed fields and layer means; the per-layer keys stay named scalars)."""
     pytest.importorskip("torch")
-    from trainer.mirror import step_values
+    from runledger.trainer.mirror import step_values
 
     report = _report()
     row = step_values(report)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import runledger
-from schemas.note import write_keypair
+from runledger.schemas.note import write_keypair
 from tests.client.ledger_support import cli_json, ingest
 
 THREADS, PER_THREAD = 16, 250

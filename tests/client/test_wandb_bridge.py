@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ingest.wandb_import import find_offline_runs, read_records
+from runledger.ingest.wandb_import import find_offline_runs, read_records
 from tests.client.ledger_support import cli_json, ingest, metric_series, of_type
 
 wandb = pytest.importorskip("wandb")

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.query import Reader
+from runledger.cli.main import app
+from runledger.ledger.query import Reader
 
 runner = CliRunner()
 RUN = "moe-535b"
@@ -107,7 +107,7 @@ def test_report_and_plot_take_latest(ledger: Path, tmp_path: Path) -> None:
 
 
 def test_latest_in_a_ledger_without_runs_is_one_line(tmp_path: Path) -> None:
-    from ledger.store import Ledger
+    from runledger.ledger.store import Ledger
 
     Ledger.create(tmp_path / "empty")
     result = runner.invoke(

@@ -9,6 +9,7 @@ fails here with the files and the names taken, so the picture in docs/architectu
 from __future__ import annotations
 
 import ast
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,24 +17,39 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("runledger", "cli", "ingest", "ledger", "schemas", "trainer")
+PACKAGES = ("runledger", "cli", "ingest", "ledger", "schemas", "trainer")  # the folders
+FOLDERS = PACKAGES[1:]  # each the package runledger.<folder>, through runledger/<folder> -> ../<folder>
+ROOT = "runledger"  # the one top-level import name (issue 41)
 MAX_FUNCTION_BODY_LINES = 80  # statements after the signature and docstring
 
-# The parts, bottom up. A module belongs to the first part whose prefix it starts with.
+# The parts, bottom up. A module belongs to the part of the longest prefix it starts with.
 PARTS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("schemas.durable",)),
-    ("catalogue", ("schemas",)),
-    ("bus", ("ingest.bus", "ingest.spool", "ingest.kafka_sink", "ingest.kafka_config")),
+    ("base", ("runledger.schemas.durable",)),
+    ("catalogue", ("runledger.schemas",)),
+    (
+        "bus",
+        (
+            "runledger.ingest.bus",
+            "runledger.ingest.spool",
+            "runledger.ingest.kafka_sink",
+            "runledger.ingest.kafka_config",
+        ),
+    ),
     ("workflows", ("runledger.workflows",)),
     ("client", ("runledger",)),
-    ("trainer", ("trainer",)),
+    ("trainer", ("runledger.trainer",)),
     (
         "ingesters",
-        ("ingest.ingester", "ingest.spool_ingester", "ingest.kafka_ingester", "ingest.kafka_replay"),
+        (
+            "runledger.ingest.ingester",
+            "runledger.ingest.spool_ingester",
+            "runledger.ingest.kafka_ingester",
+            "runledger.ingest.kafka_replay",
+        ),
     ),
-    ("sources", ("ingest",)),
-    ("ledger", ("ledger",)),
-    ("cli", ("cli",)),
+    ("sources", ("runledger.ingest",)),
+    ("ledger", ("runledger.ledger",)),
+    ("cli", ("runledger.cli",)),
 ]
 
 # Which parts each part may import (itself always). Everything else is a rule broken.
@@ -52,9 +68,16 @@ ALLOWED: dict[str, set[str]] = {
 
 
 def part_of(module: str) -> str:
-    for part, prefixes in PARTS:
-        if any(module == p or module.startswith(p + ".") for p in prefixes):
-            return part
+    """The part of the longest prefix the module starts with (``runledger.ledger.x`` is the ledger's,
+    ``runledger.client`` the client's)."""
+    matches = [
+        (len(p), part)
+        for part, prefixes in PARTS
+        for p in prefixes
+        if module == p or module.startswith(p + ".")
+    ]
+    if matches:
+        return max(matches)[1]
     raise AssertionError(f"{module} is on no part of docs/architecture.md")
 
 
@@ -68,6 +91,8 @@ class House:
 
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[0] != ROOT:
+        parts.insert(0, ROOT)  # ledger/store.py is runledger/ledger/store.py: runledger.ledger.store
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -109,7 +134,7 @@ def read_house() -> House:
     for module, path in files.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         for name, line in _imported_names(tree, module, path.name == "__init__.py"):
-            if name.split(".")[0] not in PACKAGES:
+            if name.split(".")[0] != ROOT:
                 continue  # the standard library or a third party
             target = _resolve(files, name)
             if target is None:
@@ -223,10 +248,13 @@ def test_the_cycle_finder_finds_a_circle() -> None:
 
 
 def test_the_rule_table_catches_an_arrow_it_forbids() -> None:
-    assert part_of("trainer.loop") == "trainer" and part_of("ledger.store") == "ledger"
+    assert part_of("runledger.trainer.loop") == "trainer" and part_of("runledger.ledger.store") == "ledger"
     assert "ledger" not in ALLOWED["trainer"]
     assert part_of("runledger.workflows.demo") == "workflows" and part_of("runledger.client") == "client"
-    assert part_of("ingest.spool_ingester") == "ingesters" and part_of("ingest.spool") == "bus"
+    assert (
+        part_of("runledger.ingest.spool_ingester") == "ingesters"
+        and part_of("runledger.ingest.spool") == "bus"
+    )
 
 
 def test_no_function_body_over_the_limit() -> None:
@@ -259,6 +287,77 @@ def test_the_wandb_bridge_uses_public_run_methods_only() -> None:
         and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
     ]
     assert not private, private
+
+
+# --- one top-level import name (issue 41) ------------------------------------------------------------
+BARE_SKIP = {"__pycache__", "build", "node_modules"}  # and every hidden folder: .venv, .git, .kafka, .go
+
+
+def _python_files_of_the_checkout() -> list[Path]:
+    """Every .py under the repository but the hidden folders (.venv …): packages, tests, bench, scripts.
+    A symlinked folder (runledger/ledger -> ../ledger) is walked once, as its own folder."""
+    found: list[Path] = []
+    for folder, dirs, names in os.walk(REPO):
+        dirs[:] = sorted(
+            d for d in dirs if not d.startswith(".") and d not in BARE_SKIP and not d.endswith(".egg-info")
+        )
+        found += [Path(folder) / n for n in sorted(names) if n.endswith(".py")]
+    return found
+
+
+def _event_types() -> set[str]:
+    """The catalogue's strings: type names such as the redaction's read like a module, and are data."""
+    tree = ast.parse((REPO / "schemas" / "catalogue.py").read_text(encoding="utf-8"))
+    return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+def bare_names(source: str, modules: set[str], event_types: set[str]) -> list[tuple[int, str]]:
+    """(line, name) of each import of a bare folder name (``import <folder>.x``, ``from <folder> …``),
+    and of each string that is one (a ``-m`` target, a monkeypatch target ``"<folder>.x.NAME"``)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] in FOLDERS]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] in FOLDERS:
+                found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            name = node.value.split(":")[0]
+            if "." in name and name not in event_types and ".".join(name.split(".")[:2]) in modules:
+                found.append((node.lineno, node.value))
+    return sorted(found)
+
+
+def test_no_python_file_imports_a_bare_folder_name(house: House) -> None:
+    """A user's own folder of the same name, or another distribution's top-level package, must never
+    stand in for ours: every first-party import, module string and ``-m`` target is under runledger."""
+    inside = [m.split(".", 1)[1] for m in house.files if "." in m]  # without the leading "runledger."
+    modules = {m for m in inside if m.split(".")[0] in FOLDERS}
+    events = _event_types()
+    taken = [
+        f"{path.relative_to(REPO)}:{line} {name}"
+        for path in _python_files_of_the_checkout()
+        for line, name in bare_names(path.read_text(encoding="utf-8"), modules, events)
+    ]
+    assert not taken, "bare top-level names (write runledger.<folder>…):\n" + "\n".join(taken)
+
+
+def test_the_bare_name_finder_finds_them() -> None:
+    names = {"L": "ledger", "C": "cli", "S": "schemas"}  # spelled apart: the file itself holds none
+    modules = {"{L}.store".format(**names), "{C}.main".format(**names), names["S"]}
+    source = (
+        "import {L}.store\nfrom {S} import x\nimport runledger.{L}.store\nargs = ['-m', '{C}.main']\n"
+        "t = '{L}.store.COMMITS'\nkind = '{L}.redaction'\nfrom runledger.{C} import main\n"
+    ).format(**names)
+    found = bare_names(source, modules, {"{L}.redaction".format(**names)})
+    expected = [(1, "{L}.store"), (2, "{S}"), (4, "{C}.main"), (5, "{L}.store.COMMITS")]
+    assert found == [(line, name.format(**names)) for line, name in expected]
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_each_folder_is_a_subpackage_of_runledger_in_the_checkout(folder: str) -> None:
+    link = REPO / ROOT / folder
+    assert link.is_symlink() and link.resolve() == REPO / folder, f"{link} is not the symlink -> ../{folder}"
 
 
 def figures() -> str:

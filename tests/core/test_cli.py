@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ingest.spool import SpoolWriter
+from runledger.cli.main import app
+from runledger.ingest.spool import SpoolWriter
 
 from .test_ledger import _story
 
@@ -118,7 +118,7 @@ def test_cli_as_a_real_subprocess(ledger: Path) -> None:
         [
             sys.executable,
             "-m",
-            "cli.main",
+            "runledger.cli.main",
             "query",
             "SELECT count(*) AS n FROM events",
             "--ledger",
@@ -133,7 +133,7 @@ def test_cli_as_a_real_subprocess(ledger: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == [{"n": len(_story().events)}]
     proc = subprocess.run(
-        [sys.executable, "-m", "cli.main", "state", "ghost", "--ledger", str(ledger)],
+        [sys.executable, "-m", "runledger.cli.main", "state", "ghost", "--ledger", str(ledger)],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.store import Ledger, SourceRecord
+from runledger.cli.main import app
+from runledger.ledger.store import Ledger, SourceRecord
 
 from .test_ledger import _story
 
@@ -370,7 +370,7 @@ def test_builtin_shell_runs_statements_in_order_and_stays_read_only(ledger: Path
 def test_third_party_warnings_stay_off_the_terminal_unless_verbose() -> None:
     import warnings
 
-    from cli.output import third_party_warnings
+    from runledger.cli.output import third_party_warnings
 
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -402,7 +402,7 @@ def test_shell_opens_duckdbs_own_shell_on_the_views_when_on_path(ledger: Path, t
     )
     fake.chmod(0o755)
     proc = subprocess.run(
-        [sys.executable, "-m", "cli.main", "shell", "--ledger", str(ledger)],
+        [sys.executable, "-m", "runledger.cli.main", "shell", "--ledger", str(ledger)],
         input="SELECT run_id, attempts FROM runs; SELECT count(*) FROM metrics WHERE name = 'loss';",
         env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"},
         capture_output=True,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from runledger.cli.main import app
 
 ROOT = Path(__file__).resolve().parents[2]
 # A heavy module, and every submodule of it.
@@ -22,9 +22,9 @@ NOT_FOR_HELP = (
     "pyarrow",
     "duckdb",
     "pydantic",
-    "ledger.store",
-    "ledger.lake",
-    "ledger.query",
+    "runledger.ledger.store",
+    "runledger.ledger.lake",
+    "runledger.ledger.query",
     "torch",
     "wandb",
     "matplotlib",
@@ -41,7 +41,7 @@ def _imports(*args: str) -> list[tuple[int, str]]:
     own imports before it); the command must succeed."""
     env = dict(os.environ, COLUMNS="100", RUNLEDGER_PROGRESS_S="off")
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "cli.main", *args],
+        [sys.executable, "-X", "importtime", "-m", "runledger.cli.main", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -86,7 +86,7 @@ def _top_level(modules: dict[str, str]) -> dict[str, str]:
 
 def test_help_imports_no_command_library() -> None:
     found = _imports("--help")
-    assert any(name == "cli.output" for _, name in found)  # (the log is the CLI's)
+    assert any(name == "runledger.cli.output" for _, name in found)  # (the log is the CLI's)
     assert _top_level(_heavy(found, NOT_FOR_HELP)) == {}
 
 
@@ -113,5 +113,8 @@ def test_query_imports_no_producer_library(lake: Path) -> None:
     assert _top_level(_heavy(found, NOT_FOR_QUERY)) == {}
     # The check can fail: the log shows what the command does import (DuckDB, by the reader), and
     # the program lists the lake's files with Python's sqlite3 (no DuckDB extension to load).
-    assert _top_level(_heavy(found, ("duckdb", "ledger.query"))).keys() == {"duckdb", "ledger.query"}
-    assert any(name == "ledger.lake_snapshot_files" for _, name in found)
+    assert _top_level(_heavy(found, ("duckdb", "runledger.ledger.query"))).keys() == {
+        "duckdb",
+        "runledger.ledger.query",
+    }
+    assert any(name == "runledger.ledger.lake_snapshot_files" for _, name in found)

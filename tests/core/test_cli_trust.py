@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.merkle import leaf_hash
-from ledger.query import Reader
-from ledger.store import Ledger, SourceRecord
-from schemas import payloads as p
+from runledger.cli.main import app
+from runledger.ledger.merkle import leaf_hash
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas import payloads as p
 from tests.support.factory import RunBuilder
 
 runner = CliRunner()
@@ -197,7 +197,7 @@ def _doc_block(heading: str) -> str:
 
 def _verifier(*args: str | Path, cwd: Path) -> tuple[int, str]:
     proc = subprocess.run(
-        [sys.executable, "-m", "ledger.verifier", *map(str, args)],
+        [sys.executable, "-m", "runledger.ledger.verifier", *map(str, args)],
         cwd=cwd,
         capture_output=True,
         text=True,

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ledger.compaction import conform
-from ledger.integrity import verify_ledger
-from ledger.parquet_schemas import TABLES
-from ledger.query import Reader
-from ledger.store import Ledger, SourceRecord
+from runledger.ledger.compaction import conform
+from runledger.ledger.integrity import verify_ledger
+from runledger.ledger.parquet_schemas import TABLES
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger, SourceRecord
 from tests.support.factory import RunBuilder
 
 MB = 1 << 20

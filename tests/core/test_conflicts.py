@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.integrity import verify_ledger
-from ledger.merkle import leaf_hash
-from ledger.query import Reader
-from ledger.store import Ledger, SourceRecord
-from schemas import make_event
-from schemas import payloads as p
-from schemas.canonical import canonicalize_json
-from schemas.codec import CONFLICT, STREAM_RUN_MISMATCH
+from runledger.cli.main import app
+from runledger.ledger.integrity import verify_ledger
+from runledger.ledger.merkle import leaf_hash
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas import make_event
+from runledger.schemas import payloads as p
+from runledger.schemas.canonical import canonicalize_json
+from runledger.schemas.codec import CONFLICT, STREAM_RUN_MISMATCH
 from tests.support.factory import RunBuilder
 
 runner = CliRunner()

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.query import Reader
+from runledger.cli.main import app
+from runledger.ledger.query import Reader
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,7 +76,7 @@ def test_ctrl_c_stops_the_demo_with_130_and_a_consistent_ledger(tmp_path: Path, 
     work = tmp_path / "demo"
     demo = ["demo", "--workdir", str(work), "--steps", "400", "--crash-at", "390", "--change-at", "2"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", *demo],
+        [sys.executable, "-m", "runledger.cli.main", *demo],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

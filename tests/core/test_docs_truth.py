@@ -1,5 +1,5 @@
 """Issue 16: the docs promise only what the code does. The dead-letter reason codes the docs list are
-the codes the ledger can give (``ledger.store.QUARANTINE_REASONS``), and every
+the codes the ledger can give (``runledger.ledger.store.QUARANTINE_REASONS``), and every
 `ledger ...` command line in the README and docs names a command, and options, that the CLI has."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import typer
 from typer.core import TyperGroup
 
-from cli.main import app
-from ledger.store import QUARANTINE_REASONS
+from runledger.cli.main import app
+from runledger.ledger.store import QUARANTINE_REASONS
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]  # guides, notes/ and reference/

@@ -1,4 +1,4 @@
-"""ledger.duck: DuckDB never reaches for the network, and only DuckDB-signed extensions load."""
+"""runledger.ledger.duck: DuckDB never reaches for the network, and only DuckDB-signed extensions load."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from ledger import duck
+from runledger.ledger import duck
 
 EXTENSIONS = ["httpfs", "ducklake", "postgres_scanner", "sqlite_scanner"]
 

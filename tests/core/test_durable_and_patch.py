@@ -1,4 +1,4 @@
-"""The shared helpers: durable whole-file writes (schemas.durable) and config patches."""
+"""The shared helpers: durable whole-file writes (runledger.schemas.durable) and config patches."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from ledger.projectors import PROJECTORS
-from schemas import CATALOGUE
-from schemas.config_patch import ConfigPatchError, apply_config_patch
-from schemas.durable import fsync_dir, write_durably
-from schemas.payloads import PatchOp
+from runledger.ledger.projectors import PROJECTORS
+from runledger.schemas import CATALOGUE
+from runledger.schemas.config_patch import ConfigPatchError, apply_config_patch
+from runledger.schemas.durable import fsync_dir, write_durably
+from runledger.schemas.payloads import PatchOp
 
 # --------------------------------------------------------------------------- write_durably
 

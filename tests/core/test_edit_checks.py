@@ -2,7 +2,7 @@
 value of the wrong type (named with the key's type), an edit that leaves the config invalid.
 
 Each refusal is one line, exit 2, and the watched file is left byte for byte; the trainer's own
-loader (``trainer.config.load_config``, what the live run reads the file with) refuses the same
+loader (``runledger.trainer.config.load_config``, what the live run reads the file with) refuses the same
 edit written straight into a copy of the file, so the command says before the edit what the run
 would say after it.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from trainer.config import DEMO_CONFIG, ConfigError, MoeConfig, load_config
+from runledger.cli.main import app
+from runledger.trainer.config import DEMO_CONFIG, ConfigError, MoeConfig, load_config
 
 runner = CliRunner()
 

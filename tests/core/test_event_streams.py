@@ -60,7 +60,10 @@ from typing import Any
 import pytest
 
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "streams"
-PACKAGES = ("runledger", "trainer", "ingest", "schemas", "ledger", "cli")
+PACKAGES = (
+    "runledger",
+    *(f"runledger.{folder}" for folder in ("trainer", "ingest", "schemas", "ledger", "cli")),
+)
 MASK = "<masked>"  # a value that varies between runs; a None stays None, so its presence still counts
 
 # Launcher, cluster and signing variables: left over in a shell or CI, they would change the streams.
@@ -119,7 +122,7 @@ class WireSink:
         self.raw: list[bytes] = []
 
     def emit(self, envelope: Any) -> None:
-        from schemas import encode_event
+        from runledger.schemas import encode_event
 
         self.raw.append(encode_event(envelope))
 
@@ -131,7 +134,7 @@ class WireSink:
 
 
 def _read_spool(directory: Path) -> list[bytes]:
-    from ingest.spool import SpoolReader
+    from runledger.ingest.spool import SpoolReader
 
     out = []
     for record in SpoolReader(directory).read():
@@ -142,7 +145,7 @@ def _read_spool(directory: Path) -> list[bytes]:
 
 def _valid(raw: list[bytes]) -> list[bytes]:
     """Every event must also decode (with this checkout's catalogue) as a valid event."""
-    from schemas import Event, decode_event
+    from runledger.schemas import Event, decode_event
 
     for i, one in enumerate(raw):
         event = decode_event(one)
@@ -322,7 +325,7 @@ def _last_line(text: str) -> str:
 
 # --- scenarios: the trainer ------------------------------------------------------------------------
 
-# trainer.config.TINY_CPU with the trainer tests' warm-up, written out: the smallest MoE that still
+# runledger.trainer.config.TINY_CPU with the trainer tests' warm-up, written out: the smallest MoE that still
 # routes like the real one. Checkpoints go to a relative folder, so the config (and its hash) does not
 # name the scenario's temp folder.
 TINY = (
@@ -345,13 +348,13 @@ TINY = (
 
 
 def _tiny(run_id: str, *extra: str) -> Any:
-    from trainer.config import load_config
+    from runledger.trainer.config import load_config
 
     return load_config(None, [*TINY, f"run.run_id={run_id}", *extra])
 
 
 def _tiny_file(name: str, run_id: str, *extra: str) -> Path:
-    from trainer.config import write_config
+    from runledger.trainer.config import write_config
 
     path = Path(name)  # relative: the change's cause names the file as given
     write_config(path, _tiny(run_id, *extra))
@@ -361,7 +364,7 @@ def _tiny_file(name: str, run_id: str, *extra: str) -> Path:
 def trainer_fresh(work: Path) -> tuple[list[bytes], Canon]:
     """A fresh run that completes: launch, per-step metrics and router stats, rank stats, interval and
     final checkpoints, the finish."""
-    from trainer.loop import train
+    from runledger.trainer.loop import train
 
     sink = WireSink()
     cfg = _tiny("fresh", "run.steps=7", "checkpoint.interval=3", "checkpoint.final=true")
@@ -373,7 +376,7 @@ def trainer_fresh(work: Path) -> tuple[list[bytes], Canon]:
 def trainer_live_config(work: Path) -> tuple[list[bytes], Canon]:
     """Live edits of the watched file: an accepted change (no author), a refused one (a pinned key,
     refused once), a later accepted one with an author; the run goes on at log interval 2."""
-    from trainer.loop import chain, schedule_config_change, train
+    from runledger.trainer.loop import chain, schedule_config_change, train
 
     sink = WireSink()
     path = _tiny_file("train.toml", "live", "run.steps=8", "schedule.decay='constant'")
@@ -390,8 +393,8 @@ def trainer_live_config(work: Path) -> tuple[list[bytes], Canon]:
 def trainer_crash_resume(work: Path) -> tuple[list[bytes], Canon]:
     """The demo's story: a live capacity-factor change, an injected crash, a refused fresh relaunch
     (no events), the resume from the last checkpoint as attempt 2, which completes."""
-    from trainer.config import edit_config_file
-    from trainer.loop import RunExistsError, train
+    from runledger.trainer.config import edit_config_file
+    from runledger.trainer.loop import RunExistsError, train
 
     sink = WireSink()
     path = _tiny_file(
@@ -427,7 +430,7 @@ def trainer_failures(work: Path) -> tuple[list[bytes], Canon]:
     import signal
     import threading
 
-    from trainer.loop import train
+    from runledger.trainer.loop import train
 
     sink = WireSink()
     runs = [
@@ -465,7 +468,7 @@ def demo_cli(work: Path) -> tuple[list[bytes], Canon]:
     """``ledger demo`` as a user runs it, shortened: its spool (signed, chained events) after the run."""
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from runledger.cli.main import app
 
     folder = work / "demo"
     args = ["demo", "--workdir", str(folder), "--steps", "12", "--crash-at", "8", "--change-at", "4"]
@@ -520,7 +523,7 @@ def client_direct(work: Path) -> tuple[list[bytes], Canon]:
     import numpy as np
 
     import runledger
-    from schemas.payloads import ChangeCause
+    from runledger.schemas.payloads import ChangeCause
 
     sink = WireSink()
     state = work / "state"
@@ -595,7 +598,7 @@ def simulator_cli(work: Path) -> tuple[list[bytes], Canon]:
     resumes, config changes, checkpoints and the repository's GitHub events."""
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from runledger.cli.main import app
 
     args = [
         "simulate",

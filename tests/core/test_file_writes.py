@@ -1,4 +1,4 @@
-"""``ledger.file_writes.write_all``: a commit's files written two at a time, its failure raised only
+"""``runledger.ledger.file_writes.write_all``: a commit's files written two at a time, its failure raised only
 once every write has stopped (the caller then removes every file: none may still be appearing)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ledger.file_writes import write_all
+from runledger.ledger.file_writes import write_all
 
 
 def test_every_write_runs_and_the_first_failure_is_raised_after_all_have_stopped() -> None:

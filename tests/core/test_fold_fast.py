@@ -10,10 +10,10 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.history import HistoryItem, history_range, summarise_history
-from ledger.query import Reader
-from ledger.store import Ledger, SourceRecord
+from runledger.cli.main import app
+from runledger.ledger.history import HistoryItem, history_range, summarise_history
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger, SourceRecord
 from tests.support.factory import RunBuilder
 
 STEPS = 240

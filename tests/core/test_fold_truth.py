@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ingest.github_events import webhook_events
-from ledger import registry
-from ledger.integrity import verify_ledger
-from ledger.store import Ledger, SourceRecord
-from schemas import Envelope, encode_event, make_event
-from schemas import payloads as p
-from schemas.canonical import config_hash
-from schemas.note import write_keypair
-from schemas.signing import Sealer
+from runledger.cli.main import app
+from runledger.ingest.github_events import webhook_events
+from runledger.ledger import registry
+from runledger.ledger.integrity import verify_ledger
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas import Envelope, encode_event, make_event
+from runledger.schemas import payloads as p
+from runledger.schemas.canonical import config_hash
+from runledger.schemas.note import write_keypair
+from runledger.schemas.signing import Sealer
 from tests.support.github import fixture_json
 
 RUN = "r"

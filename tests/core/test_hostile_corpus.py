@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
-from ledger.live_page import create_app as create_page_app
-from ledger.live_page import page_server
+from runledger.ledger.live_page import create_app as create_page_app
+from runledger.ledger.live_page import page_server
 from tests.client.conftest import LAUNCH_VARS
 from tests.github.test_webhook_doors import body_of, headers_for, receiver, serving
 from tests.support.factory import RunBuilder
@@ -301,7 +301,7 @@ def page_serving(ledger: Path) -> Iterator[int]:
 
 
 def _small_ledger(path: Path) -> None:
-    from ledger.store import Ledger, SourceRecord
+    from runledger.ledger.store import Ledger, SourceRecord
 
     run = RunBuilder(run_id="corpus-r", config={"lr": 0.001})
     run.start()
@@ -399,8 +399,8 @@ def test_a_child_forked_after_init_neither_corrupts_the_spool_nor_finishes_the_r
 
 
 def spool_envelopes(spool: Path) -> list[Any]:
-    from ingest.spool import SpoolReader
-    from schemas import Event, decode_event
+    from runledger.ingest.spool import SpoolReader
+    from runledger.schemas import Event, decode_event
 
     envelopes = []
     for record in SpoolReader(spool).read():

@@ -11,14 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingest.spool import SpoolWriter
-from ingest.spool_ingester import ingest_spool
-from ledger.query import Reader
-from ledger.store import Ledger, SourceRecord
-from schemas import canonical_bytes, config_hash, encode_event, make_event
-from schemas import payloads as p
-from schemas.canonical import canonicalize_json
-from schemas.codec import MAX_DEPTH, Event, Quarantined, decode_event, nesting_depth, too_deep
+from runledger.ingest.spool import SpoolWriter
+from runledger.ingest.spool_ingester import ingest_spool
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas import canonical_bytes, config_hash, encode_event, make_event
+from runledger.schemas import payloads as p
+from runledger.schemas.canonical import canonicalize_json
+from runledger.schemas.codec import MAX_DEPTH, Event, Quarantined, decode_event, nesting_depth, too_deep
 from tests.support.hostile import ACCEPT, T0, Hostile, corpus, valid_events
 
 CORPUS = corpus()
@@ -167,7 +167,7 @@ def test_an_unstorable_event_among_good_ones_of_the_same_table(
     group's rows are made Arrow in chunks as they come): the commit goes round again and quarantines
     exactly the culprits, the events sharing their table and partition land."""
     if chunk_rows is not None:
-        monkeypatch.setattr("ledger.projectors.CHUNK_ROWS", chunk_rows)
+        monkeypatch.setattr("runledger.ledger.projectors.CHUNK_ROWS", chunk_rows)
 
     def stats(step: int, tokens: int) -> bytes:
         layer = p.MoeLayerStats(layer=0, tokens=tokens, top_k=1, dropped=0, token_drop_rate=0.0)

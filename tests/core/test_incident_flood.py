@@ -21,18 +21,18 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ingest.bus import SpoolSink
-from ingest.spool_ingester import ingest_spool
-from ledger.fold import SOURCES_APART, STATE_TYPES
-from ledger.history import history_counts
-from ledger.live_page import RunFeed, _config_before
-from ledger.query import Reader
-from ledger.store import Ledger
-from ledger.views import incident_range_facts, incident_ranges_query
-from schemas import Envelope, config_hash, make_event
-from schemas.launch import Provenance, launch_event, launch_fields
-from schemas.payloads import RankStats, StepMetrics
+from runledger.cli.main import app
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.spool_ingester import ingest_spool
+from runledger.ledger.fold import SOURCES_APART, STATE_TYPES
+from runledger.ledger.history import history_counts
+from runledger.ledger.live_page import RunFeed, _config_before
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger
+from runledger.ledger.views import incident_range_facts, incident_ranges_query
+from runledger.schemas import Envelope, config_hash, make_event
+from runledger.schemas.launch import Provenance, launch_event, launch_fields
+from runledger.schemas.payloads import RankStats, StepMetrics
 
 RUN = "flood"
 MAIN = f"trainer/{RUN}/a1/rank0"

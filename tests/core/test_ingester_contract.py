@@ -1,7 +1,7 @@
 """One contract, every ingester: the same tests run against the spool ingester (``ingest_spool``),
 the Kafka consumer-group ingester (``run_ingester``) and the Kafka replay (``replay``), the way
 eventsourcing runs one abstract test case against every backend (and ``tests/kafka/
-test_sink_contract.py`` runs one against every event sink). All three run ``ingest.ingester``'s loop:
+test_sink_contract.py`` runs one against every event sink). All three run ``runledger.ingest.ingester``'s loop:
 read a batch, commit it with its source positions in the same ledger commit, count, repeat.
 
 The contract, on a small source (two runs' events, an exact copy of one of them, and hostile records
@@ -34,12 +34,12 @@ from typing import Any
 
 import pytest
 
-from ingest.ingester import IngestStats
-from ingest.spool import SpoolReader, SpoolWriter
-from ingest.spool_ingester import ingest_spool
-from ledger.query import Reader
-from ledger.store import CommitResult, Ledger
-from schemas import encode_event
+from runledger.ingest.ingester import IngestStats
+from runledger.ingest.spool import SpoolReader, SpoolWriter
+from runledger.ingest.spool_ingester import ingest_spool
+from runledger.ledger.query import Reader
+from runledger.ledger.store import CommitResult, Ledger
+from runledger.schemas import encode_event
 from tests.support.kafka import broker_fixture, unique_topic_name
 from tests.support.kafka_clients import workload
 
@@ -128,7 +128,7 @@ class KafkaGroupBackend(KafkaBackend):
     name = "kafka-group"
 
     def ingest(self, ledger: Path) -> IngestStats:
-        from ingest.kafka_ingester import run_ingester
+        from runledger.ingest.kafka_ingester import run_ingester
 
         self.runs += 1  # a new group each run: nothing to resume from but the ledger's positions
         return run_ingester(
@@ -146,7 +146,7 @@ class KafkaReplayBackend(KafkaBackend):
     name = "kafka-replay"
 
     def ingest(self, ledger: Path) -> IngestStats:
-        from ingest.kafka_replay import replay
+        from runledger.ingest.kafka_replay import replay
 
         return replay(self.bootstrap, ledger, [self.topic], batch_max=BATCH)
 

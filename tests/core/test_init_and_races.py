@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ingest.spool import SpoolWriter
-from ledger.query import Reader
-from ledger.store import Ledger
+from runledger.cli.main import app
+from runledger.ingest.spool import SpoolWriter
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger
 from tests.support.factory import RunBuilder
 
 runner = CliRunner()
@@ -41,7 +41,15 @@ def test_three_ingesters_create_one_new_ledger_together(tmp_path: Path) -> None:
     events = _spool(tmp_path / "spool")
     # Whole processes, started together (a fork of this process would inherit its DuckDB state: a
     # child that garbage-collects a parent's connection crashes).
-    command = [sys.executable, "-m", "cli.main", "ingest", "spool", "--spool", str(tmp_path / "spool")]
+    command = [
+        sys.executable,
+        "-m",
+        "runledger.cli.main",
+        "ingest",
+        "spool",
+        "--spool",
+        str(tmp_path / "spool"),
+    ]
     for round_ in range(ROUNDS):
         ledger = tmp_path / f"ledger-{round_}"
         procs = [

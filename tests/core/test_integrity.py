@@ -12,20 +12,20 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.store import Ledger, SourceRecord
+from runledger.cli.main import app
+from runledger.ledger.store import Ledger, SourceRecord
 from tests.support.factory import RunBuilder
 
 
 def run_verifier(
     kind: str, proof: Path, checkpoint: Path, public_key: Path
 ) -> subprocess.CompletedProcess[str]:
-    """The stand-alone verifier as an auditor runs it: ``python -m ledger.verifier``."""
+    """The stand-alone verifier as an auditor runs it: ``python -m runledger.ledger.verifier``."""
     return subprocess.run(
         [
             sys.executable,
             "-m",
-            "ledger.verifier",
+            "runledger.ledger.verifier",
             kind,
             "--proof",
             str(proof),
@@ -157,7 +157,7 @@ def test_edited_metric_value_is_named_when_compared_in_passes(
 ) -> None:
     """A big table is compared a stream_seq bucket at a time (bounded memory): every bucket is
     compared, so an edited row is named whichever bucket it is in, and nothing else is."""
-    from ledger import integrity
+    from runledger.ledger import integrity
 
     monkeypatch.setattr(integrity, "_ROWS_PER_PASS", rows_per_pass)
     assert _verify(signed)[0] == 0

@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from ingest.spool import SpoolWriter
-from ledger.query import Reader
+from runledger.ingest.spool import SpoolWriter
+from runledger.ledger.query import Reader
 from tests.support.factory import RunBuilder
 
 
@@ -27,7 +27,7 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(tmp_path: Path) -
     cmd = [
         sys.executable,
         "-m",
-        "cli.main",
+        "runledger.cli.main",
         "ingest",
         "spool",
         "--spool",

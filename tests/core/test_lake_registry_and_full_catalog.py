@@ -9,11 +9,11 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from cli.output import disk_full
-from ledger import registry
-from ledger.store import Ledger
-from schemas.note import generate_keypair
-from schemas.payloads import PolicyChanged, ProducerScope
+from runledger.cli.output import disk_full
+from runledger.ledger import registry
+from runledger.ledger.store import Ledger
+from runledger.schemas.note import generate_keypair
+from runledger.schemas.payloads import PolicyChanged, ProducerScope
 
 
 def test_the_registry_of_a_lake_is_read_back_in_log_order(tmp_path: Path) -> None:

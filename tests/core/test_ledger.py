@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ingest.spool import SpoolWriter
-from ingest.spool_ingester import ingest_spool
-from ledger.query import QueryError, Reader
-from ledger.store import Ledger, SourceRecord
+from runledger.ingest.spool import SpoolWriter
+from runledger.ingest.spool_ingester import ingest_spool
+from runledger.ledger.query import QueryError, Reader
+from runledger.ledger.store import Ledger, SourceRecord
 from tests.support.factory import RunBuilder
 
 
@@ -276,7 +276,7 @@ def test_rows_made_arrow_in_chunks_store_what_one_conversion_stores(
     rows, every table holds the same rows in the same order as with one conversion at the commit."""
     raws = _story().events
     Ledger.create(tmp_path / "whole").commit(_records(raws))
-    monkeypatch.setattr("ledger.projectors.CHUNK_ROWS", 3)
+    monkeypatch.setattr("runledger.ledger.projectors.CHUNK_ROWS", 3)
     result = Ledger.create(tmp_path / "chunked").commit(_records(raws))
     assert result.accepted == len(raws) and result.metric_values == 35 * 4  # loss, lr, tokens, aux
     whole, chunked = _commit_files(tmp_path / "whole"), _commit_files(tmp_path / "chunked")

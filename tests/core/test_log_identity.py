@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ledger.integrity import checkpoint_path, sign_checkpoints, verify_ledger
-from ledger.store import Ledger, LedgerError, SourceRecord
-from schemas.note import write_keypair
+from runledger.ledger.integrity import checkpoint_path, sign_checkpoints, verify_ledger
+from runledger.ledger.store import Ledger, LedgerError, SourceRecord
+from runledger.schemas.note import write_keypair
 from tests.support.factory import RunBuilder
 
 

@@ -1,5 +1,5 @@
 """Producer identity (signed envelopes, a registry kept in the log) and order (seq + hash chain) at
-ingest: ``ledger.admission``, with real keys, a real spool and a real ledger."""
+ingest: ``runledger.ledger.admission``, with real keys, a real spool and a real ledger."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ingest.bus import SpoolSink
-from ingest.spool_ingester import ingest_spool
-from ledger import admission, registry
-from ledger.query import Reader
-from ledger.store import Ledger, SourceRecord
-from ledger.verifier import verify_producer_signature
-from schemas import Envelope, Event, decode_event, encode_event, make_event
-from schemas.payloads import (
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.spool_ingester import ingest_spool
+from runledger.ledger import admission, registry
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.ledger.verifier import verify_producer_signature
+from runledger.schemas import Envelope, Event, decode_event, encode_event, make_event
+from runledger.schemas.payloads import (
     Annotation,
     PolicyChanged,
     ProducerRevoked,
@@ -27,9 +27,9 @@ from schemas.payloads import (
     ProducerScope,
     StepMetrics,
 )
-from schemas.signing import GENESIS, Sealer
+from runledger.schemas.signing import GENESIS, Sealer
+from runledger.trainer.telemetry import Emitter
 from tests.support.producers import SOURCE, Keys, commit, metric
-from trainer.telemetry import Emitter
 
 
 def stored(root: Path) -> list[dict]:
@@ -217,9 +217,9 @@ def test_a_retried_emit_keeps_its_place_in_the_chain(trainer_keys: Keys) -> None
 def test_the_trainers_sink_signs_with_the_key_named_by_the_environment(
     tmp_path: Path, trainer_keys: Keys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ingest.spool import SpoolReader
-    from schemas.signing import PRODUCER_KEY_ENV
-    from trainer.telemetry import open_rank_sink
+    from runledger.ingest.spool import SpoolReader
+    from runledger.schemas.signing import PRODUCER_KEY_ENV
+    from runledger.trainer.telemetry import open_rank_sink
 
     key_file = tmp_path / "producer.key"
     key_file.write_text(trainer_keys.private)
@@ -259,7 +259,7 @@ def test_rotation_refuses_the_old_key_and_admits_the_new_one_with_the_same_scope
 def test_the_producers_commands_write_the_registry_into_the_log(tmp_path: Path, trainer_keys: Keys) -> None:
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from runledger.cli.main import app
 
     def invoke(*args: str | Path) -> tuple[int, str]:
         result = CliRunner().invoke(app, [str(a) for a in args])

@@ -17,19 +17,19 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger import admission, registry
-from ledger.integrity import Problem, verify_ledger
-from ledger.query import Reader
-from ledger.store import Ledger, SourceRecord
-from schemas import Envelope, encode_event, make_event
-from schemas.payloads import (
+from runledger.cli.main import app
+from runledger.ledger import admission, registry
+from runledger.ledger.integrity import Problem, verify_ledger
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas import Envelope, encode_event, make_event
+from runledger.schemas.payloads import (
     Annotation,
     PolicyChanged,
     ProducerRevoked,
     ProducerScope,
 )
-from schemas.signing import GENESIS
+from runledger.schemas.signing import GENESIS
 from tests.support.producers import SOURCE, Keys, commit, metric
 
 
@@ -257,8 +257,8 @@ def test_chain_heads_are_kept_with_the_commit_record_and_read_on_open(
 _CRASH = """
 import os, sys
 from pathlib import Path
-from ledger.lake import LakeTables
-from ledger.store import Ledger, SourceRecord
+from runledger.ledger.lake import LakeTables
+from runledger.ledger.store import Ledger, SourceRecord
 
 root, feed, when = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 raws = [line.encode() for line in Path(sys.argv[4]).read_text().splitlines()]

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ingest.wandb_mirror import offline_environment
+from runledger.cli.main import app
+from runledger.ingest.wandb_mirror import offline_environment
 
 if TYPE_CHECKING:  # imported by pytest_plugins first, so that pytest rewrites its asserts
     from tests.support.small_fs import SmallFs

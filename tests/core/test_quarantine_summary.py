@@ -12,13 +12,13 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from cli.main import app
-from cli.quarantine_summary import QuarantineTally, summary_lines
-from ingest.bus import SpoolSink
-from ledger.store import CommitResult, SourceRecord
-from schemas import Envelope, make_event
-from schemas.codec import Quarantined
-from schemas.payloads import StepMetrics
+from runledger.cli.main import app
+from runledger.cli.quarantine_summary import QuarantineTally, summary_lines
+from runledger.ingest.bus import SpoolSink
+from runledger.ledger.store import CommitResult, SourceRecord
+from runledger.schemas import Envelope, make_event
+from runledger.schemas.codec import Quarantined
+from runledger.schemas.payloads import StepMetrics
 
 ENV = {"RUNLEDGER_PROGRESS_S": "off", "COLUMNS": "400"}
 

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import Event, Quarantined, canonical_bytes, decode_event, encode_event, make_event
-from schemas import payloads as p
-from schemas.codec import export_json_schemas
+from runledger.schemas import Event, Quarantined, canonical_bytes, decode_event, encode_event, make_event
+from runledger.schemas import payloads as p
+from runledger.schemas.codec import export_json_schemas
 from tests.support.factory import RunBuilder
 
 

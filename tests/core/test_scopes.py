@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ingest.bus import SpoolSink
-from ledger.admission import scope_matches
-from ledger.query import Reader
-from ledger.registry import register_producer
-from ledger.store import Ledger
-from schemas import Envelope, make_event
-from schemas.payloads import Annotation, StepMetrics, run_scope
+from runledger.cli.main import app
+from runledger.ingest.bus import SpoolSink
+from runledger.ledger.admission import scope_matches
+from runledger.ledger.query import Reader
+from runledger.ledger.registry import register_producer
+from runledger.ledger.store import Ledger
+from runledger.schemas import Envelope, make_event
+from runledger.schemas.payloads import Annotation, StepMetrics, run_scope
 from tests.support.producers import Keys
 
 

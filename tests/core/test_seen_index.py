@@ -1,4 +1,4 @@
-"""The writer's dedupe index on disk (ledger.seen_index): it answers like the commit log it is
+"""The writer's dedupe index on disk (runledger.ledger.seen_index): it answers like the commit log it is
 derived from, whatever happened to its file, and its size does not follow the writer's memory."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ledger.seen_index import INDEX_DIR, INDEX_FILE, SeenIndex, record_key, seen_key
-from ledger.store import Ledger, SourceRecord
-from schemas.codec import CONFLICT
+from runledger.ledger.seen_index import INDEX_DIR, INDEX_FILE, SeenIndex, record_key, seen_key
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas.codec import CONFLICT
 from tests.support.factory import RunBuilder
 
 
@@ -98,7 +98,7 @@ def test_a_lost_or_wrong_index_is_rebuilt_from_the_commit_log(
         shutil.copytree(backup, root)
         shutil.copy(tmp_path / "newer.sqlite", path)
     known = raws[:20] if damage == "ahead of the log" else raws
-    with caplog.at_level(logging.WARNING, logger="ledger.seen_index"):
+    with caplog.at_level(logging.WARNING, logger="runledger.ledger.seen_index"):
         _assert_all_known(root, known)
     if damage != "deleted":
         assert "rebuilding it from the commit log" in caplog.text
@@ -194,7 +194,7 @@ def test_a_new_ledgers_first_batch_is_not_glanced_at_yet_its_repeats_are_found(
 ) -> None:
     """An empty index holds no key: the first batch skips fetching them (``record_key`` on every
     record), and still drops a repeat inside it and refuses a forged copy; the next batch asks."""
-    import ledger.store as store
+    import runledger.ledger.store as store
 
     glanced: list[bytes] = []
 

@@ -21,20 +21,20 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.query import Reader
 from runledger import signals
+from runledger.cli.main import app
+from runledger.ledger.query import Reader
+from runledger.trainer.loop import train
+from runledger.trainer.telemetry import StepReport
 from tests.support.sinks import ListSink
 from tests.support.trainer import tiny_config
-from trainer.loop import train
-from trainer.telemetry import StepReport
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 240.0  # the longest wait for a phase, or for the exit after the signal (a loaded machine)
 
 
 class Command:
-    """A real ``ledger`` process (``python -m cli.main``) whose output lines are read as they come."""
+    """A real ``ledger`` process (``python -m runledger.cli.main``) whose output lines are read as they come."""
 
     def __init__(self, args: list[str], cwd: Path, *, ignore_sigint: bool = False, **env: str) -> None:
         self.lines: queue.Queue[str] = queue.Queue()
@@ -102,7 +102,7 @@ class Command:
 
 def demo_args(work: Path, *, steps: int, crash_at: int) -> list[str]:
     run = ["--steps", str(steps), "--crash-at", str(crash_at), "--change-at", "2"]
-    return ["-m", "cli.main", "demo", "--workdir", str(work), *run]
+    return ["-m", "runledger.cli.main", "demo", "--workdir", str(work), *run]
 
 
 def assert_verifies(ledger: Path, *extra: str) -> None:
@@ -120,7 +120,9 @@ def test_a_sigint_while_the_command_imports_ends_it_with_130_even_when_inherited
         ["-X", "importtime", *demo_args(work, steps=400, crash_at=390)], tmp_path, ignore_sigint=True
     )
     # -X importtime prints a module's line once it is imported: the policy is in, the rest loads.
-    command.wait_for_line(lambda line: line.rstrip().endswith("| cli.startup"), "cli.startup imported")
+    command.wait_for_line(
+        lambda line: line.rstrip().endswith("| runledger.cli.startup"), "runledger.cli.startup imported"
+    )
     assert command.stop(signal.SIGINT) == 130, command.text()
     err = "".join(line for line in command.err if not line.startswith("import time:"))
     assert "interrupted by SIGINT" in err and "Traceback" not in err, err
@@ -194,7 +196,7 @@ def assert_ingest_spool_stops_between_commits(tmp_path: Path, spool: Path) -> No
     """``ledger ingest spool``, one commit per event, Ctrl-C at its first progress line: 130, the
     ledger holds whole commits and verifies, and a rerun folds exactly the rest."""
     ledger = tmp_path / "again"
-    args = ["-m", "cli.main", "ingest", "spool", "--spool", str(spool), "--ledger", str(ledger)]
+    args = ["-m", "runledger.cli.main", "ingest", "spool", "--spool", str(spool), "--ledger", str(ledger)]
     command = Command([*args, "--batch-size", "1"], tmp_path, RUNLEDGER_PROGRESS_S="0")
     command.wait_for_line(lambda line: line.startswith("ingest spool:"), "a progress line")
     assert command.stop(signal.SIGINT) == 130, command.text()

@@ -19,8 +19,8 @@ import pytest
 from kafka.admin import KafkaAdminClient, NewTopic
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.query import Reader
+from runledger.cli.main import app
+from runledger.ledger.query import Reader
 from runledger.workflows import simulate as sim
 from tests.support.kafka import broker_fixture
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ingest.spool import SpoolLockedError, SpoolReader, SpoolWriter
+from runledger.ingest.spool import SpoolLockedError, SpoolReader, SpoolWriter
 
 
 def test_append_and_read_back_across_segments(tmp_path: Path) -> None:
@@ -67,7 +67,7 @@ def test_incomplete_tail_while_writer_lives_is_not_damage(tmp_path: Path) -> Non
 def test_sigkill_loses_nothing_that_was_synced(tmp_path: Path) -> None:
     script = (
         "import sys, os, signal\n"
-        "from ingest.spool import SpoolWriter\n"
+        "from runledger.ingest.spool import SpoolWriter\n"
         f"w = SpoolWriter({str(tmp_path)!r})\n"
         "for i in range(5000):\n"
         "    w.append(b'x' * 100)\n"

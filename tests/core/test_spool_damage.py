@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import ingest.spool as spool_module
-from cli.main import app
-from ingest.spool import HIGH_WATER_FILE, SpoolLockedError, SpoolReader, SpoolWriter, _encode
+import runledger.ingest.spool as spool_module
+from runledger.cli.main import app
+from runledger.ingest.spool import HIGH_WATER_FILE, SpoolLockedError, SpoolReader, SpoolWriter, _encode
 from tests.support.factory import RunBuilder
 
 runner = CliRunner()
@@ -219,7 +219,7 @@ def test_a_torn_last_record_after_kill_9_loses_nothing_whole(tmp_path: Path) -> 
     events = _events(40)
     script = (
         "import os, signal, sys\n"
-        "from ingest.spool import SpoolWriter, _encode\n"
+        "from runledger.ingest.spool import SpoolWriter, _encode\n"
         f"w = SpoolWriter({str(spool)!r}, fsync_interval_s=3600)\n"
         "for line in sys.stdin.read().split():\n"
         "    w.append(bytes.fromhex(line))\n"
@@ -251,7 +251,7 @@ def test_two_writers_never_share_a_position(tmp_path: Path) -> None:
     spool, ledger = tmp_path / "spool", tmp_path / "ledger"
     events = _events(30)
     script = (
-        "from ingest.spool import SpoolLockedError, SpoolWriter\n"
+        "from runledger.ingest.spool import SpoolLockedError, SpoolWriter\n"
         "try:\n"
         f"    SpoolWriter({str(spool)!r})\n"
         "except SpoolLockedError as exc:\n"

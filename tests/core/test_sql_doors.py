@@ -9,7 +9,7 @@ run (the views, the README's examples) still answer.
 
 Every spelling DuckDB accepts of the functions that act or open files with their own I/O (comments
 between a name and its parenthesis, quotes, schema qualification, case, nesting, strings built into
-SQL) is refused by name, on a published copy's folder of part files (fetched by ``ledger.remote``
+SQL) is refused by name, on a published copy's folder of part files (fetched by ``runledger.ledger.remote``
 from a 127.0.0.1 server) and on a ledger on DuckLake (whose statements' connection loads no
 scanner), through ``Reader.sql``, ``ledger query`` and ``RemoteCopy.sql``. A
 statement runs under limits: stopped by ``--timeout``, ``--memory-limit`` or ``--spill-limit`` in
@@ -32,13 +32,13 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from cli.shell_cmd import init_sql
-from ledger.lake import Catalog, LakeFolder, connect_data
-from ledger.query import SPILL_AREA, QueryError, Reader
-from ledger.remote import RemoteCopy, fetch_copy
-from ledger.sql_guard import QueryLimits, read_only_statement, remove_dead_spills
-from ledger.store import Ledger, SourceRecord
+from runledger.cli.main import app
+from runledger.cli.shell_cmd import init_sql
+from runledger.ledger.lake import Catalog, LakeFolder, connect_data
+from runledger.ledger.query import SPILL_AREA, QueryError, Reader
+from runledger.ledger.remote import RemoteCopy, fetch_copy
+from runledger.ledger.sql_guard import QueryLimits, read_only_statement, remove_dead_spills
+from runledger.ledger.store import Ledger, SourceRecord
 from tests.support.factory import RunBuilder
 
 runner = CliRunner()
@@ -704,7 +704,7 @@ def test_the_duckdb_shell_init_file_sets_the_limits_before_its_lock(
 def test_a_statement_seen_before_is_not_parsed_again(reader: Reader) -> None:
     """The folds ask the same statements again and again: DuckDB's parse tree of a text checked
     before is reused (the cost of each is measured by bench/bench_query_lock.py)."""
-    from ledger.sql_guard import _serialized_text
+    from runledger.ledger.sql_guard import _serialized_text
 
     text = "SELECT count(*) FROM metrics WHERE step > 3 -- asked twice"
     assert read_only_statement(reader.con, text) == text

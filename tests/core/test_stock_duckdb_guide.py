@@ -16,7 +16,7 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from runledger.cli.main import app
 from tests.engines.ledger_site import Site, build_site
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "stock_duckdb.md"

@@ -1,6 +1,6 @@
 """A producer without a key keeps no hash chain, but still numbers its events one by one (``seq``): a
 stretch of them that never reaches the ledger is a ``gap`` incident, as for a chained source
-(``ledger.admission``), counted and shown by ``ledger state`` and ``ledger history``.
+(``runledger.ledger.admission``), counted and shown by ``ledger state`` and ``ledger history``.
 
 * Through the spool: a keyless trainer source whose events 10..14 never reached the bus (a producer
   that died in a bus outage with them in hand: nothing reported them) is ingested with the real
@@ -25,14 +25,14 @@ import pytest
 from typer.testing import CliRunner
 
 import runledger
-from cli.main import app
-from ingest.bus import SpoolSink
-from ingest.spool_ingester import ingest_spool
-from ledger import admission
-from ledger.store import Ledger
-from schemas import Envelope, config_hash, make_event
-from schemas.launch import Provenance, launch_event, launch_fields
-from schemas.payloads import Annotation, BusPositionsMissing, StepMetrics
+from runledger.cli.main import app
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.spool_ingester import ingest_spool
+from runledger.ledger import admission
+from runledger.ledger.store import Ledger
+from runledger.schemas import Envelope, config_hash, make_event
+from runledger.schemas.launch import Provenance, launch_event, launch_fields
+from runledger.schemas.payloads import Annotation, BusPositionsMissing, StepMetrics
 
 if TYPE_CHECKING:  # imported by pytest_plugins first, so that pytest rewrites its asserts
     from tests.support.small_fs import SmallFs

@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.integrity import SPILL_PREFIX, sign_checkpoints
-from ledger.log_checkpoint import note_signers
-from ledger.registry import register_producer
-from ledger.store import Ledger, SourceRecord
-from schemas.note import write_keypair
-from schemas.payloads import ProducerScope
+from runledger.cli.main import app
+from runledger.ledger.integrity import SPILL_PREFIX, sign_checkpoints
+from runledger.ledger.log_checkpoint import note_signers
+from runledger.ledger.registry import register_producer
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas.note import write_keypair
+from runledger.schemas.payloads import ProducerScope
 from tests.support.factory import RunBuilder
 
 runner = CliRunner()
@@ -145,7 +145,7 @@ def test_a_killed_verify_leaves_no_scratch_folder(tmp_path: Path, monkeypatch: p
     # A process of its own whose temp folder is ``scratch`` (a fork of this one would inherit its
     # DuckDB state: a child that garbage-collects a parent's connection crashes).
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "verify", "--ledger", str(ledger)],
+        [sys.executable, "-m", "runledger.cli.main", "verify", "--ledger", str(ledger)],
         env={**os.environ, "TMPDIR": str(scratch)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -166,7 +166,7 @@ def test_a_killed_verify_leaves_no_scratch_folder(tmp_path: Path, monkeypatch: p
 def test_a_running_verifys_scratch_folder_is_left_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ledger.integrity import sweep_dead_spills
+    from runledger.ledger.integrity import sweep_dead_spills
 
     live = tmp_path / f"{SPILL_PREFIX}{os.getppid()}-abc"  # a live process's (pytest's parent)
     live.mkdir()

@@ -4,7 +4,7 @@ Hypothesis builds mixed ledgers: a random interleaving of all 21 event types of 
 at least once: trainer and people events with random valid values (any finite float, -0.0, ints up
 to 2**53, non-ASCII and emoji text, nested configs, lists; step metrics also in their old version 1;
 live config patches that apply and ones that do not; annotations with and without a run), the
-typed GitHub events that ``ingest.github_events`` makes from the recorded webhook and REST
+typed GitHub events that ``runledger.ingest.github_events`` makes from the recorded webhook and REST
 payloads in tests/fixtures/github (texts, times and repository varied) and ``github.raw`` events of
 arbitrary payloads (in a repository, an organisation, or neither); plus garbage records
 (quarantined), duplicates, redeliveries of covered positions, ingester restarts (fresh ``Ledger``
@@ -43,15 +43,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import event as note_event
 from hypothesis import strategies as st
 
-from ingest import github_events as gh
-from ledger.integrity import Report, sign_checkpoints, verify_ledger
-from ledger.parquet_schemas import TABLES
-from ledger.store import Ledger, SourceRecord
-from schemas import CATALOGUE, Envelope, Event, config_hash, decode_event, encode_event, make_event
-from schemas import catalogue as c
-from schemas import payloads as p
-from schemas.config_patch import ConfigPatchError, apply_config_patch
-from schemas.note import generate_keypair
+from runledger.ingest import github_events as gh
+from runledger.ledger.integrity import Report, sign_checkpoints, verify_ledger
+from runledger.ledger.parquet_schemas import TABLES
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas import CATALOGUE, Envelope, Event, config_hash, decode_event, encode_event, make_event
+from runledger.schemas import catalogue as c
+from runledger.schemas import payloads as p
+from runledger.schemas.config_patch import ConfigPatchError, apply_config_patch
+from runledger.schemas.note import generate_keypair
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "github"
 TYPED_TABLES = [name for name in TABLES if name not in ("events", "quarantine")]

@@ -10,9 +10,9 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 import runledger
-from cli.main import app
-from ingest.bus import SpoolSink
-from ledger import duck
+from runledger.cli.main import app
+from runledger.ingest.bus import SpoolSink
+from runledger.ledger import duck
 from tests.client.ledger_support import ingest
 
 

@@ -13,12 +13,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from ledger.publish import publish
-from ledger.store import Ledger, SourceRecord
-from schemas import encode_event, make_event
-from schemas import github as gh
-from schemas import payloads as p
-from schemas.note import write_keypair
+from runledger.ledger.publish import publish
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas import encode_event, make_event
+from runledger.schemas import github as gh
+from runledger.schemas import payloads as p
+from runledger.schemas.note import write_keypair
 from tests.support.factory import T0, RunBuilder
 
 LEDGER_ID = "engines-test"

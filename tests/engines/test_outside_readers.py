@@ -25,15 +25,15 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger import duck
-from ledger.lake import LAKE_MARKER
-from ledger.manifest import Published, listed_tables, open_published, table_files
-from ledger.parquet_schemas import TABLES
-from ledger.publish import publish
-from ledger.query import Reader
-from ledger.remote import RemoteError
-from ledger.store import SALTS, Ledger
+from runledger.cli.main import app
+from runledger.ledger import duck
+from runledger.ledger.lake import LAKE_MARKER
+from runledger.ledger.manifest import Published, listed_tables, open_published, table_files
+from runledger.ledger.parquet_schemas import TABLES
+from runledger.ledger.publish import publish
+from runledger.ledger.query import Reader
+from runledger.ledger.remote import RemoteError
+from runledger.ledger.store import SALTS, Ledger
 from tests.engines.ledger_site import Site, build_site
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "outside_engines.md"

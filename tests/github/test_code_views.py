@@ -10,15 +10,15 @@ from typing import Any
 import httpx
 from typer.testing import CliRunner
 
-from cli.main import app
-from ingest.bus import SpoolSink
-from ingest.github_backfill import backfill
-from ingest.github_webhook import DeliveryLog, create_app, signature_of
-from ingest.spool_ingester import ingest_spool
-from ledger.query import Reader
-from ledger.store import Ledger
-from schemas import config_hash, make_event
-from schemas import payloads as p
+from runledger.cli.main import app
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.github_backfill import backfill
+from runledger.ingest.github_webhook import DeliveryLog, create_app, signature_of
+from runledger.ingest.spool_ingester import ingest_spool
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger
+from runledger.schemas import config_hash, make_event
+from runledger.schemas import payloads as p
 from tests.support.github import FixtureGitHub, fixture_json, running_uvicorn
 
 C1 = "6dcb09b5b57875f334f61aebed695e2e4193db5e"  # initial commit

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from ingest.bus import SpoolSink
-from ingest.github_backfill import (
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.github_backfill import (
     BackfillError,
     JsonCursorStore,
     MemoryCursorStore,
@@ -20,7 +20,7 @@ from ingest.github_backfill import (
     cursor_from_events,
     cursor_from_spool,
 )
-from ingest.github_events import content_hash, webhook_events
+from runledger.ingest.github_events import content_hash, webhook_events
 from tests.support.github import FixtureGitHub, fixture_json, read_events, spool_bytes
 from tests.support.sinks import ListSink
 

@@ -15,9 +15,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cli.main import app as ledger_app
-from ingest.bus import SpoolSink
-from ingest.github_webhook import signature_of
+from runledger.cli.main import app as ledger_app
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.github_webhook import signature_of
 from tests.support.github import FixtureGitHub, fixture_json, read_events
 
 TOKEN = "ghp_CliT0kenThatMustNotLeak000000000000"
@@ -130,7 +130,7 @@ def test_serve_webhooks_runs_until_terminated_and_keeps_what_it_acknowledged(tmp
     command = [
         sys.executable,
         "-m",
-        "cli.main",
+        "runledger.cli.main",
         "serve",
         "webhooks",
         "--secret-file",

@@ -8,12 +8,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ingest.bus import SpoolSink
-from ingest.github_backfill import backfill
-from ingest.spool_ingester import ingest_spool
-from ledger.integrity import ADDED_COLUMNS, verify_ledger
-from ledger.lake_migrate import migrate_into
-from ledger.store import Ledger
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.github_backfill import backfill
+from runledger.ingest.spool_ingester import ingest_spool
+from runledger.ledger.integrity import ADDED_COLUMNS, verify_ledger
+from runledger.ledger.lake_migrate import migrate_into
+from runledger.ledger.store import Ledger
 from tests.support.github import FixtureGitHub
 
 OLD_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "part-files-ledger" / "ledger"  # (copied)

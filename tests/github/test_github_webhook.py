@@ -17,8 +17,8 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from ingest.bus import SpoolSink
-from ingest.github_webhook import DeliveryLog, create_app, signature_of, verify_signature
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.github_webhook import DeliveryLog, create_app, signature_of, verify_signature
 from tests.support.github import fixture_json, read_events, running_uvicorn, spool_bytes
 
 SECRET = b"It's a Secret to Everybody"

@@ -2,7 +2,7 @@
 
 Each delivery is POSTed to uvicorn on 127.0.0.1 with a real HMAC signature and its own GUID, then
 ``ledger ingest spool`` and ``ledger verify`` run as the commands a user types. What is checked: no
-delivery is lost or merged into another (the identity rule of ``ingest.github_events``), a
+delivery is lost or merged into another (the identity rule of ``runledger.ingest.github_events``), a
 redelivery adds nothing, the ledger verifies untouched and still catches a tampered row, every row
 names its repository, and hostile bodies get a 4xx without losing the connection or anything accepted.
 """
@@ -26,11 +26,11 @@ import pyarrow.parquet as pq
 import pytest
 from starlette.applications import Starlette
 
-from ingest.bus import SpoolSink
-from ingest.github_backfill import backfill
-from ingest.github_webhook import DeliveryLog, create_app, signature_of
-from ledger.integrity import verify_ledger
-from ledger.query import Reader
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.github_backfill import backfill
+from runledger.ingest.github_webhook import DeliveryLog, create_app, signature_of
+from runledger.ledger.integrity import verify_ledger
+from runledger.ledger.query import Reader
 from tests.support.github import ROOT, FixtureGitHub, fixture_json, read_events, running_uvicorn
 
 SECRET = b"real deliveries, real signatures"
@@ -82,7 +82,7 @@ def receiver(tmp_path: Path) -> Iterator[Receiver]:
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     """A ``ledger`` command as a user runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "cli.main", *args],
+        [sys.executable, "-m", "runledger.cli.main", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -21,9 +21,9 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from ingest.bus import SpoolSink
-from ingest.github_webhook import DeliveryLog, build_server, create_app, signature_of
-from schemas import Envelope
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.github_webhook import DeliveryLog, build_server, create_app, signature_of
+from runledger.schemas import Envelope
 from tests.support.github import fixture_json, read_events
 
 SECRET = b"doors hold"

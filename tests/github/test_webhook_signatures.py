@@ -10,16 +10,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ingest.bus import SpoolSink
-from ingest.github_webhook import create_app, signature_of
-from ingest.spool_ingester import ingest_spool
-from ledger.registry import register_producer
-from ledger.store import Ledger
-from ledger.verifier import VerificationError, verify_producer_signature
-from schemas import Event, decode_event
-from schemas.note import write_keypair
-from schemas.payloads import ProducerScope
-from schemas.signing import HMAC_CHECKED, Sealer
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.github_webhook import create_app, signature_of
+from runledger.ingest.spool_ingester import ingest_spool
+from runledger.ledger.registry import register_producer
+from runledger.ledger.store import Ledger
+from runledger.ledger.verifier import VerificationError, verify_producer_signature
+from runledger.schemas import Event, decode_event
+from runledger.schemas.note import write_keypair
+from runledger.schemas.payloads import ProducerScope
+from runledger.schemas.signing import HMAC_CHECKED, Sealer
 from tests.support.github import fixture_json, read_events, running_uvicorn
 
 SECRET = b"It's a Secret to Everybody"

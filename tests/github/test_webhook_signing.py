@@ -18,16 +18,16 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ingest.github_webhook import hmac_attestation, signature_of
-from ingest.spool_ingester import ingest_spool
-from ledger.integrity import verify_ledger
-from ledger.query import Reader
-from ledger.registry import register_producer
-from ledger.store import Ledger
-from ledger.verifier import verify_producer_signature
-from schemas.note import write_keypair
-from schemas.payloads import ProducerScope
+from runledger.cli.main import app
+from runledger.ingest.github_webhook import hmac_attestation, signature_of
+from runledger.ingest.spool_ingester import ingest_spool
+from runledger.ledger.integrity import verify_ledger
+from runledger.ledger.query import Reader
+from runledger.ledger.registry import register_producer
+from runledger.ledger.store import Ledger
+from runledger.ledger.verifier import verify_producer_signature
+from runledger.schemas.note import write_keypair
+from runledger.schemas.payloads import ProducerScope
 from tests.support.github import fixture_json, read_events
 
 LEDGER_BIN = str(Path(sys.executable).parent / "ledger")

@@ -1,4 +1,4 @@
-"""The one line a command says when its install extra is missing (``cli.extras``, ``cli.entry``), in
+"""The one line a command says when its install extra is missing (``runledger.cli.extras``, ``runledger.cli.entry``), in
 this (complete) environment: an extra is made missing by pointing it at a module that does not exist."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli import extras
-from cli.entry import command_words, extension_missing_line, missing_extra_line, needed_extra
-from cli.main import app
+from runledger.cli import extras
+from runledger.cli.entry import command_words, extension_missing_line, missing_extra_line, needed_extra
+from runledger.cli.main import app
 
 ABSENT = "runledger_no_such_module_for_tests"
 
@@ -100,7 +100,7 @@ def test_trainer_commands_say_one_line_and_touch_nothing(
 
 
 def test_a_missing_duckdb_extension_wheel_names_the_operator_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ledger.duck import ExtensionMissing
+    from runledger.ledger.duck import ExtensionMissing
 
     exc = ExtensionMissing("DuckDB extension 'ducklake': install the duckdb-extension-ducklake wheel")
     assert extension_missing_line(["runs"], exc) == str(exc)  # the wheels are here: DuckDB's words

@@ -47,7 +47,7 @@ import importlib.util, json, sys
 from pathlib import Path
 
 import runledger
-from ingest.spool import SpoolReader
+from runledger.ingest.spool import SpoolReader
 
 work = Path(sys.argv[1])
 run = runledger.init("install-check", config={"lr": 0.1}, spool=work / "spool", state_dir=work / "state")

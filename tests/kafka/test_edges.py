@@ -23,10 +23,10 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 
-from ingest.kafka_ingester import topic_problem
-from ingest.kafka_sink import UNDELIVERED_EXIT_CODE
-from ingest.spool import SpoolReader
-from ledger.query import Reader
+from runledger.ingest.kafka_ingester import topic_problem
+from runledger.ingest.kafka_sink import UNDELIVERED_EXIT_CODE
+from runledger.ingest.spool import SpoolReader
+from runledger.ledger.query import Reader
 from tests.support.kafka import free_ports, unique_topic_name
 from tests.support.kafka_clients import (
     LEDGER_BIN,
@@ -220,10 +220,10 @@ def test_drain_spool_sends_the_drop_report_a_producer_kept_at_its_end_once(
     kafka_broker, make_topic, tmp_path: Path
 ) -> None:
     """A producer whose bus was still down at its end kept its drop report beside the spool
-    (``ingest.spool.PendingSlot``); ``ledger kafka drain-spool`` sends it with the spooled events and
+    (``runledger.ingest.spool.PendingSlot``); ``ledger kafka drain-spool`` sends it with the spooled events and
     removes the file; the ledger holds it once, after a second drain as after the first."""
     import runledger
-    from ingest.spool import PENDING_DIR, PendingSlot
+    from runledger.ingest.spool import PENDING_DIR, PendingSlot
 
     # A real event's bytes stand for the report (made by a run on a spool of its own).
     made = runledger.init(

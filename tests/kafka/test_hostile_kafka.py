@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from kafka import KafkaProducer
 
-from ingest.kafka_ingester import DEADLETTER_FORMAT, DEADLETTER_PREFIX_BYTES, run_ingester
-from ingest.kafka_replay import replay
-from ledger.query import Reader
-from schemas.codec import MAX_EVENT_BYTES
+from runledger.ingest.kafka_ingester import DEADLETTER_FORMAT, DEADLETTER_PREFIX_BYTES, run_ingester
+from runledger.ingest.kafka_replay import replay
+from runledger.ledger.query import Reader
+from runledger.schemas.codec import MAX_EVENT_BYTES
 from tests.support.hostile import ACCEPT, Hostile, corpus, valid_events
 from tests.support.kafka import REPO_ROOT
 from tests.support.kafka_clients import check_ledger, consume_topic, table_fingerprint

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
-from ingest.kafka_ingester import run_ingester
-from ingest.kafka_sink import KafkaSink
-from ledger.query import Reader
-from ledger.store import Ledger, SourceRecord
-from schemas import encode_event, make_event
-from schemas.payloads import StepMetrics
+from runledger.ingest.kafka_ingester import run_ingester
+from runledger.ingest.kafka_sink import KafkaSink
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas import encode_event, make_event
+from runledger.schemas.payloads import StepMetrics
 from tests.support.kafka import free_ports
 from tests.support.kafka_clients import (
     IngesterProc,
@@ -339,9 +339,9 @@ def test_cli_errors_are_one_clear_line(tmp_path: Path) -> None:
 
 TRAIN_TO_KAFKA = """
 import json, sys
-from trainer.config import load_config
-from trainer.loop import train
-from ingest.kafka_sink import KafkaSink
+from runledger.trainer.config import load_config
+from runledger.trainer.loop import train
+from runledger.ingest.kafka_sink import KafkaSink
 tiny = ["model.num_layers=2", "model.hidden_size=64", "model.num_attention_heads=4", "model.seq_length=64",
         "moe.num_experts=8", "moe.top_k=2", "moe.ffn_hidden_size=128", "data.micro_batch_size=8",
         "run.device='cpu'", "schedule.warmup_steps=5", "checkpoint.interval=0", "checkpoint.final=false"]

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from ingest.kafka_sink import KafkaSink
-from ledger.query import Reader
-from ledger.store import Ledger
+from runledger.ingest.kafka_sink import KafkaSink
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger
 from tests.support.kafka_clients import IngesterProc, ingest_args, wait_for, workload
 
 VERBOSE = {"RUNLEDGER_LOG_LEVEL": "INFO", "RUNLEDGER_PROGRESS_S": "off"}  # assignments, in the logs

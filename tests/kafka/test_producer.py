@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from ingest.bus import open_sink
-from ingest.kafka_config import KafkaConfigError, client_kwargs, deadletter_topic, events_topic
-from ingest.kafka_ingester import run_ingester
-from ingest.kafka_sink import DRAINED_FILE, KafkaSink
-from schemas import encode_event
+from runledger.ingest.bus import open_sink
+from runledger.ingest.kafka_config import KafkaConfigError, client_kwargs, deadletter_topic, events_topic
+from runledger.ingest.kafka_ingester import run_ingester
+from runledger.ingest.kafka_sink import DRAINED_FILE, KafkaSink
+from runledger.schemas import encode_event
 from tests.support.kafka import free_ports
 from tests.support.kafka_clients import (
     REPO,
@@ -216,7 +216,7 @@ def test_slow_then_down_broker_spools_and_drains_in_order(kafka_broker_factory, 
 SPOOL_ONLY = """
 import time
 from tests.support.kafka_clients import workload
-from ingest.kafka_sink import KafkaSink
+from runledger.ingest.kafka_sink import KafkaSink
 t0 = time.monotonic()
 sink = KafkaSink({bootstrap!r}, {spool!r}, topic="never", connect_timeout_s=1.0)
 started = time.monotonic() - t0

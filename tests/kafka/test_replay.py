@@ -11,11 +11,11 @@ from pathlib import Path
 
 from kafka import KafkaProducer
 
-from ingest.kafka_ingester import run_ingester
-from ledger.integrity import prove_inclusion, sign_checkpoints
-from ledger.store import Ledger
-from schemas import encode_event
-from schemas.note import write_keypair
+from runledger.ingest.kafka_ingester import run_ingester
+from runledger.ledger.integrity import prove_inclusion, sign_checkpoints
+from runledger.ledger.store import Ledger
+from runledger.schemas import encode_event
+from runledger.schemas.note import write_keypair
 from tests.support.kafka_clients import (
     check_ledger,
     consume_topic,
@@ -131,7 +131,7 @@ def test_a_replayed_ledger_verifies_against_checkpoints_signed_before_the_replay
         [
             sys.executable,
             "-m",
-            "ledger.verifier",
+            "runledger.ledger.verifier",
             "inclusion",
             "--proof",
             str(proof),

@@ -9,16 +9,16 @@ import shutil
 import time
 from pathlib import Path
 
-from ingest.kafka_ingester import run_ingester
-from ledger import registry
-from ledger.integrity import sign_checkpoints
-from ledger.lake import LAKE_MARKER
-from ledger.query import Reader
-from ledger.store import Ledger
-from schemas import make_event
-from schemas.note import write_keypair
-from schemas.payloads import Annotation, PolicyChanged, ProducerRevoked, ProducerScope, StepMetrics
-from schemas.signing import Sealer
+from runledger.ingest.kafka_ingester import run_ingester
+from runledger.ledger import registry
+from runledger.ledger.integrity import sign_checkpoints
+from runledger.ledger.lake import LAKE_MARKER
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger
+from runledger.schemas import make_event
+from runledger.schemas.note import write_keypair
+from runledger.schemas.payloads import Annotation, PolicyChanged, ProducerRevoked, ProducerScope, StepMetrics
+from runledger.schemas.signing import Sealer
 from tests.support.kafka_clients import produce_events, run_cli
 
 SOURCE = "trainer/r/a1/rank0"

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ingest.kafka_sink import KafkaSink
-from ledger.registry import register_producer
-from ledger.store import Ledger, SourceRecord
-from schemas import Event, decode_event, encode_event, make_event
-from schemas.note import write_keypair
-from schemas.payloads import ProducerScope, StepMetrics
-from schemas.signing import GENESIS, Sealer, event_hash
+from runledger.ingest.kafka_sink import KafkaSink
+from runledger.ledger.registry import register_producer
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas import Event, decode_event, encode_event, make_event
+from runledger.schemas.note import write_keypair
+from runledger.schemas.payloads import ProducerScope, StepMetrics
+from runledger.schemas.signing import GENESIS, Sealer, event_hash
 from tests.support.kafka_clients import consume_topic
 
 

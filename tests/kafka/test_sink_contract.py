@@ -28,10 +28,10 @@ from typing import Any
 
 import pytest
 
-from ingest.bus import SpoolSink
-from ingest.kafka_sink import KafkaSink
-from ingest.spool import SpoolReader
-from schemas import Envelope, encode_event
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.kafka_sink import KafkaSink
+from runledger.ingest.spool import SpoolReader
+from runledger.schemas import Envelope, encode_event
 from tests.support.kafka_clients import REPO, consume_topic, workload
 
 
@@ -123,8 +123,8 @@ def events(prefix: str, sources: int = 4, steps: int = 30) -> list[Envelope]:
 
 CRASH_AFTER_SYNC = """
 import json, os, sys
-from ingest.bus import SpoolSink
-from ingest.kafka_sink import KafkaSink
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.kafka_sink import KafkaSink
 from schemas import encode_event
 from tests.support.kafka_clients import workload
 sink = {open_expr}

@@ -11,7 +11,7 @@ import pytest
 from kafka import KafkaAdminClient
 from typer.testing import CliRunner
 
-from cli.main import app
+from runledger.cli.main import app
 from tests.support.kafka import unique_topic_name
 from tests.support.kafka_clients import IngesterProc, ingest_args, run_cli, wait_for
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ledger.lake import LakeCommit, LakeTables, lake_schema
+from runledger.ledger.lake import LakeCommit, LakeTables, lake_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 PG_SCRIPT = ROOT / "scripts" / "postgres.sh"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ledger.lake import ALIAS, POSITIONS, STATE, LakeTables, fence_table
+from runledger.ledger.lake import ALIAS, POSITIONS, STATE, LakeTables, fence_table
 from tests.lake.support import batch
 
 META = f"__ducklake_metadata_{ALIAS}"

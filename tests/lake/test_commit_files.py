@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ledger.compaction import SORTED_TABLES
-from ledger.lake import LakeTables, _by_partition, lake_schema
+from runledger.ledger.compaction import SORTED_TABLES
+from runledger.ledger.lake import LakeTables, _by_partition, lake_schema
 
 METRIC_KEYS = list(SORTED_TABLES["metrics"])
 

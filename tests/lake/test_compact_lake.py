@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.lake import ALIAS, LakeFolder, LakeTables
+from runledger.cli.main import app
+from runledger.ledger.lake import ALIAS, LakeFolder, LakeTables
 from tests.lake.conftest import Backend
 from tests.lake.test_s3 import BUCKET, s3  # noqa: F401 (the module's S3 server, a fixture)
 

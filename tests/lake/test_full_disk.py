@@ -29,7 +29,7 @@ SAME = "SELECT count(*), sum(stream_seq), count(DISTINCT stream) FROM events WHE
 
 def _invoke(*args: str | Path) -> tuple[int, str, str]:
     done = subprocess.run(
-        [sys.executable, "-m", "cli.main", *map(str, args)],
+        [sys.executable, "-m", "runledger.cli.main", *map(str, args)],
         env=os.environ | {"RUNLEDGER_PROGRESS_S": "off", "PYTHONPATH": str(ROOT)},
         cwd=ROOT,
         capture_output=True,

@@ -19,11 +19,11 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger import duck
-from ledger.lake import Catalog
-from ledger.query import QueryError, Reader
-from ledger.store import Ledger
+from runledger.cli.main import app
+from runledger.ledger import duck
+from runledger.ledger.lake import Catalog
+from runledger.ledger.query import QueryError, Reader
+from runledger.ledger.store import Ledger
 from tests.lake.support import Postgres
 
 runner = CliRunner()

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ingest.spool import SpoolWriter
-from ledger.log_key import KEYS_DIR, fingerprint, recorded_log_key
-from ledger.store import Ledger
+from runledger.cli.main import app
+from runledger.ingest.spool import SpoolWriter
+from runledger.ledger.log_key import KEYS_DIR, fingerprint, recorded_log_key
+from runledger.ledger.store import Ledger
 from tests.lake.conftest import Backend
 from tests.support.factory import RunBuilder
 
@@ -94,7 +94,7 @@ def test_a_second_host_brings_the_ledgers_log_key_and_publishes(
     keys_b.mkdir(mode=0o700)
     shutil.copy2(keys_a / "runledger.key", keys_b / "runledger.key")
     out, err = _cli("init", "--ledger", host_b, *on_lake)
-    # (the registry part: ledger.registry.registry_entries reads part files only so far, "no registry yet")
+    # (the registry part: runledger.ledger.registry.registry_entries reads part files only so far, "no registry yet")
     line = (
         re.escape(f"a ledger already exists at {host_b} (id {ledger_id}, ")
         + "(its registry started|no registry yet)"

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ledger.lake import ORPHAN_MIN_AGE_S, LakeError, LakeReader, LakeTables, fence_table
+from runledger.ledger.lake import ORPHAN_MIN_AGE_S, LakeError, LakeReader, LakeTables, fence_table
 from tests.lake.conftest import Backend
 from tests.lake.support import batch, spawn
 
@@ -70,7 +70,7 @@ def test_every_data_file_is_fsynced_before_the_commit_names_it(
         real(fd)
 
     with LakeTables(backend.catalog, backend.data) as lake:
-        monkeypatch.setattr("ledger.lake.os.fsync", fsync)
+        monkeypatch.setattr("runledger.ledger.lake.os.fsync", fsync)
         done = lake.commit(batch("s", 0, ROWS, 0), {"s": (0, ROWS)}, {})
         monkeypatch.undo()
     assert done.ok and len(done.files) >= 2

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger import lake as lake_module
-from ledger import store as store_module
-from ledger.duck import connect
-from ledger.lake import COMMIT_FENCE, EMBEDDED_CATALOG, LakeError, LakeFolder, LakeTables
-from ledger.query import QueryError, Reader
-from ledger.store import Ledger, LedgerError, SourceRecord
+from runledger.cli.main import app
+from runledger.ledger import lake as lake_module
+from runledger.ledger import store as store_module
+from runledger.ledger.duck import connect
+from runledger.ledger.lake import COMMIT_FENCE, EMBEDDED_CATALOG, LakeError, LakeFolder, LakeTables
+from runledger.ledger.query import QueryError, Reader
+from runledger.ledger.store import Ledger, LedgerError, SourceRecord
 from tests.lake.conftest import Backend
 from tests.lake.support import Postgres
 from tests.support.factory import RunBuilder

@@ -15,13 +15,13 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cli import migrate_cmd
-from cli.main import app
-from ledger.lake import EMBEDDED_CATALOG, LakeTables
-from ledger.merkle import CompactRange
-from ledger.parquet_schemas import TABLES, tables_of
-from ledger.query import Reader
-from ledger.store import Ledger
+from runledger.cli import migrate_cmd
+from runledger.cli.main import app
+from runledger.ledger.lake import EMBEDDED_CATALOG, LakeTables
+from runledger.ledger.merkle import CompactRange
+from runledger.ledger.parquet_schemas import TABLES, tables_of
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger
 from tests.lake.support import Postgres
 
 runner = CliRunner()

@@ -19,15 +19,15 @@ import pyarrow.dataset as ds
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ingest.spool import SpoolWriter
-from ledger.integrity import recorded_streams
-from ledger.lake import LAKE_MARKER, LakeFolder, LakeTables
-from ledger.lake_migrate import MigrateError, migrate_into
-from ledger.merkle import CompactRange, root_from_leaf_hashes
-from ledger.parquet_schemas import SALTS, TABLES
-from ledger.query import Reader
-from ledger.store import Ledger, LedgerError, SourceRecord
+from runledger.cli.main import app
+from runledger.ingest.spool import SpoolWriter
+from runledger.ledger.integrity import recorded_streams
+from runledger.ledger.lake import LAKE_MARKER, LakeFolder, LakeTables
+from runledger.ledger.lake_migrate import MigrateError, migrate_into
+from runledger.ledger.merkle import CompactRange, root_from_leaf_hashes
+from runledger.ledger.parquet_schemas import SALTS, TABLES
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger, LedgerError, SourceRecord
 from tests.lake.support import Postgres
 from tests.support.factory import RunBuilder
 
@@ -227,9 +227,9 @@ def test_an_unfinished_rename_is_read_as_recovery_would_finish_it(old: Path, tmp
 
 
 def test_migrate_reads_the_old_ledger_without_its_writer() -> None:
-    """lake_migrate takes only the commit folder's name from ledger.store: nothing of the part-file
+    """lake_migrate takes only the commit folder's name from runledger.ledger.store: nothing of the part-file
     writer, its compaction, its recovery (all deleted) or its dedupe index."""
-    import ledger.lake_migrate as module
+    import runledger.ledger.lake_migrate as module
 
     tree = ast.parse(Path(module.__file__).read_text())
     imported = {
@@ -238,8 +238,10 @@ def test_migrate_reads_the_old_ledger_without_its_writer() -> None:
         if isinstance(node, ast.ImportFrom)
         for alias in node.names
     }
-    assert {name for mod, name in imported if mod == "ledger.store"} == {"COMMITS"}
-    assert not {mod for mod, _ in imported if mod in {"ledger.compaction", "ledger.seen_index"}}
+    assert {name for mod, name in imported if mod == "runledger.ledger.store"} == {"COMMITS"}
+    assert not {
+        mod for mod, _ in imported if mod in {"runledger.ledger.compaction", "runledger.ledger.seen_index"}
+    }
 
 
 @pytest.mark.parametrize(

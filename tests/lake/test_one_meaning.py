@@ -17,13 +17,13 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger import duck
-from ledger.publish import publish
-from ledger.query import Reader
-from ledger.store import Ledger, SourceRecord
-from schemas import payloads as p
-from schemas.note import write_keypair
+from runledger.cli.main import app
+from runledger.ledger import duck
+from runledger.ledger.publish import publish
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas import payloads as p
+from runledger.schemas.note import write_keypair
 from tests.merkle.test_remote_direct import serving as serving_ranges
 from tests.merkle.test_remote_doors import serving
 from tests.support.factory import RunBuilder

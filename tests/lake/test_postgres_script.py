@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from ledger.duck import connect
+from runledger.ledger.duck import connect
 from tests.lake.support import PG_SCRIPT, Postgres
 
 

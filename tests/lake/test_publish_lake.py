@@ -12,9 +12,9 @@ from pathlib import Path
 import duckdb
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.live_page import PublishedWatch
-from ledger.query import Reader
+from runledger.cli.main import app
+from runledger.ledger.live_page import PublishedWatch
+from runledger.ledger.query import Reader
 from tests.merkle.test_publish import Site
 from tests.merkle.test_remote_doors import serving
 

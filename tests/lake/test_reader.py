@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.lake import LOCK_WAIT_S, LakeFolder, LakeTables, open_snapshot
-from ledger.log_checkpoint import sign_checkpoint
-from ledger.merkle import CompactRange
-from ledger.query import QueryError, Reader
-from ledger.store import Ledger
-from schemas.note import generate_keypair
+from runledger.cli.main import app
+from runledger.ledger.lake import LOCK_WAIT_S, LakeFolder, LakeTables, open_snapshot
+from runledger.ledger.log_checkpoint import sign_checkpoint
+from runledger.ledger.merkle import CompactRange
+from runledger.ledger.query import QueryError, Reader
+from runledger.ledger.store import Ledger
+from runledger.schemas.note import generate_keypair
 from tests.lake.support import batch, spawn
 
 runner = CliRunner()
@@ -377,8 +377,8 @@ def test_views_sql_and_the_shell_init_read_the_lake(
     catalog and files named relatively); ``ledger shell``'s init file adds the lock."""
     import duckdb
 
-    from cli.shell_cmd import init_sql
-    from ledger import duck
+    from runledger.cli.shell_cmd import init_sql
+    from runledger.ledger import duck
 
     _, lake, _ = ledgers
     assert _cli("views", "--ledger", lake)[0].startswith("wrote ")

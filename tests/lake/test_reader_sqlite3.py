@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger import query as query_module
-from ledger.lake import ALIAS, Catalog, LakeFolder, connect_data, open_snapshot, snapshot_files
-from ledger.lake_snapshot_files import sqlite_snapshot_files
-from ledger.query import QueryError, Reader
+from runledger.cli.main import app
+from runledger.ledger import query as query_module
+from runledger.ledger.lake import ALIAS, Catalog, LakeFolder, connect_data, open_snapshot, snapshot_files
+from runledger.ledger.lake_snapshot_files import sqlite_snapshot_files
+from runledger.ledger.query import QueryError, Reader
 from tests.lake.test_reader import VIEWS
 
 SMALL = ["--steps", "200", "--rank-stats-every", "100000", "--expert-counts-every", "100000"]

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from ledger.integrity import prove_inclusion, sign_checkpoints, verify_ledger
-from ledger.lake import ALIAS, LakeTables
-from ledger.publish import publish
-from ledger.query import QueryError, Reader
-from ledger.redaction import is_redacted, redact, salt_of
-from ledger.store import Ledger, SourceRecord
-from schemas.note import write_keypair
+from runledger.ledger.integrity import prove_inclusion, sign_checkpoints, verify_ledger
+from runledger.ledger.lake import ALIAS, LakeTables
+from runledger.ledger.publish import publish
+from runledger.ledger.query import QueryError, Reader
+from runledger.ledger.redaction import is_redacted, redact, salt_of
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas.note import write_keypair
 from tests.lake.conftest import Backend
 from tests.merkle.test_redaction import SECRET, _config_story, _story, _strings_in, app, invoke
 from tests.support.factory import RunBuilder
@@ -202,7 +202,7 @@ def test_a_config_secret_is_erased_from_every_later_config_row_on_a_lake(
 
 _KILLER = """
 import os, signal, sys
-import ledger.lake as lake
+import runledger.ledger.lake as lake
 from ledger.redaction import redact
 where = sys.argv[2]
 if where == "before-erasure":  # the erasure after the commit (the writer's first one, as it takes
@@ -256,7 +256,7 @@ def test_sigkill_after_the_commit_is_finished_by_the_next_maintenance(
 
 _WRITER = """
 import sys
-from ledger.store import Ledger, SourceRecord
+from runledger.ledger.store import Ledger, SourceRecord
 from tests.support.factory import RunBuilder
 run = RunBuilder(run_id="run-b")
 run.start()

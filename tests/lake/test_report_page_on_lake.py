@@ -15,12 +15,12 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.integrity import sign_checkpoints
-from ledger.query import Reader
-from ledger.report import record_status
-from ledger.store import Ledger, SourceRecord
-from schemas.note import write_keypair
+from runledger.cli.main import app
+from runledger.ledger.integrity import sign_checkpoints
+from runledger.ledger.query import Reader
+from runledger.ledger.report import record_status
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas.note import write_keypair
 from tests.lake.conftest import Backend
 from tests.support.factory import RunBuilder
 from tests.web.test_live_page import WAIT_S, _page_live_data, read_sse, serving

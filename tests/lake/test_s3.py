@@ -20,10 +20,10 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.publish_dest import S3Config
-from ledger.query import QueryError, Reader
-from ledger.store import COMMITS
+from runledger.cli.main import app
+from runledger.ledger.publish_dest import S3Config
+from runledger.ledger.query import QueryError, Reader
+from runledger.ledger.store import COMMITS
 from tests.lake.support import Postgres
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.publish_dest import S3Config
+from runledger.cli.main import app
+from runledger.ledger.publish_dest import S3Config
 
 S3_SH = Path(__file__).resolve().parents[2] / "scripts" / "s3.sh"
 AWS_CLEARED = ("AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_PROFILE")

@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.integrity import sign_checkpoints, verify_ledger
-from ledger.lake import LakeFolder, LakeTables
-from schemas.note import generate_keypair
+from runledger.cli.main import app
+from runledger.ledger.integrity import sign_checkpoints, verify_ledger
+from runledger.ledger.lake import LakeFolder, LakeTables
+from runledger.schemas.note import generate_keypair
 
 runner = CliRunner()
 SMALL = ["--steps", "200", "--rank-stats-every", "100000", "--expert-counts-every", "100000"]

@@ -20,14 +20,14 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ingest.spool import SpoolWriter, spool_id
-from ledger.lake import LakeFolder, LakeTables
-from ledger.log_key import KEYS_DIR, recorded_log_key
-from ledger.manifest import open_published
-from ledger.query import Reader
-from ledger.store import Ledger, LedgerError
-from schemas.note import write_keypair
+from runledger.cli.main import app
+from runledger.ingest.spool import SpoolWriter, spool_id
+from runledger.ledger.lake import LakeFolder, LakeTables
+from runledger.ledger.log_key import KEYS_DIR, recorded_log_key
+from runledger.ledger.manifest import open_published
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger, LedgerError
+from runledger.schemas.note import write_keypair
 from tests.lake.conftest import Backend
 from tests.support.factory import RunBuilder
 
@@ -61,7 +61,7 @@ def _ingest_cmd(spool: Path, ledger: Path, batch: int = 50) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "cli.main",
+        "runledger.cli.main",
         "ingest",
         "spool",
         "--spool",
@@ -256,7 +256,7 @@ def test_a_lake_of_another_ledger_or_a_ledger_of_the_old_format_is_refused(tmp_p
         assert lake.state()["ledger_id"] == "lab-a"
 
 
-CLI_INIT = [sys.executable, "-m", "cli.main", "init"]
+CLI_INIT = [sys.executable, "-m", "runledger.cli.main", "init"]
 
 
 def test_racing_creators_of_one_new_lake_agree_on_its_ledger_id(backend: Backend, tmp_path: Path) -> None:

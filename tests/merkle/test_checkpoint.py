@@ -1,4 +1,4 @@
-"""Tests for ledger.log_checkpoint: signed-note compatibility with Go, strict parsing, tampering."""
+"""Tests for runledger.ledger.log_checkpoint: signed-note compatibility with Go, strict parsing, tampering."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from ledger.log_checkpoint import (
+from runledger.ledger.log_checkpoint import (
     Checkpoint,
     format_checkpoint,
     parse_and_verify_checkpoint,
     parse_checkpoint,
     sign_checkpoint,
 )
-from ledger.merkle import EMPTY_ROOT, leaf_hash
-from schemas.note import (
+from runledger.ledger.merkle import EMPTY_ROOT, leaf_hash
+from runledger.schemas.note import (
     CheckpointError,
     generate_keypair,
     key_hash,

@@ -1,4 +1,4 @@
-"""Tests for ledger.merkle: known answers, corrupted proofs, properties, compact ranges."""
+"""Tests for runledger.ledger.merkle: known answers, corrupted proofs, properties, compact ranges."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.merkle import (
+from runledger.ledger.merkle import (
     EMPTY_ROOT,
     CompactRange,
     MerkleTree,

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from ledger.monitor import check_log
-from ledger.publish import publish
-from ledger.store import Ledger, SourceRecord
-from schemas.note import write_keypair
+from runledger.ledger.monitor import check_log
+from runledger.ledger.publish import publish
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas.note import write_keypair
 from tests.support.factory import RunBuilder
 
 

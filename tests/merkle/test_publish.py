@@ -26,17 +26,23 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger import publish as publish_mod
-from ledger.log_checkpoint import parse_and_verify_checkpoint
-from ledger.merkle import verify_consistency
-from ledger.publish import PublishError, log_origin, publish
-from ledger.publish_dest import FolderDest
-from ledger.query import Reader
-from ledger.store import Ledger, SourceRecord
-from ledger.tiles import consistency_proof_from_tiles, entries_path, parse_tile_path, tile_path, walk_entries
-from ledger.witness import load_policy, parse_cosignature_key, verify_cosignatures
-from schemas.note import open_note, write_keypair
+from runledger.cli.main import app
+from runledger.ledger import publish as publish_mod
+from runledger.ledger.log_checkpoint import parse_and_verify_checkpoint
+from runledger.ledger.merkle import verify_consistency
+from runledger.ledger.publish import PublishError, log_origin, publish
+from runledger.ledger.publish_dest import FolderDest
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.ledger.tiles import (
+    consistency_proof_from_tiles,
+    entries_path,
+    parse_tile_path,
+    tile_path,
+    walk_entries,
+)
+from runledger.ledger.witness import load_policy, parse_cosignature_key, verify_cosignatures
+from runledger.schemas.note import open_note, write_keypair
 from tests.support.factory import RunBuilder
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

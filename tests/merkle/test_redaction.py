@@ -23,20 +23,20 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cli import ledger_cmd, merkle_cmd, redact_cmd
-from ingest.spool import SpoolWriter
-from ledger import verifier
-from ledger.duck import connect
-from ledger.integrity import prove_consistency, prove_inclusion, sign_checkpoints, verify_ledger
-from ledger.publish import publish
-from ledger.query import QueryError, Reader
-from ledger.redaction import entry_digest, entry_matches, is_redacted, redact
-from ledger.store import Ledger, LedgerError, SourceRecord
-from ledger.stored_files import lake_file_list
-from ledger.tiles import entries_path, tile_path, walk_entries
-from schemas import payloads as p
-from schemas.canonical import config_hash
-from schemas.note import write_keypair
+from runledger.cli import ledger_cmd, merkle_cmd, redact_cmd
+from runledger.ingest.spool import SpoolWriter
+from runledger.ledger import verifier
+from runledger.ledger.duck import connect
+from runledger.ledger.integrity import prove_consistency, prove_inclusion, sign_checkpoints, verify_ledger
+from runledger.ledger.publish import publish
+from runledger.ledger.query import QueryError, Reader
+from runledger.ledger.redaction import entry_digest, entry_matches, is_redacted, redact
+from runledger.ledger.store import Ledger, LedgerError, SourceRecord
+from runledger.ledger.stored_files import lake_file_list
+from runledger.ledger.tiles import entries_path, tile_path, walk_entries
+from runledger.schemas import payloads as p
+from runledger.schemas.canonical import config_hash
+from runledger.schemas.note import write_keypair
 from tests.support.factory import RunBuilder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -308,8 +308,8 @@ def test_redact_twice_and_unknown_ids_are_one_line_errors(tmp_path: Path) -> Non
 # folder's copy of the commit record written nor the erased rows' bytes taken off the disk).
 _KILLER = """
 import os, signal, sys
-import ledger.lake as lake
-import ledger.store as store
+import runledger.ledger.lake as lake
+import runledger.ledger.store as store
 from ledger.redaction import redact
 real_insert, real_write = lake._insert_rows, store.write_durably
 def insert(con, table, rows):
@@ -360,7 +360,7 @@ def test_the_same_spool_ingested_again_never_brings_it_back(tmp_path: Path) -> N
             for raw in run.events:
                 w.append(raw)
     root = tmp_path / "ledger"
-    from cli.main import app as cli
+    from runledger.cli.main import app as cli
 
     result = runner.invoke(
         cli, ["ingest", "spool", "--spool", str(tmp_path / "spool"), "--ledger", str(root)]
@@ -549,8 +549,8 @@ def test_changes_ingested_after_a_redaction_build_on_the_erased_config(tmp_path:
 
 
 def test_a_github_comment_body_is_erased_from_its_repo_stream(tmp_path: Path) -> None:
-    from schemas import github as gh
-    from schemas.codec import encode_event, make_event
+    from runledger.schemas import github as gh
+    from runledger.schemas.codec import encode_event, make_event
 
     site = Site(tmp_path)
     GH_SECRET = "sekrit-gh-9931"

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.tiles import entries_path
-from schemas.note import write_keypair
+from runledger.cli.main import app
+from runledger.ledger.tiles import entries_path
+from runledger.schemas.note import write_keypair
 from tests.merkle.test_publish import Site
 
 ENV = {"COLUMNS": "300"}

@@ -1,4 +1,4 @@
-"""DuckDB over HTTP and S3 directly: ``ledger query --remote URL --direct`` (``ledger.remote.query_direct``)
+"""DuckDB over HTTP and S3 directly: ``ledger query --remote URL --direct`` (``runledger.ledger.remote.query_direct``)
 reads the published Parquet files by URL with httpfs, the list taken from the verified, signed
 manifest; nothing is downloaded first. The HTTP server is a real one that answers Range requests
 (nginx-light, started by scripts/http.sh in the test's tmp dir); the S3 server is versitygw
@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 import typer.main
 
-from cli.main import app
-from ledger import duck
-from ledger.publish_dest import S3Dest
-from ledger.query import QueryError
-from ledger.remote import RemoteError, fetch_copy, query_direct
-from schemas.note import write_keypair
+from runledger.cli.main import app
+from runledger.ledger import duck
+from runledger.ledger.publish_dest import S3Dest
+from runledger.ledger.query import QueryError
+from runledger.ledger.remote import RemoteError, fetch_copy, query_direct
+from runledger.schemas.note import write_keypair
 from tests.merkle.test_publish import Site
 from tests.merkle.test_remote_s3 import S3Server, answer, mirror, one_line, s3, s3_server  # noqa: F401
 

@@ -22,13 +22,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from cli.merkle_cmd import DEFAULT_FETCH_TIMEOUT_S
-from ledger import publish as publish_mod
-from ledger.live_page import PublishedWatch
-from ledger.monitor import DEFAULT_DEADLINE_S, MonitorError, check_manifest_path
-from ledger.remote import RemoteError, fetch_copy
-from schemas.note import parse_private_key
+from runledger.cli.main import app
+from runledger.cli.merkle_cmd import DEFAULT_FETCH_TIMEOUT_S
+from runledger.ledger import publish as publish_mod
+from runledger.ledger.live_page import PublishedWatch
+from runledger.ledger.monitor import DEFAULT_DEADLINE_S, MonitorError, check_manifest_path
+from runledger.ledger.remote import RemoteError, fetch_copy
+from runledger.schemas.note import parse_private_key
 from tests.merkle.test_publish import Site
 
 ENV = {"COLUMNS": "300"}

@@ -1,6 +1,6 @@
 """The published copy in an S3 bucket on a real S3-compatible server: versitygw (scripts/s3.sh, built
 from the Go module proxy into .go/), serving a folder of the test's tmp dir on 127.0.0.1 with
-generated credentials. ``ledger.publish_dest``'s folder and S3 destinations keep one contract;
+generated credentials. ``runledger.ledger.publish_dest``'s folder and S3 destinations keep one contract;
 ``ledger query --remote s3://…`` and ``ledger verify --remote s3://…`` read the bucket; wrong
 credentials, a missing bucket, a dead server and a flipped byte in an object are each one line."""
 
@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import ledger.monitor
-import ledger.publish
-from cli.main import app
-from ledger.publish_dest import Dest, DestError, FolderDest, S3Config, S3Dest, open_dest
-from ledger.tiles import entries_path
-from schemas.note import write_keypair
+import runledger.ledger.monitor
+import runledger.ledger.publish
+from runledger.cli.main import app
+from runledger.ledger.publish_dest import Dest, DestError, FolderDest, S3Config, S3Dest, open_dest
+from runledger.ledger.tiles import entries_path
+from runledger.schemas.note import write_keypair
 from tests.merkle.test_publish import Site
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,7 +122,7 @@ def one_line(out: str) -> str:
     return lines[0]
 
 
-# ------------------------------------------------------------------------ ledger.publish_dest
+# ------------------------------------------------------------------------ runledger.ledger.publish_dest
 
 
 @pytest.fixture(params=["folder", "s3"])
@@ -347,7 +347,7 @@ def test_a_publish_cut_short_by_a_dead_server_is_finished_by_the_next(
     site.add(300)
     try:
         with pytest.raises(DestError, match="unreachable"):
-            ledger.publish.publish(site.root, _DyingDest(url, s3, after=5), site.skey)
+            runledger.ledger.publish.publish(site.root, _DyingDest(url, s3, after=5), site.skey)
     finally:
         s3.start()  # the same folder: the same port, keys and objects
     assert not S3Dest(url).exists("checkpoint")  # the checkpoint goes last: none yet

@@ -1,4 +1,4 @@
-"""ledger.tiles: C2SP tlog-tiles paths, bundles, tile growth, proofs from tiles, every corruption."""
+"""runledger.ledger.tiles: C2SP tlog-tiles paths, bundles, tile growth, proofs from tiles, every corruption."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from ledger.merkle import (
+from runledger.ledger.merkle import (
     MerkleTree,
     ProofError,
     consistency_proof,
@@ -14,7 +14,7 @@ from ledger.merkle import (
     leaf_hash,
     root_from_leaf_hashes,
 )
-from ledger.tiles import (
+from runledger.ledger.tiles import (
     MAX_ENTRY_BYTES,
     TILE_WIDTH,
     Tile,

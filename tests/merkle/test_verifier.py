@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from ledger import verifier
-from ledger.log_checkpoint import sign_checkpoint
-from ledger.merkle import MerkleTree, leaf_hash
-from schemas.note import write_keypair
+from runledger.ledger import verifier
+from runledger.ledger.log_checkpoint import sign_checkpoint
+from runledger.ledger.merkle import MerkleTree, leaf_hash
+from runledger.schemas.note import write_keypair
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VERIFIER_FILE = REPO_ROOT / "ledger" / "verifier.py"
@@ -104,7 +104,7 @@ def fx(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
 def run(*args: str | Path, cwd: Path = REPO_ROOT, script: Path | None = None) -> tuple[int, str]:
     cmd = [
         sys.executable,
-        *(["-I", str(script)] if script else ["-m", "ledger.verifier"]),
+        *(["-I", str(script)] if script else ["-m", "runledger.ledger.verifier"]),
         *map(str, args),
     ]
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
@@ -530,7 +530,7 @@ def test_copied_verifier_runs_alone(fx: Fixture, tmp_path: Path) -> None:
 
 def test_help_exits_zero() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "ledger.verifier", "--help"],
+        [sys.executable, "-m", "runledger.ledger.verifier", "--help"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from ledger import verifier
-from ledger.log_checkpoint import sign_checkpoint
-from ledger.merkle import MerkleTree, leaf_hash
-from schemas import Event, decode_event, encode_event, make_event
-from schemas.note import write_keypair
-from schemas.payloads import StepMetrics
-from schemas.signing import Sealer
+from runledger.ledger import verifier
+from runledger.ledger.log_checkpoint import sign_checkpoint
+from runledger.ledger.merkle import MerkleTree, leaf_hash
+from runledger.schemas import Event, decode_event, encode_event, make_event
+from runledger.schemas.note import write_keypair
+from runledger.schemas.payloads import StepMetrics
+from runledger.schemas.signing import Sealer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ORIGIN = "runledger.example/run-9"
@@ -88,7 +88,7 @@ def run_inclusion(world: dict, index: int, *extra: str | Path) -> tuple[int, str
     proof.write_text(json.dumps(doc))
     args = ["--proof", proof, "--checkpoint", world["checkpoint"], "--public-key", world["log_pub"], *extra]
     proc = subprocess.run(
-        [sys.executable, "-m", "ledger.verifier", "inclusion", *map(str, args)],
+        [sys.executable, "-m", "runledger.ledger.verifier", "inclusion", *map(str, args)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

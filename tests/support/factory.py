@@ -8,8 +8,8 @@ from typing import Any
 
 import jsonpatch
 
-from schemas import config_hash, encode_event, make_event
-from schemas import payloads as p
+from runledger.schemas import config_hash, encode_event, make_event
+from runledger.schemas import payloads as p
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 

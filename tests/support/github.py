@@ -199,8 +199,8 @@ def fixture_json(name: str) -> dict[str, Any]:
 
 def read_events(spool_dir: Path) -> list[Any]:
     """Every record of a spool decoded; fails the test on a corrupt record or a quarantined event."""
-    from ingest.spool import SpoolReader
-    from schemas import Event, decode_event
+    from runledger.ingest.spool import SpoolReader
+    from runledger.schemas import Event, decode_event
 
     events = []
     for record in SpoolReader(spool_dir).read():

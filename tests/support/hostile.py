@@ -25,10 +25,10 @@ from typing import Any
 
 import msgspec
 
-from schemas import encode_event, make_event
-from schemas import github as gh
-from schemas import payloads as p
-from schemas.codec import MAX_DEPTH, MAX_EVENT_BYTES
+from runledger.schemas import encode_event, make_event
+from runledger.schemas import github as gh
+from runledger.schemas import payloads as p
+from runledger.schemas.codec import MAX_DEPTH, MAX_EVENT_BYTES
 
 ACCEPT = "accept"
 T0 = datetime(2026, 11, 2, tzinfo=UTC)

@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from ledger.parquet_schemas import TABLES
-from ledger.query import Reader
-from schemas import Envelope, make_event
-from schemas.canonical import config_hash
-from schemas.payloads import (
+from runledger.ledger.parquet_schemas import TABLES
+from runledger.ledger.query import Reader
+from runledger.schemas import Envelope, make_event
+from runledger.schemas.canonical import config_hash
+from runledger.schemas.payloads import (
     ChangeCause,
     ConfigChanged,
     MoeLayerStats,
@@ -312,7 +312,7 @@ def broker_pid(broker: Any) -> int:
 
 def produce_events(bootstrap: str, topic: str, events: Sequence[Envelope], spool: Path, **kw: Any) -> Any:
     """Send through a KafkaSink and close it; returns the (closed) sink for its stats."""
-    from ingest.kafka_sink import KafkaSink
+    from runledger.ingest.kafka_sink import KafkaSink
 
     sink = KafkaSink(bootstrap, spool, topic=topic, **kw)
     for env in events:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ledger.store import Ledger, SourceRecord
-from schemas import Envelope, encode_event, make_event
-from schemas.note import write_keypair
-from schemas.payloads import StepMetrics
-from schemas.signing import Sealer
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas import Envelope, encode_event, make_event
+from runledger.schemas.note import write_keypair
+from runledger.schemas.payloads import StepMetrics
+from runledger.schemas.signing import Sealer
 
 SOURCE = "trainer/r/a1/rank0"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas import Envelope, Event, decode_event, encode_event
+from runledger.schemas import Envelope, Event, decode_event, encode_event
 
 
 class ListSink:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import msgspec
 
-from ingest.spool import SpoolReader
-from schemas import Envelope, Event, decode_event
-from trainer.config import TINY_CPU, TrainConfig, load_config, write_config
+from runledger.ingest.spool import SpoolReader
+from runledger.schemas import Envelope, Event, decode_event
+from runledger.trainer.config import TINY_CPU, TrainConfig, load_config, write_config
 
-# The repository: where subprocesses run `python -m cli.train_cmd`.
+# The repository: where subprocesses run `python -m runledger.cli.train_cmd`.
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -11,7 +11,7 @@ import json
 import multiprocessing
 from pathlib import Path
 
-from trainer import checkpoint as ckpt
+from runledger.trainer import checkpoint as ckpt
 
 LAUNCHES = 8
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from schemas import config_hash as schemas_config_hash
-from trainer.config import (
+from runledger.schemas import config_hash as schemas_config_hash
+from runledger.trainer.config import (
     DEMO_CONFIG,
     LIVE_KEYS,
     ConfigError,
@@ -131,7 +131,7 @@ def test_the_change_table_is_not_part_of_the_config(tmp_path: Path) -> None:
 def test_ledger_edit_records_the_author_through_the_cli(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from runledger.cli.main import app
 
     path = tmp_path / "c.toml"
     path.write_text("[moe]\ncapacity_factor = 1.0\n")

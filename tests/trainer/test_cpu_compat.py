@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer import cpu_compat, distributed
-from trainer.config import ConfigError, load_config
+from runledger.trainer import cpu_compat, distributed
+from runledger.trainer.config import ConfigError, load_config
 
 
 def test_apply_and_undo_restore_everything() -> None:

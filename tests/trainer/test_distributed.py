@@ -2,7 +2,7 @@
 
 Megatron-Core on CPU allows this (the allgather dispatcher, the local spec); it does not allow
 tensor parallelism with MoE (sequence parallelism is required and the local LayerNorm refuses it)
-nor the alltoall dispatcher (CUDA streams): see ``trainer.cpu_compat``.
+nor the alltoall dispatcher (CUDA streams): see ``runledger.trainer.cpu_compat``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def _torchrun(config: Path, spool: Path, log: Path, *extra: str) -> int:
     port = 29400 + os.getpid() % 500
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
-        "-m", "cli.train_cmd", str(config), "--spool", str(spool), "--log-every", "0", *extra,
+        "-m", "runledger.cli.train_cmd", str(config), "--spool", str(spool), "--log-every", "0", *extra,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     with log.open("ab") as out:

@@ -9,7 +9,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from trainer import drop_accounting as da
+from runledger.trainer import drop_accounting as da
 
 # --- independent, naive counts ---------------------------------------------------------------------
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import cpu_compat
-from trainer import model as model_lib
-from trainer.config import (
+from runledger.trainer import cpu_compat
+from runledger.trainer import model as model_lib
+from runledger.trainer.config import (
     TINY_CPU,
     ConfigError,
     diff,
@@ -87,7 +87,7 @@ def test_an_installed_grouped_gemm_is_still_refused_on_cpu(monkeypatch: pytest.M
 def test_ledger_train_refuses_with_one_line(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from runledger.cli.main import app
 
     config = tmp_path / "c.toml"
     config.write_text("[moe]\ngrouped_gemm = true\n")

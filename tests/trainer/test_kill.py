@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from schemas import Envelope
+from runledger.schemas import Envelope
+from runledger.trainer import checkpoint as ckpt
 from tests.support.trainer import ROOT, assert_gap_free, data, read_spool, tiny_config_file
-from trainer import checkpoint as ckpt
 
 
 def _launch(config: Path, spool: Path, log: Path, *extra: str) -> subprocess.Popen[bytes]:
     cmd = [
         sys.executable,
         "-m",
-        "cli.train_cmd",
+        "runledger.cli.train_cmd",
         str(config),
         "--spool",
         str(spool),

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from schemas.canonical import config_hash as schemas_hash
-from schemas.envelope import Envelope
+from runledger.schemas.canonical import config_hash as schemas_hash
+from runledger.schemas.envelope import Envelope
+from runledger.trainer.config import load_config
+from runledger.trainer.loop import RunExistsError, SignalStop, _StopFlag, chain, schedule_config_change, train
+from runledger.trainer.telemetry import StepReport
 from tests.support.sinks import ListSink
 from tests.support.trainer import assert_gap_free, data, tiny_config, tiny_config_file
-from trainer.config import load_config
-from trainer.loop import RunExistsError, SignalStop, _StopFlag, chain, schedule_config_change, train
-from trainer.telemetry import StepReport
 
 
 def test_loss_falls_on_the_shipped_corpus(tmp_path: Path, sink: ListSink) -> None:
@@ -80,7 +80,7 @@ def test_a_change_made_with_an_author_names_them(tmp_path: Path, sink: ListSink)
 
 
 def _resolved(path: Path) -> dict:
-    from trainer.config import resolved
+    from runledger.trainer.config import resolved
 
     return resolved(load_config(path))
 

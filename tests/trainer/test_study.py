@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.integrity import checkpoint_path, prove_consistency, verify_ledger
-from ledger.log_checkpoint import parse_and_verify_checkpoint
-from ledger.log_key import recorded_log_key
-from ledger.query import Reader
-from ledger.store import Ledger
-from ledger.verifier import verify_consistency
+from runledger.cli.main import app
+from runledger.ledger.integrity import checkpoint_path, prove_consistency, verify_ledger
+from runledger.ledger.log_checkpoint import parse_and_verify_checkpoint
+from runledger.ledger.log_key import recorded_log_key
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger
+from runledger.ledger.verifier import verify_consistency
 from runledger.workflows import study
 from runledger.workflows.study import Policy, StudyError, StudyOptions
 
@@ -224,7 +224,7 @@ def test_gpu_check_probe_config_is_valid_and_cuda_is_required(capsys: pytest.Cap
     import torch
 
     from bench import gpu_check
-    from trainer.config import load_config
+    from runledger.trainer.config import load_config
 
     cfg = load_config(None, [*gpu_check.PROBE, *gpu_check.COMMON])
     assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.moe.num_experts, cfg.moe.top_k) == (
@@ -245,7 +245,7 @@ def test_gpu_check_sets_the_grouped_gemm_config_key() -> None:
     """The check decides grouped GEMM through the trainer's key ``moe.grouped_gemm``, never behind
     the trainer's back; on CPU (--dry-run) it is false and the report says why."""
     from bench import gpu_check
-    from trainer.config import load_config
+    from runledger.trainer.config import load_config
 
     args = gpu_check.parse_args(["--dry-run"])
     off = load_config(None, gpu_check.overrides(args, Path("/tmp"), None))
@@ -260,8 +260,8 @@ def test_gpu_check_sets_the_grouped_gemm_config_key() -> None:
 def test_the_expert_bias_steers_routing_and_is_updated(tmp_path: Path) -> None:
     """The study's balance method really acts: a large bias on one expert sends every token there
     (Megatron ignores the bias with softmax scores, hence sigmoid), and the step's update lowers it."""
+    from runledger.trainer.loop import train
     from tests.support.sinks import ListSink
-    from trainer.loop import train
 
     options = StudyOptions.quick(tmp_path, steps=2)
     collector = study.DropCollector(options, [Policy("dropless")])

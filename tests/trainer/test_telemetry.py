@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from schemas.payloads import Annotation, StepMetrics
+from runledger.schemas.payloads import Annotation, StepMetrics
+from runledger.trainer import cpu_compat, distributed, telemetry
+from runledger.trainer import model as model_lib
+from runledger.trainer.data import Batches
 from tests.support.sinks import ListSink
 from tests.support.trainer import tiny_config
-from trainer import cpu_compat, distributed, telemetry
-from trainer import model as model_lib
-from trainer.data import Batches
 
 
 def _build(tmp_path: Path, *extra: str):

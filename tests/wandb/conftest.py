@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ingest.wandb_mirror import offline_environment
+from runledger.ingest.wandb_mirror import offline_environment
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ingest.wandb_import import find_offline_runs
+from runledger.cli.main import app
+from runledger.ingest.wandb_import import find_offline_runs
 from tests.client.ledger_support import of_type
 from tests.support.wandb_files import close_wandb_files
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from ingest.wandb_import import find_offline_runs, read_records
-from schemas import Envelope
+from runledger.ingest.wandb_import import find_offline_runs, read_records
+from runledger.schemas import Envelope
 from tests.client.ledger_support import cli_json, ingest, metric_series, of_type
 
 pytest.importorskip("wandb")

@@ -2,7 +2,7 @@
 to W&B offline through ``runledger.wandb.tee()``: the ledger's step is the Trainer's
 ``train/global_step`` (HF declares it with ``define_metric("*", step_metric=...)``), not W&B's row
 counter, which also counts eval rows. W&B's own reader is the ground truth, and importing W&B's file
-afterwards (``ingest.wandb_import``) says the same as the bridge did."""
+afterwards (``runledger.ingest.wandb_import``) says the same as the bridge did."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from ingest.bus import SpoolSink
-from ingest.wandb_import import find_offline_runs, import_offline_run, read_records
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.wandb_import import find_offline_runs, import_offline_run, read_records
 from tests.client.ledger_support import cli_json, ingest, metric_series, of_type
 from tests.support.wandb_files import close_wandb_files
 

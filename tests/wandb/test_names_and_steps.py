@@ -1,4 +1,4 @@
-"""The W&B bridge (``runledger.wandb.tee``) and the offline importer (``ingest.wandb_import``) record one
+"""The W&B bridge (``runledger.wandb.tee``) and the offline importer (``runledger.ingest.wandb_import``) record one
 W&B run the same way: the same steps, every value under the name it was logged with, the same typed
 fields, the same config (``_`` keys too), and no invented ``tokens``. Real wandb, offline."""
 
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from ingest.bus import SpoolSink
-from ingest.wandb_import import find_offline_runs, import_offline_run, read_records
-from schemas import Envelope
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.wandb_import import find_offline_runs, import_offline_run, read_records
+from runledger.schemas import Envelope
 from tests.client.ledger_support import of_type
 from tests.support.wandb_files import close_wandb_files
 

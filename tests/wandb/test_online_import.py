@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ingest.spool import SpoolReader
-from ingest.spool_ingester import IngestStats, ingest_spool
-from ledger import registry
-from ledger.query import Reader
-from ledger.store import Ledger
-from schemas import Event, decode_event
-from schemas.note import write_keypair
-from schemas.payloads import ProducerScope
+from runledger.cli.main import app
+from runledger.ingest.spool import SpoolReader
+from runledger.ingest.spool_ingester import IngestStats, ingest_spool
+from runledger.ledger import registry
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger
+from runledger.schemas import Event, decode_event
+from runledger.schemas.note import write_keypair
+from runledger.schemas.payloads import ProducerScope
 from tests.support.wandb_api_server import FIXTURES, RecordedRun, WandbApiServer
 
 PROJECT = "runledger-lab/moe-reference"
@@ -441,9 +441,9 @@ def test_help_names_both_forms_with_an_example() -> None:
 def test_the_library_pages_runs_and_history_in_the_sizes_asked(
     wandb_api: WandbApiServer, tmp_path: Path
 ) -> None:
-    from ingest.bus import SpoolSink
-    from ingest.wandb_cursor import CursorStore
-    from ingest.wandb_online import import_online, open_api
+    from runledger.ingest.bus import SpoolSink
+    from runledger.ingest.wandb_cursor import CursorStore
+    from runledger.ingest.wandb_online import import_online, open_api
 
     sink = SpoolSink(tmp_path / "spool")
     try:
@@ -467,8 +467,8 @@ def test_a_restart_whose_runtime_w_and_b_carried_on_is_found_by_the_clock_gap(
 ) -> None:
     """W&B may continue ``_runtime`` across a resume; then only ``_timestamp`` jumping ahead of it
     (the process was down) shows the restart. A rewound ``_step`` is a restart too."""
-    from ingest.wandb_cursor import RunCursor
-    from ingest.wandb_online import RELAUNCH_GAP_S, _RunImport
+    from runledger.ingest.wandb_cursor import RunCursor
+    from runledger.ingest.wandb_online import RELAUNCH_GAP_S, _RunImport
 
     full = wandb_api.runs[LONG]
     rows = [json.loads(line) for line in full.history_lines]
@@ -501,8 +501,8 @@ def _offline_trainer_run(root: Path, steps: int, eval_every: int) -> Path:
     """A real W&B offline run logged as the Hugging Face Trainer logs: ``train/global_step`` is the
     step metric of everything (``define_metric("*", step_metric=…)``), an eval row follows some train
     rows at the same global step (W&B's step_sync puts the step into it). Returns its .wandb file."""
-    from ingest.wandb_import import find_offline_runs
-    from ingest.wandb_mirror import offline_environment
+    from runledger.ingest.wandb_import import find_offline_runs
+    from runledger.ingest.wandb_mirror import offline_environment
 
     settings = offline_environment(root)
     Path(settings["WANDB_DIR"]).mkdir(parents=True)
@@ -552,7 +552,7 @@ def _run_config_metrics(metric_records: list[dict[str, Any]]) -> list[dict[str, 
 def _as_recorded(wandb_api: WandbApiServer, wandb_file: Path, *, rows: int | None, state: str) -> RecordedRun:
     """The offline run as W&B's server would hold it (its history rows, its config with ``_wandb.m``),
     served under the LONG run's name; ``rows``: only the first so many history rows so far."""
-    from ingest.wandb_import import read_records
+    from runledger.ingest.wandb_import import read_records
 
     records = list(read_records(wandb_file))  # a generator: read once
     history = [r["history"]["item"] for r in records if r.get("type") == "history"][:rows]
@@ -576,8 +576,8 @@ def _step_events(spool: Path) -> list[tuple[int | None, Any]]:
 def test_define_metric_steps_are_those_of_the_offline_import(
     wandb_api: WandbApiServer, tmp_path: Path
 ) -> None:
-    from ingest.bus import SpoolSink
-    from ingest.wandb_import import import_offline_run
+    from runledger.ingest.bus import SpoolSink
+    from runledger.ingest.wandb_import import import_offline_run
 
     wandb_file = _offline_trainer_run(tmp_path / "offline", steps=30, eval_every=5)
     offline = tmp_path / "offline-spool"

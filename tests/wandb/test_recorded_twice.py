@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 import runledger
-from cli.main import app
-from ingest.bus import SpoolSink
+from runledger.cli.main import app
+from runledger.ingest.bus import SpoolSink
 from tests.client.ledger_support import cli_json, ingest
 from tests.support.wandb_files import close_wandb_files
 

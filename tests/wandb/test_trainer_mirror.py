@@ -16,17 +16,17 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ingest.bus import SpoolSink
-from ingest.spool_ingester import ingest_spool
-from ingest.wandb_import import find_offline_runs, import_offline_run
-from ingest.wandb_mirror import WandbMirror
-from ledger.query import Reader
-from ledger.store import Ledger
-from schemas import Envelope, config_hash
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.spool_ingester import ingest_spool
+from runledger.ingest.wandb_import import find_offline_runs, import_offline_run
+from runledger.ingest.wandb_mirror import WandbMirror
+from runledger.ledger.query import Reader
+from runledger.ledger.store import Ledger
+from runledger.schemas import Envelope, config_hash
+from runledger.trainer import mirror as mirror_lib
+from runledger.trainer.config import resolved
+from runledger.trainer.loop import schedule_config_change, train
 from tests.support.trainer import ROOT, read_spool, tiny_config, tiny_config_file
-from trainer import mirror as mirror_lib
-from trainer.config import resolved
-from trainer.loop import schedule_config_change, train
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*:UserWarning:megatron"),
@@ -228,7 +228,7 @@ def test_a_mirror_that_cannot_start_does_not_stop_training(
     # The real WandbMirror with a mode wandb refuses: trains anyway, and the ledger says why.
     sink = SpoolSink(tmp_path / "spool")
     cfg = tiny_config(tmp_path, "run.steps=3", run_id="no-wandb")
-    with caplog.at_level("WARNING", logger="trainer.mirror"):
+    with caplog.at_level("WARNING", logger="runledger.trainer.mirror"):
         result = train(cfg, sink, mirror=WandbMirror(mode="bogus", directory=wandb_dir), handle_signals=False)
     sink.close()
     assert (result.status, result.final_step) == ("completed", 3)
@@ -250,7 +250,7 @@ def test_a_mirror_that_cannot_start_does_not_stop_training(
 
 
 def test_cli_train_with_wandb(wandb_dir: Path, tmp_path: Path) -> None:
-    from cli.main import app
+    from runledger.cli.main import app
 
     config = tiny_config_file(tmp_path, run_id="from-cli")
     spool = tmp_path / "spool"
@@ -266,7 +266,7 @@ def test_cli_train_with_wandb(wandb_dir: Path, tmp_path: Path) -> None:
 
     # The standalone entry point (what torchrun launches) has the options too.
     help_text = subprocess.run(
-        [sys.executable, "-m", "cli.train_cmd", "--help"],
+        [sys.executable, "-m", "runledger.cli.train_cmd", "--help"],
         capture_output=True,
         text=True,
         cwd=ROOT,

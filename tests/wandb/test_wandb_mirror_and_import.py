@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ingest.bus import SpoolSink
-from ingest.spool import SpoolReader
-from ingest.wandb_import import WandbImportError, find_offline_runs, import_offline_run
-from ingest.wandb_mirror import WandbMirror
-from schemas import Event, config_hash, decode_event
+from runledger.cli.main import app
+from runledger.ingest.bus import SpoolSink
+from runledger.ingest.spool import SpoolReader
+from runledger.ingest.wandb_import import WandbImportError, find_offline_runs, import_offline_run
+from runledger.ingest.wandb_mirror import WandbMirror
+from runledger.schemas import Event, config_hash, decode_event
 from tests.support.wandb_files import close_wandb_files
 
 STEPS = 300

@@ -25,14 +25,14 @@ import uvicorn
 from starlette.testclient import TestClient
 
 import runledger
-from ingest.spool_ingester import ingest_spool
-from ledger.integrity import sign_checkpoints
-from ledger.live_page import LivePage, create_app
-from ledger.store import Ledger, SourceRecord
-from schemas import encode_event, make_event
-from schemas import payloads as p
-from schemas.github import GitHubPullRequest
-from schemas.note import write_keypair
+from runledger.ingest.spool_ingester import ingest_spool
+from runledger.ledger.integrity import sign_checkpoints
+from runledger.ledger.live_page import LivePage, create_app
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas import encode_event, make_event
+from runledger.schemas import payloads as p
+from runledger.schemas.github import GitHubPullRequest
+from runledger.schemas.note import write_keypair
 from tests.support.factory import T0, RunBuilder
 from tests.web.test_report import _browser_binaries
 
@@ -120,9 +120,7 @@ def serving(ledger: Path, **options: Any) -> Iterator[str]:
         thread.join(timeout=10)
 
 
-SERVE = (
-    "import sys; from ledger.live_page import serve; serve(sys.argv[1], port=int(sys.argv[2]), poll_s=0.1)"
-)
+SERVE = "import sys; from runledger.ledger.live_page import serve; serve(sys.argv[1], port=int(sys.argv[2]), poll_s=0.1)"
 
 
 class ServerProcess:
@@ -541,7 +539,7 @@ def test_a_logged_step_reaches_the_open_page_and_a_restart_loses_and_repeats_not
 def test_cli_serve_page_is_registered_and_refuses_a_missing_ledger(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from runledger.cli.main import app
 
     result = CliRunner().invoke(app, ["serve", "page", "--help"], env={"COLUMNS": "120"})
     assert result.exit_code == 0 and "--ledger" in result.output and "--port" in result.output

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from ledger.live_page import PageCache
+from runledger.ledger.live_page import PageCache
 from tests.web.test_live_page import (
     WAIT_S,
     _commit_steps,

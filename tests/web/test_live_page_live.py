@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from ledger.query import Reader
-from ledger.report import build_report
-from ledger.store import Ledger, SourceRecord
-from schemas import config_hash
-from schemas import payloads as p
+from runledger.ledger.query import Reader
+from runledger.ledger.report import build_report
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas import config_hash
+from runledger.schemas import payloads as p
 from tests.support.factory import RunBuilder
 from tests.web.test_live_page import HOSTILE, _chromium, _open, _story, _until, serving
 

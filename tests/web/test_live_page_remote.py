@@ -18,8 +18,8 @@ import pytest
 import uvicorn
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.live_page import create_published_app
+from runledger.cli.main import app
+from runledger.ledger.live_page import create_published_app
 from tests.merkle.test_publish import Site
 from tests.merkle.test_remote import Served, _flipped, _serving
 from tests.web.test_live_page import WAIT_S, _chromium, _free_port, _open, _page_live_data, _until, read_sse

@@ -17,10 +17,10 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.live_page import Witnesses
-from ledger.publish import log_origin
-from ledger.witness import Witness, _save_policy, load_policy
+from runledger.cli.main import app
+from runledger.ledger.live_page import Witnesses
+from runledger.ledger.publish import log_origin
+from runledger.ledger.witness import Witness, _save_policy, load_policy
 from tests.merkle.test_publish import (
     Site,
     _cosignature_vkey,

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from ledger.integrity import sign_checkpoints
-from ledger.query import Reader
-from ledger.report import (
+from runledger.cli.main import app
+from runledger.ledger.integrity import sign_checkpoints
+from runledger.ledger.query import Reader
+from runledger.ledger.report import (
     HEATMAP_BUCKETS,
     StepRange,
     build_report,
@@ -30,11 +30,11 @@ from ledger.report import (
     router_view,
     run_markers,
 )
-from ledger.store import Ledger, SourceRecord
-from schemas import encode_event, make_event
-from schemas import payloads as p
-from schemas.github import GitHubPullRequest, GitHubPush
-from schemas.note import write_keypair
+from runledger.ledger.store import Ledger, SourceRecord
+from runledger.schemas import encode_event, make_event
+from runledger.schemas import payloads as p
+from runledger.schemas.github import GitHubPullRequest, GitHubPush
+from runledger.schemas.note import write_keypair
 from tests.support.factory import T0, RunBuilder
 
 ROOT = Path(__file__).resolve().parents[2]

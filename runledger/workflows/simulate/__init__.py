@@ -1,7 +1,7 @@
 """The reference run as an event stream anyone can generate: ``ledger simulate reference-535b``.
 
 A producer like the trainer (trainer → bus → ingest): it emits, through any ``EventSink``, the events
-the real trainer (``trainer.telemetry`` and ``loop``) and the GitHub webhook receiver would
+the real trainer (``runledger.trainer.telemetry`` and ``loop``) and the GitHub webhook receiver would
 have produced for the run of ../shared/reference/marin-535b.md, with the same event types, sources,
 payload fields and scalar names. Its story, which an analyst can check against the published facts:
 
@@ -21,7 +21,7 @@ payload fields and scalar names. Its story, which an analyst can check against t
   (``moe.dispatcher`` pooled_wave → ragged_all_to_all) at step 81,716 among them;
 * a GitHub stream of the run's repository over the same months (issues, PRs with reviews and
   synchronize pushes, squash merges pushed to main, crash reports, relaunch comments on the run's
-  status issue), made by ``ingest.github_events.webhook_events`` as the receiver makes it;
+  status issue), made by ``runledger.ingest.github_events.webhook_events`` as the receiver makes it;
   every attempt runs the commit at the head of main when it launched.
 
 The package, top to bottom: ``facts`` (the published figures, ``SimOptions``), ``story`` (the plan:

@@ -1,6 +1,6 @@
 """The emission: the planned story, step by step, as the trainer's envelopes through an ``EventSink``.
 
-Each attempt announces itself (``run.started`` or ``run.resumed``, built by ``schemas.launch`` as
+Each attempt announces itself (``run.started`` or ``run.resumed``, built by ``runledger.schemas.launch`` as
 every producer builds it), then emits per step its config changes, metrics, router stats, expert
 counts and rank stats on their intervals and its checkpoints, and ends finished or crashed; the
 GitHub deliveries are interleaved at the moments they happened.
@@ -16,7 +16,11 @@ from typing import Any, Literal
 import msgspec
 import numpy as np
 
-from ingest.bus import EventSink
+from runledger.ingest.bus import EventSink
+from runledger.schemas import Envelope, config_hash, make_event
+from runledger.schemas import payloads as p
+from runledger.schemas.config_patch import apply_config_patch
+from runledger.schemas.launch import Provenance, launch_event, launch_fields
 from runledger.workflows.simulate.facts import (
     CHECKPOINT_BYTES,
     CLUSTER,
@@ -39,10 +43,6 @@ from runledger.workflows.simulate.facts import (
 from runledger.workflows.simulate.story import config_at, plan
 from runledger.workflows.simulate.timeline import Change, Crash, Plan, Profile, Segment
 from runledger.workflows.simulate.values import Chunk, chunk, expert_counts, f32
-from schemas import Envelope, config_hash, make_event
-from schemas import payloads as p
-from schemas.config_patch import apply_config_patch
-from schemas.launch import Provenance, launch_event, launch_fields
 
 CHUNK_STEPS = 2000
 CheckpointReason = Literal["interval", "signal", "final", "manual"]  # as checkpoint.saved names them

@@ -3,7 +3,7 @@
 Issues, PRs with reviews and synchronize pushes, squash merges pushed to main (each config change's
 PR among them), crash reports and relaunch comments on the run's status issue; every attempt runs
 the commit at the head of main when it launched. The deliveries become envelopes through
-``ingest.github_events.webhook_events``, as the receiver makes them.
+``runledger.ingest.github_events.webhook_events``, as the receiver makes them.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ingest.github_events import webhook_events
+from runledger.ingest.github_events import webhook_events
+from runledger.schemas import Envelope
 from runledger.workflows.simulate.facts import BOT, CLUSTER, USERS, when
 from runledger.workflows.simulate.timeline import Change, Plan, Segment
-from schemas import Envelope
 
 DAY = 86400.0
 Delivery = tuple[float, str, dict[str, Any]]  # (seconds since START, event name, payload)

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from runledger.schemas import payloads as p
+from runledger.schemas.config_patch import apply_config_patch
 from runledger.workflows.simulate.facts import (
     EXPERTS,
     FLAKY_RANKS,
@@ -39,8 +41,6 @@ from runledger.workflows.simulate.facts import (
 from runledger.workflows.simulate.github_story import lay_out_github
 from runledger.workflows.simulate.timeline import Change, Crash, Plan, Segment
 from runledger.workflows.simulate.values import profile_of
-from schemas import payloads as p
-from schemas.config_patch import apply_config_patch
 
 
 def plan(options: SimOptions) -> Plan:

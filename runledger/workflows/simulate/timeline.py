@@ -11,9 +11,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from runledger.schemas import Envelope
+from runledger.schemas import payloads as p
 from runledger.workflows.simulate.facts import SimOptions
-from schemas import Envelope
-from schemas import payloads as p
 
 CrashKind = Literal["exception", "nonfinite_loss", "signal", "oom"]  # as run.crashed names them
 

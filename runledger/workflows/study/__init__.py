@@ -7,7 +7,7 @@ One call (``run_study``) does, in order, all into one ledger in the study's work
    the study's own stream, ingested, and a log checkpoint is signed. Every training run's id embeds
    the SHA-256 of that signed checkpoint, so each training event (all of them carry the run id,
    signed by the producer key) provably came after it.
-2. **Runs.** Small Megatron-Core MoE GPTs train through ``trainer.loop.train`` (normal
+2. **Runs.** Small Megatron-Core MoE GPTs train through ``runledger.trainer.loop.train`` (normal
    recorded runs): a dropless run (the ragged control) and a run trained with Megatron's capacity
    dropping on. On each, hooks on the routers keep every micro-batch's top-k selection before
    dropping, and every layer's drop rate per step is counted for Megatron's per-micro-batch capacity
@@ -25,7 +25,7 @@ gradient (Megatron's ``moe_router_enable_expert_bias``, updated after every step
 ``moe_utils.get_updated_expert_bias``); the z-loss is logged (and trained with a small coefficient).
 
 The modules: ``options`` (options, the reference figures), ``policies`` (accounting rules, counts
-through ``trainer.drop_accounting``, statistics), ``collect`` (router hooks, per-step counts, expert
+through ``runledger.trainer.drop_accounting``, statistics), ``collect`` (router hooks, per-step counts, expert
 bias), ``predictions`` (predictions, claims, scoring), ``output`` (``StudyResult``, ``results.json``,
 figure), ``pipeline`` (``run_study`` and its steps). The public names are importable from here.
 """

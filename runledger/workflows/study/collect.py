@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from runledger.trainer import drop_accounting as da
 from runledger.workflows.study.options import StudyError, StudyOptions
 from runledger.workflows.study.policies import Policy, count_drops
-from trainer import drop_accounting as da
 
 if TYPE_CHECKING:
     from megatron.core.transformer.moe.router import TopKRouter
@@ -32,7 +32,7 @@ class DropCollector:
         self.accounting_s = 0.0
 
     def install(self, model: torch.nn.Module) -> None:
-        from trainer import model as model_lib
+        from runledger.trainer import model as model_lib
 
         self.routers = model_lib.routers(model)
         for index, router in enumerate(self.routers):

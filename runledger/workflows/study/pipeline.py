@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runledger.trainer.config import CONFIG_DIR
 from runledger.workflows.study.collect import DropCollector
 from runledger.workflows.study.options import (
     REFERENCE_POOLED_WAVE_CF,
@@ -22,13 +23,12 @@ from runledger.workflows.study.options import (
 from runledger.workflows.study.output import StudyResult, plot_study, write_results_json
 from runledger.workflows.study.policies import Policy, Summary, pooled_wave_policy, study_policies, summarise
 from runledger.workflows.study.predictions import Prediction, Score, claims, make_predictions, score
-from trainer.config import CONFIG_DIR
 
 if TYPE_CHECKING:
-    from ingest.bus import EventSink
-    from ledger.store import Ledger
-    from trainer.config import TrainConfig
-    from trainer.telemetry import StepReport
+    from runledger.ingest.bus import EventSink
+    from runledger.ledger.store import Ledger
+    from runledger.trainer.config import TrainConfig
+    from runledger.trainer.telemetry import StepReport
 
 AUTHOR = "ledger study token-drop"
 TAG = "token-drop-study"
@@ -46,7 +46,7 @@ def train_config(
 ) -> TrainConfig:
     """The TrainConfig of one study run (a normal recorded run): ``trainer/configs/study_token_drop.toml``
     with the study's options over it."""
-    from trainer.config import load_config
+    from runledger.trainer.config import load_config
 
     o = options
     overrides = [
@@ -88,7 +88,7 @@ class StudyEvents:
         self.seq: dict[str, int] = {}
 
     def emit(self, payload: Any, *, stream: str, run_id: str | None = None, step: int | None = None) -> None:
-        from schemas import make_event
+        from runledger.schemas import make_event
 
         source = f"study/{self.study_id}" if run_id is None else f"study/{self.study_id}/{run_id}"
         seq = self.seq.get(source, 0)
@@ -104,7 +104,7 @@ class StudyEvents:
         run_id: str | None = None,
         step: int | None = None,
     ) -> None:
-        from schemas.payloads import Annotation
+        from runledger.schemas.payloads import Annotation
 
         self.emit(
             Annotation(author=AUTHOR, text=text[:1000], tags=[TAG, *tags]),
@@ -149,8 +149,8 @@ class _Study:
 
     def fold_and_sign(self) -> None:
         """What the spool holds into the ledger, then every stream's checkpoint signed."""
-        from ingest.spool_ingester import ingest_spool
-        from ledger.integrity import sign_checkpoints
+        from runledger.ingest.spool_ingester import ingest_spool
+        from runledger.ledger.integrity import sign_checkpoints
 
         ingest_spool(self.ledger, self.spool)
         sign_checkpoints(self.ledger_dir, self.log_key.read_text().strip())
@@ -177,13 +177,13 @@ class _Results:
 
 def _open_study(options: StudyOptions) -> _Study:
     """Keys, a fresh ledger that admits the study's producer key, and the sink its events go to."""
-    from ingest.bus import open_sink
-    from ledger.log_key import default_keys, record_log_key
-    from ledger.registry import register_producer
-    from ledger.store import Ledger
-    from schemas.note import write_keypair
-    from schemas.payloads import ProducerScope
-    from schemas.signing import Sealer
+    from runledger.ingest.bus import open_sink
+    from runledger.ledger.log_key import default_keys, record_log_key
+    from runledger.ledger.registry import register_producer
+    from runledger.ledger.store import Ledger
+    from runledger.schemas.note import write_keypair
+    from runledger.schemas.payloads import ProducerScope
+    from runledger.schemas.signing import Sealer
 
     workdir = options.workdir
     started = time.perf_counter()
@@ -211,8 +211,8 @@ def _open_study(options: StudyOptions) -> _Study:
 
 def _preregister(study: _Study, say: Say) -> _Preregistration:
     """1. Predictions and claims, ingested and signed before any training."""
-    from ledger.integrity import checkpoint_path
-    from ledger.store import Ledger
+    from runledger.ledger.integrity import checkpoint_path
+    from runledger.ledger.store import Ledger
 
     options, events, stream = study.options, study.events, study.stream
     say(f"study {study.study_id}: predicting {len(study.policies)} policies (balanced-router Monte Carlo)")
@@ -254,7 +254,7 @@ def _train_runs(study: _Study, prereg: _Preregistration, say: Say) -> dict[str, 
 
 def _train_run(study: _Study, run_id: str, capacity_factor: float | None, say: Say) -> DropCollector:
     """One recorded run through the trainer, its routers' selections counted by a ``DropCollector``."""
-    from trainer.loop import train
+    from runledger.trainer.loop import train
 
     options = study.options
     collector = DropCollector(options, study.policies)
@@ -285,7 +285,7 @@ def _record_results(
     """3. Results and scores as events (a run summary and result notes per run, the control's results,
     the scores and the comparison with the reference on the study stream), then folded and signed: the
     second checkpoint."""
-    from schemas.payloads import RunSummary
+    from runledger.schemas.payloads import RunSummary
 
     options, events = study.options, study.events
     run_ids = list(collectors)
@@ -330,7 +330,7 @@ def _write_outputs(
     plot_study(study.options, collectors, run_ids[0], figure)
     report_path: Path | None = workdir / "report.html"
     try:
-        from ledger.report import write_report
+        from runledger.ledger.report import write_report
 
         write_report(study.ledger_dir, run_ids, workdir / "report.html")
     except Exception as exc:  # the report is a view; the study's record is already complete

@@ -1,5 +1,5 @@
 """The study's accounting rules (``Policy``), their drop counts on one micro-batch's selection (through
-``trainer.drop_accounting``), and their statistics over layers × steps (``summarise``)."""
+``runledger.trainer.drop_accounting``), and their statistics over layers × steps (``summarise``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from runledger.trainer import drop_accounting as da
 from runledger.workflows.study.options import StudyOptions
-from trainer import drop_accounting as da
 
 # --- policies and their labels -----------------------------------------------------------------
 
