@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import signal
 import traceback
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from runledger.schemas.payloads import RunCrashed
+if TYPE_CHECKING:  # the catalogue (msgspec) is loaded by the crash that needs it, not by every import
+    from runledger.schemas.payloads import RunCrashed
 
 CrashKind = Literal["exception", "nonfinite_loss", "signal", "oom"]
 
@@ -58,6 +59,8 @@ def crashed(
 ) -> RunCrashed:
     """One rank's crash: the exception (type, message, traceback) or signal, and the exit code a
     process ends with for it (1, or 128 + the signal's number)."""
+    from runledger.schemas.payloads import RunCrashed
+
     return RunCrashed(
         kind=kind,
         exc_type=type(exc).__qualname__ if exc is not None else None,

@@ -7,15 +7,19 @@ same 48 values a step; a small run of each, on real files.
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
+from bench.base_tree import BASE_COMMIT, ROOT
 from bench.bench_ledger import LAYERS, make_workload
 from bench.bench_peer import (
     MAX_LOAD_NAMES,
     NEW_LEDGER,
     PART_FILES,
+    measure_part_files,
     peer_steps,
     pyarrow_ceiling_max_load,
     run_peer,
@@ -45,11 +49,18 @@ def test_max_load_scalars_all_land_in_a_new_ledger(tmp_path: Path) -> None:
 
 
 def test_the_part_files_baseline_is_part_files(tmp_path: Path) -> None:
+    """The part-file store is gone from this code (issue 39): its figures come from the last commit
+    that had it, run by that commit's own bench in a subprocess, and this bench refuses to fake them."""
     steps = peer_steps(make_workload(STEPS))
-    times = run_peer(tmp_path / "peer", steps, store=PART_FILES)
-    assert (tmp_path / "peer" / "ledger" / "LEDGER.json").exists()
-    assert not (tmp_path / "peer" / "ledger" / "LAKE.json").exists()
-    assert times.metric_values == STEPS * 20
+    with pytest.raises(ValueError, match="measure_part_files"):
+        run_peer(tmp_path / "peer", steps, store=PART_FILES)
+    if subprocess.run(
+        ["git", "-C", str(ROOT), "cat-file", "-e", f"{BASE_COMMIT}^{{commit}}"], check=False
+    ).returncode:
+        pytest.skip(f"commit {BASE_COMMIT} (the part-file baseline) is not in this clone's history")
+    figures = measure_part_files(tmp_path / "work", STEPS, 1, max_load=False)
+    assert figures["store"] == "part files" and figures["steps"] == STEPS, figures
+    assert figures["events"] > 0 and figures["ratio"] > 0, figures
 
 
 def test_pyarrow_baseline_writes_the_same_max_loads(tmp_path: Path) -> None:

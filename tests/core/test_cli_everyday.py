@@ -301,13 +301,13 @@ def _listed(help_text: str) -> list[str]:
     return re.findall(r"^│ ([a-z][a-z-]*) {2,}", panel[1], flags=re.MULTILINE) if len(panel) == 2 else []
 
 
-def _commands() -> list[list[str]]:
-    _code, out = invoke("--help", columns=200)
+def _commands(*group: str) -> list[list[str]]:
+    """Every command under ``group`` (the app itself when empty), groups of groups included."""
+    _code, out = invoke(*group, "--help", columns=200)
     found = []
     for name in _listed(out):
-        _code, sub = invoke(name, "--help", columns=200)
-        inner = _listed(sub)
-        found += [[name, s] for s in inner] if inner else [[name]]
+        _code, sub = invoke(*group, name, "--help", columns=200)
+        found += _commands(*group, name) if _listed(sub) else [[*group, name]]
     return found
 
 
