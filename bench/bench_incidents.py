@@ -10,9 +10,10 @@ Per ledger, the median of ``--rounds`` calls of:
 
 * ``state`` (library): ``Reader.state``; and the baseline beside it, the path before the change:
   every state event read with ``STATE_TYPES`` (each incident decoded in Python) and folded;
-* ``state (summary)``: the new path spelled out here (``FOLD_TYPES`` events + one GROUP BY over the
-  incidents: ``runledger.ledger.views.incident_ranges_query``), so it is measured whether or not the Reader
-  already uses it;
+* ``state, summary of the JSON`` / ``of typed rows``: the summary spelled out here (``FOLD_TYPES``
+  events + one GROUP BY over the incidents: ``runledger.ledger.views.incident_ranges_query``) over
+  ``state_events``' JSON or over the ``ingest_incidents`` table's columns; ``Reader._state`` adds the
+  Reader's own ranges first, so these count the GROUP BY twice (compare them with each other);
 * ``history`` (library): ``Reader.history``; the baseline: one history item per incident event;
 * ``ledger state`` / ``ledger history`` (the CLI in this process, table output to a string).
 
@@ -27,9 +28,24 @@ change with the Reader reading incidents in summary. 3 incidents → 30,888:
     after   Reader.state      31 / 27  →  151 / 136     ledger state (CLI)    190 / 188  →    447 /   291
             Reader.history    49 / 45  →  182 / 132     ledger history (CLI)  282 / 191  →    602 /   323
 
-(state lines: 3 → 30,888 before, 1 → 5 after). What the flood still costs is DuckDB reading the
-incidents' canonical JSON from ``state_events`` (~20 ms) and parsing it (~40 ms CPU): a typed table
-of incidents would remove it.
+(state lines: 3 → 30,888 before, 1 → 5 after). What the flood still cost was DuckDB reading the
+incidents' canonical JSON from ``state_events`` (~20 ms) and parsing it (~40 ms CPU).
+
+Measured again (2026-12-06, the same shared machine at load ~4.7, medians of 7, wall / CPU ms) after
+the typed table: each ``ledger.incident`` is also an ``ingest_incidents`` row (its projector, at the
+commit), and the Reader folds those columns (the JSON only on a lake made before the table). 3
+incidents → 30,888, fresh ledgers (``--work`` empty):
+
+    Reader.state      38 / 36  →   61 /  58     ledger state (CLI)    421 / 227  →  738 / 304
+    Reader.history    91 / 48  →   94 /  63     ledger history (CLI)  546 / 320  →  512 / 276
+    summary of the JSON, state    41 / 38  →  164 / 108;  of typed rows  40 / 40  →  132 /  79
+    summary of the JSON, history 125 / 65  →  193 / 133;  of typed rows  58 / 45  →  264 /  90
+
+so the flood costs Reader.state 1.6x and Reader.history 1.3x (CPU) of the quiet ledger's, against
+5.0x and 2.9x before the table. What it still costs: the flood's 30,888 incident events are still
+``state_events`` rows (the fold's reads skip them by type, ~5 ms), and the GROUP BY of 30,888 typed
+rows (~10 ms). (Before this date ``build`` looked for ``LEDGER.json``, which a lake has not, so every
+run re-emitted into the old spool and rebuilt: now it looks for ``LAKE.json``.)
 
     python -m bench.bench_incidents [--steps 40000] [--rounds 7] [--work DIR]
 """
@@ -51,6 +67,7 @@ from runledger.ingest.bus import SpoolSink
 from runledger.ingest.spool_ingester import ingest_spool
 from runledger.ledger.fold import FOLD_TYPES, RANGE_KINDS, STATE_TYPES, RunState, with_incident_ranges
 from runledger.ledger.history import HistoryItem, incident_items
+from runledger.ledger.lake import LAKE_MARKER
 from runledger.ledger.query import Reader
 from runledger.ledger.store import Ledger
 from runledger.ledger.views import incident_range_facts, incident_ranges_query
@@ -115,7 +132,7 @@ def build(work: Path, steps: int, *, flood: bool) -> Path:
     """The ledger (built once, then reused)."""
     name = f"{'flood' if flood else 'quiet'}-{steps}"
     root = work / name / "ledger"
-    if (root / "LEDGER.json").exists():
+    if (root / LAKE_MARKER).exists():  # (a lake's marker: ``LEDGER.json`` named none, so each run rebuilt)
         return root
     spool = work / name / "spool"
     sink = SpoolSink(spool)
@@ -142,21 +159,24 @@ def median_ms(call: Callable[[], Any], rounds: int) -> tuple[float, float]:
     return statistics.median(wall) * 1000, statistics.median(cpu) * 1000
 
 
-def summary_state(reader: Reader, run_id: str) -> RunState:
+def summary_state(reader: Reader, run_id: str, *, typed: bool = False) -> RunState:
     """The state as a Reader that reads incidents in summary makes it: the fold over ``FOLD_TYPES``
     and one GROUP BY over the incidents (``runledger.ledger.views.incident_ranges_query``), spelled out here
-    (the ranges a Reader that already does so added are left out first)."""
+    (the ranges a Reader that already does so added are left out first); ``typed``: over the
+    ``ingest_incidents`` table's columns, else over ``state_events``' JSON."""
     state = reader._state(run_id, reader.events(run_id, FOLD_TYPES))
-    query, params = incident_ranges_query(run_id, state_table=True, attempt=state.attempt, step=state.step)
+    query, params = incident_ranges_query(
+        run_id, state_table=True, attempt=state.attempt, step=state.step, typed_table=typed
+    )
     ranges = incident_range_facts(reader.sql(query, params).records())
     own = [fact for fact in state.incidents if fact["kind"] not in RANGE_KINDS]
     state.incidents = with_incident_ranges(own, ranges)
     return state
 
 
-def summary_history(reader: Reader, run_id: str) -> list[HistoryItem]:
+def summary_history(reader: Reader, run_id: str, *, typed: bool = False) -> list[HistoryItem]:
     items = reader._history(run_id, reader.events(run_id, FOLD_TYPES))
-    query, params = incident_ranges_query(run_id, state_table=True)
+    query, params = incident_ranges_query(run_id, state_table=True, typed_table=typed)
     items = [item for item in items if item.kind != c.LEDGER_INCIDENT]
     items += incident_items(incident_range_facts(reader.sql(query, params).records()))
     return sorted(items, key=lambda item: item.time)
@@ -184,6 +204,7 @@ def measure(root: Path, rounds: int) -> dict[str, Any]:
 def _measure(reader: Reader, root: Path, rounds: int) -> dict[str, Any]:
     state, every = reader.state(RUN_ID), reader._state(RUN_ID, reader.events(RUN_ID, STATE_TYPES))
     assert summary_state(reader, RUN_ID).incidents == every.incidents, "the two paths disagree"
+    assert summary_state(reader, RUN_ID, typed=True).incidents == every.incidents, "the typed table disagrees"
     counted = sum(fact.get("incidents", 1) for fact in every.incidents)
     return {
         "incidents": counted,
@@ -192,12 +213,16 @@ def _measure(reader: Reader, root: Path, rounds: int) -> dict[str, Any]:
         "state, every incident decoded": median_ms(
             lambda: reader._state(RUN_ID, reader.events(RUN_ID, STATE_TYPES)), rounds
         ),
-        "state, incidents in summary": median_ms(lambda: summary_state(reader, RUN_ID), rounds),
+        "state, summary of the JSON": median_ms(lambda: summary_state(reader, RUN_ID), rounds),
+        "state, summary of typed rows": median_ms(lambda: summary_state(reader, RUN_ID, typed=True), rounds),
         "Reader.history": median_ms(lambda: reader.history(RUN_ID), rounds),
         "history, every incident decoded": median_ms(
             lambda: reader._history(RUN_ID, reader.events(RUN_ID, STATE_TYPES)), rounds
         ),
-        "history, incidents in summary": median_ms(lambda: summary_history(reader, RUN_ID), rounds),
+        "history, summary of the JSON": median_ms(lambda: summary_history(reader, RUN_ID), rounds),
+        "history, summary of typed rows": median_ms(
+            lambda: summary_history(reader, RUN_ID, typed=True), rounds
+        ),
         "ledger state (CLI, in process)": cli_ms(root, "state", max(1, rounds // 2)),
         "ledger history (CLI, in process)": cli_ms(root, "history", max(1, rounds // 2)),
     }

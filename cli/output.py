@@ -143,7 +143,7 @@ def user_errors(ledger: Path | None = None) -> Iterator[None]:
     Given the command's ``ledger``, a missing ledger's line points at the ledger that does exist.
     """
     from runledger.ledger.duck import ExtensionMissing  # here, not at the top: pyarrow is slow to import
-    from runledger.ledger.store import LedgerError
+    from runledger.ledger.records import LedgerError
 
     try:
         yield

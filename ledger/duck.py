@@ -19,6 +19,7 @@ and a connection whose every extension still has that identity loads them withou
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 import os
@@ -26,9 +27,12 @@ import tempfile
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
-import pyarrow as pa
+
+if TYPE_CHECKING:  # issue 41: a connection needs no pyarrow (``column_type`` imports it when asked)
+    import pyarrow as pa
 
 __all__ = ["EXTENSION_DIR", "ExtensionMissing", "connect", "extension_file", "load_extension"]
 
@@ -137,21 +141,28 @@ def load_extension(con: duckdb.DuckDBPyConnection, name: str) -> None:
     con.execute(f"LOAD '{path}'")
 
 
-_DUCK_TYPES = {
-    pa.int32(): "INTEGER",
-    pa.int64(): "BIGINT",
-    pa.float64(): "DOUBLE",
-    pa.bool_(): "BOOLEAN",
-    pa.string(): "VARCHAR",
-    pa.binary(): "BLOB",
-    pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ",
-}
+@functools.cache
+def _duck_types() -> dict[pa.DataType, str]:
+    """Arrow type -> DuckDB's name, built on first use (pyarrow is slow to import)."""
+    import pyarrow as pa
+
+    return {
+        pa.int32(): "INTEGER",
+        pa.int64(): "BIGINT",
+        pa.float64(): "DOUBLE",
+        pa.bool_(): "BOOLEAN",
+        pa.string(): "VARCHAR",
+        pa.binary(): "BLOB",
+        pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ",
+    }
 
 
 def column_type(kind: pa.DataType) -> str | None:
     """DuckDB's name for a ledger column's Arrow type, as DuckDB reads it from Parquet (None: a type
     the ledger's tables do not use)."""
+    import pyarrow as pa
+
     if pa.types.is_list(kind):
         inner = column_type(kind.value_type)
         return None if inner is None else inner + "[]"
-    return _DUCK_TYPES.get(kind)
+    return _duck_types().get(kind)

@@ -44,18 +44,18 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import duckdb
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from runledger.ledger.compaction import SORTED_TABLES, conform
 from runledger.ledger.duck import column_type, connect
 from runledger.ledger.file_writes import write_all
 from runledger.ledger.parquet_schemas import SIDE_TABLES, TABLES, Table
 from runledger.schemas.durable import fsync_dir
+
+if TYPE_CHECKING:  # issue 41: pyarrow is imported where a write or a schema uses it, not by a reader
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -278,6 +278,8 @@ def _conformed(name: str, table: pa.Table) -> pa.Table:
 
 def _write_synced(rows: pa.Table, path: Path, table: str) -> None:
     """Rows of ``table`` as a Parquet file, written and fsynced with the folder that names it (made if new)."""
+    import pyarrow.parquet as pq
+
     made = not path.parent.exists()
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(
@@ -298,6 +300,7 @@ def _by_partition(table: pa.Table, column: str, sort_keys: Sequence[str]) -> lis
     One pass for every partition: one sort and at most one ``take`` (a ``filter`` per value scanned
     the whole table once each); a table of one partition that needs no sort is given back as it is."""
     import numpy as np  # (numpy comes with pyarrow; only a commit's write path needs it)
+    import pyarrow.compute as pc
 
     values = pc.dictionary_encode(table.column(column).combine_chunks())
     partitions: list[Any] = values.dictionary.to_pylist()
@@ -325,6 +328,8 @@ def _sort_order(table: pa.Table, sort_keys: Sequence[str]) -> Any:
     than Arrow's ``sort_indices`` on the metrics' names); a key with nulls or of another type is
     sorted by Arrow (nulls last), as ``Table.sort_by`` would."""
     import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
     if not sort_keys:
         return np.arange(table.num_rows)
@@ -349,6 +354,8 @@ def _sort_order(table: pa.Table, sort_keys: Sequence[str]) -> Any:
 def lake_schema(name: str) -> pa.Schema:
     """A ledger table's columns in the lake: its file columns, then its hive partition column (as a
     hive-partitioned glob reader sees them today)."""
+    import pyarrow as pa
+
     spec = _spec(name)
     if spec.partition in spec.schema.names:
         return spec.schema

@@ -49,8 +49,12 @@ from runledger.ledger.lake import (
     read_positions,
     read_state,
 )
-from runledger.ledger.parquet_schemas import SALTS, tables_of
+from runledger.ledger.parquet_schemas import SALTS, TABLES, tables_of
+from runledger.ledger.projectors import FoldState, RowBuffer, rows_for_event
+from runledger.ledger.redaction import REDACTED_PREFIX
 from runledger.ledger.store import COMMITS
+from runledger.schemas import catalogue as c
+from runledger.schemas.codec import Event, decode_event
 
 __all__ = ["MigrateError", "Migration", "OldLedger", "migrate", "migrate_into", "read_old", "table_digests"]
 
@@ -58,6 +62,7 @@ TAG = "__ledger_commit"  # the column that carries each row's ledger commit whil
 OLD_MARKER = "LEDGER.json"  # a ledger of part files
 OLD_FORMAT = "runledger-ledger"
 COMPACT_WRITER = "compact"  # the old writer's compaction commits: records only, no row of their own
+INCIDENTS = "ingest_incidents"  # a table no old ledger has: derived from its events (issue 42)
 
 
 class MigrateError(RuntimeError):
@@ -244,6 +249,8 @@ def _stage(con: duckdb.DuckDBPyConnection, old: OldLedger) -> list[str]:
         present = [n for n in [*old.tables, SALTS.name] if _old_view(con, old, n)]
         if "events" not in present:
             raise MigrateError(f"{old.root}: no events files")
+        if INCIDENTS not in old.tables and _derived_incidents(con):
+            present.append(INCIDENTS)
         for name in ["events", *[n for n in present if n != "events"]]:
             _tagged(con, name)
     except duckdb.Error as exc:
@@ -254,6 +261,35 @@ def _stage(con: duckdb.DuckDBPyConnection, old: OldLedger) -> list[str]:
         if problem is not None:
             raise MigrateError(problem)
     return present
+
+
+def _derived_incidents(con: duckdb.DuckDBPyConnection) -> bool:
+    """``old_ingest_incidents``: the typed incident rows (issue 42) the old ledger was made without,
+    projected from its ``ledger.incident`` events as a commit projects them (redacted ones have none);
+    False when it has no incident, so no rows to migrate."""
+    # Projected by the projectors themselves, so ``verify`` finds exactly what a commit would write.
+    found = con.execute(
+        "SELECT canonical, stream_seq FROM old_events WHERE type = ? AND NOT starts_with(canonical, ?) "
+        "ORDER BY stream, stream_seq",
+        [c.LEDGER_INCIDENT, REDACTED_PREFIX],
+    ).fetchall()
+    buf, fold = RowBuffer(), FoldState()
+    for canonical, stream_seq in found:
+        event = decode_event(canonical.encode())
+        if not isinstance(event, Event):
+            raise MigrateError(f"{event.reason}: an incident event of the old ledger does not decode")
+        rows_for_event(event, int(stream_seq), buf, fold)
+    parts = [
+        data.append_column("run_id", pa.repeat(pa.scalar(partition or "_", pa.string()), data.num_rows))
+        for table, partition, data in buf.tables()
+        if table == INCIDENTS
+    ]
+    if not parts:
+        return False
+    con.register("_derived_incidents", pa.concat_tables(parts).cast(lake_schema(INCIDENTS)))
+    con.execute(f'CREATE OR REPLACE TEMP TABLE "old_{INCIDENTS}" AS SELECT * FROM _derived_incidents')
+    con.unregister("_derived_incidents")
+    return True
 
 
 def _first_line(exc: BaseException) -> str:
@@ -318,7 +354,9 @@ def migrate(old_root: Path, lake: LakeTables, folder: Path | None = None) -> Mig
         con.close()
     if folder is not None and not result.mismatches:
         _copy_checkpoints(old.root, folder)
-        LakeFolder(folder, lake.catalog.spec, lake.data_path, old.ledger_id, tuple(old.tables)).write()
+        # The tables the lake keeps complete: the old ledger's, and the incidents derived from its events.
+        kept = tuple(name for name in TABLES if name in old.tables or name == INCIDENTS)
+        LakeFolder(folder, lake.catalog.spec, lake.data_path, old.ledger_id, kept).write()
     return result
 
 

@@ -218,6 +218,24 @@ TABLES: dict[str, Table] = {
             "their canonical JSON: the few events the fold reads, kept apart from the run's millions.",
         ),
         Table(
+            "ingest_incidents",
+            "run_id",
+            _schema(
+                *_RUN_KEY,
+                ("kind", pa.string()),  # gap | fork | duplicate-launch
+                ("source", pa.string()),  # the source whose order broke (not the ledger's own)
+                ("expected_seq", pa.int64()),
+                ("got_seq", pa.int64()),
+                ("missing", pa.int64()),
+                ("expected_prev", pa.string()),
+                ("got_prev", pa.string()),
+                ("event_id", pa.string()),
+                *_ORIGIN,
+            ),
+            "Ingest's incidents (ledger.incident: a source's gap, fork or duplicate launch), one row per "
+            "event, typed: state and history fold them into ranges without decoding their JSON.",
+        ),
+        Table(
             "summaries",
             "run_id",
             _schema(*_RUN_KEY, ("values", pa.string()), *_ORIGIN),
@@ -280,7 +298,9 @@ ADDED_COLUMNS: dict[str, frozenset[str]] = {
     "moe_layer_stats": frozenset({"max_load"}),
 }
 
-ADDED_TABLES = frozenset({"state_events"})
+# ``ingest_incidents`` (issue 42): an older lake's marker does not list it, and its readers fold the
+# incidents from ``state_events``' JSON; ``ledger migrate`` derives it from the old ledger's events.
+ADDED_TABLES = frozenset({"state_events", "ingest_incidents"})
 
 # Each accepted event's random salt, beside the event: its public log entry commits to
 # SHA-256(salt ‖ canonical bytes), so a low-entropy payload cannot be found from the published digest;

@@ -394,8 +394,14 @@ def _github(env: Envelope, stream_seq: int, state: FoldState) -> list[Row | Colu
     return [Row("github", partition, {**row, **origin})]
 
 
+def _ledger_incident(env: Envelope, stream_seq: int, state: FoldState) -> list[Row | Columns]:
+    """Ingest's gap, fork or duplicate launch, typed: state and history fold these rows into ranges
+    (``runledger.ledger.views.incident_ranges_query``) without decoding each event's JSON."""
+    return [Row("ingest_incidents", _run(env), {**_key(env, stream_seq), **msgspec.structs.asdict(env.data)})]
+
+
 def _no_rows(env: Envelope, stream_seq: int, state: FoldState) -> list[Row | Columns]:
-    """Producer and ledger records (registry, policy, incidents, drops): the events table holds them."""
+    """Producer and ledger records (registry, policy, drops): the events table holds them."""
     return []
 
 
@@ -415,6 +421,7 @@ PROJECTORS: dict[str, Projector] = {
     c.RUN_SUMMARY: _run_summary,
     **{name: _github for name in c.CATALOGUE if name.startswith("github.")},
     **{name: _no_rows for name in (*sorted(c.LEDGER_TYPES), c.PRODUCER_DROPPED, c.BUS_POSITIONS_MISSING)},
+    c.LEDGER_INCIDENT: _ledger_incident,
 }
 
 

@@ -13,12 +13,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import duckdb
 import jsonpatch
 import msgspec
-import pyarrow as pa
 
 from runledger.ledger import duck
 from runledger.ledger.fold import (
@@ -62,7 +61,8 @@ from runledger.ledger.lake import COMMITS as LAKE_COMMITS
 from runledger.ledger.lake import STATE as LAKE_STATE
 from runledger.ledger.merkle import CompactRange
 from runledger.ledger.parquet_schemas import tables_of
-from runledger.ledger.redaction import REDACTED_PREFIX, is_redacted, read_marker
+from runledger.ledger.records import COMMITS, LedgerError, StreamHead
+from runledger.ledger.redaction_marker import REDACTED_PREFIX, is_redacted, read_marker
 from runledger.ledger.sql_guard import (
     QueryLimits,
     RefusedStatement,
@@ -74,7 +74,6 @@ from runledger.ledger.sql_guard import (
     read_only_statement,
     run_limited,
 )
-from runledger.ledger.store import COMMITS, Ledger, LedgerError, StreamHead
 from runledger.ledger.views import (
     _empty_relation,
     connect,
@@ -85,6 +84,11 @@ from runledger.ledger.views import (
 from runledger.schemas import Envelope, decode_event
 from runledger.schemas import catalogue as c
 from runledger.schemas.config_patch import ConfigPatchError, apply_config_patch
+
+if TYPE_CHECKING:  # issue 41: a read never loads the writer (a published copy's opens it) nor pyarrow
+    import pyarrow as pa
+
+    from runledger.ledger.store import Ledger
 
 _T = TypeVar("_T")
 SPILL_AREA = ".spill"  # under a ledger's folder: its readers' spill folders (``runledger.ledger.sql_guard.SpillFolder``)
@@ -159,6 +163,8 @@ class Reader:
         if lake is not None:
             self._open_lake(lake, snapshot, at_checkpoint)
             return
+        from runledger.ledger.store import Ledger  # (the writer's module: only a published copy's reads)
+
         self._ledger = Ledger.open(root)  # a published copy (a ledger of the old format: refused)
         if snapshot is not None or at_checkpoint is not None:
             option = "--snapshot" if snapshot is not None else "--at-checkpoint"
@@ -459,8 +465,15 @@ class Reader:
         """The run's ingest incidents (gaps, forks) folded per source and kind in one GROUP BY
         (``runledger.ledger.views.incident_ranges_query``): as the state counts them at ``attempt``/``step``/
         ``at``, or (none given) all of them."""
+        # Typed rows where the ledger keeps ``ingest_incidents`` (a lake made before it: the JSON).
+        kept = self._lake.tables if self._lake is not None else tables_of(self.root)
         query, params = incident_ranges_query(
-            run_id, state_table=self._state_table, attempt=attempt, step=step, at=at
+            run_id,
+            state_table=self._state_table,
+            attempt=attempt,
+            step=step,
+            at=at,
+            typed_table="ingest_incidents" in kept,
         )
         return incident_range_facts(self.sql(query, params).records())
 

@@ -71,6 +71,7 @@ from runledger.ledger.lake import (
 from runledger.ledger.merkle import CompactRange, leaf_hash
 from runledger.ledger.parquet_schemas import SALTS, SIDE_TABLES, TABLES, Table
 from runledger.ledger.projectors import FoldState, RowBuffer, rows_for_event
+from runledger.ledger.records import COMMITS, LedgerError, StreamHead  # (re-exported: light, for readers)
 from runledger.ledger.seen_index import SeenIndex, record_digest, record_key, seen_key
 from runledger.schemas.codec import (
     CONFLICT,
@@ -119,7 +120,6 @@ QUARANTINE_REASONS = (
 )
 SALT_BYTES = 16
 LEDGER_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # it is part of every checkpoint's origin line
-COMMITS = "_commits"
 MAINTAIN_EVERY_COMMITS = 50  # a ledger on DuckLake: the lake's merge/expire/clean-up this often
 LAKE_KEEP_S = 3600.0  # ... keeping an hour of snapshots for --snapshot and pinned readers
 # A commit another writer beat to the lake is redone on its commits: at most this often and this
@@ -130,10 +130,6 @@ LAKE_REDO_S = 300.0
 LAKE_REDO_IDLE = 3
 # A writer waits this long for another writer's commit in the same folder (``.writer.lock``).
 WRITER_LOCK_WAIT_S = 900.0
-
-
-class LedgerError(Exception):
-    """A user-facing problem with a ledger (missing, not a ledger, locked...)."""
 
 
 class _UnencodableBatch(Exception):
@@ -169,19 +165,6 @@ class CommitResult:
     metric_values: int = 0
     files: list[str] = field(default_factory=list)  # the lake data files it added, as its record names them
     erased_files: int = 0  # on DuckLake, data files rewritten without rows a LakeEdit deleted
-
-
-@dataclass
-class StreamHead:
-    size: int
-    tree: CompactRange
-
-    def to_json(self) -> dict[str, Any]:
-        return {"size": self.size, "tree": self.tree.to_json()}
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> StreamHead:
-        return cls(size=obj["size"], tree=CompactRange.from_json(obj["tree"]))
 
 
 @dataclass

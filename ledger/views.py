@@ -33,7 +33,7 @@ import duckdb
 from runledger.ledger import duck
 from runledger.ledger.fold import SOURCES_APART
 from runledger.ledger.parquet_schemas import ADDED_COLUMNS, SIDE_TABLES, TABLES, Table, tables_of
-from runledger.ledger.redaction import REDACTED_PREFIX
+from runledger.ledger.redaction_marker import REDACTED_PREFIX
 from runledger.schemas import catalogue as c
 from runledger.schemas.durable import write_durably
 
@@ -361,23 +361,23 @@ def _sql_text(text: str) -> str:
 # with many sources the ``SOURCES_APART - 1`` with the most incidents apart and the rest in one range.
 # A state or a history then lists the same few lines with 30,000 incidents as with 3, and costs one
 # scan of their rows in DuckDB, not a decode of each in Python.
-# The phases: each incident's row, its JSON parsed once (``incident``, ``typed``); one range per source
+# The phases: each incident's typed row (``typed``: the ``ingest_incidents`` table's columns, or on a
+# ledger made before it, each ``state_events``/``events`` row's JSON parsed once); one range per source
 # (``per_source``); the sources of a kind ranked by incidents, those past ``SOURCES_APART - 1`` sharing
 # the last place (``ranked``); one row per place.
+_INCIDENT_COLUMNS = "attempt, step, time, stream_seq, kind, source, expected_seq, got_seq, missing"
 _INCIDENT_FIELDS = (
     "['$.data.kind', '$.data.source', '$.data.expected_seq', '$.data.got_seq', '$.data.missing']"
 )
+_INCIDENT_JSON = f"""
+SELECT attempt, step, time, stream_seq, d[1] AS kind, d[2] AS source,
+       CAST(d[3] AS BIGINT) AS expected_seq, CAST(d[4] AS BIGINT) AS got_seq,
+       CAST(d[5] AS BIGINT) AS missing
+FROM (SELECT attempt, step, time, stream_seq, json_extract_string(canonical, {_INCIDENT_FIELDS}) AS d
+      FROM {{table}} WHERE {{where}})
+"""
 _INCIDENT_RANGES = """
-WITH incident AS (
-  SELECT attempt, step, time, stream_seq, json_extract_string(canonical, {fields}) AS d
-  FROM {table}
-  WHERE {where}
-), typed AS (
-  SELECT attempt, step, time, stream_seq, d[1] AS kind, d[2] AS source,
-         CAST(d[3] AS BIGINT) AS expected_seq, CAST(d[4] AS BIGINT) AS got_seq,
-         CAST(d[5] AS BIGINT) AS missing
-  FROM incident
-), per_source AS (
+WITH typed AS ({typed}), per_source AS (
   SELECT kind, source, min(attempt) AS attempt, count(*) AS incidents,
          sum(CASE WHEN kind = 'gap' THEN missing ELSE 1 END) AS count,
          min(CASE WHEN kind = 'gap' THEN expected_seq ELSE got_seq END) AS first_seq,
@@ -412,15 +412,21 @@ def incident_ranges_query(
     attempt: int | None = None,
     step: int | None = None,
     at: datetime | None = None,
+    typed_table: bool = False,
 ) -> tuple[str, list[Any]]:
     """The statement (and its parameters) that folds run ``run_id``'s ingest incidents into ranges,
-    read from ``state_events`` (``state_table``: the ledger keeps it) or else ``events``. With
-    ``attempt`` (the state's live attempt): as ``runledger.ledger.fold.fold_run`` counts them, every earlier
+    read from ``ingest_incidents`` (``typed_table``: the ledger keeps it; typed columns, no JSON), else
+    from ``state_events`` (``state_table``) or ``events``, each event's JSON parsed. With ``attempt``
+    (the state's live attempt): as ``runledger.ledger.fold.fold_run`` counts them, every earlier
     attempt's, the live one's up to ``step``, none of a later one; with ``at``, those up to that time.
-    Without: every incident of the run (its history). Redacted ones are left to their redaction."""
-    where = ["stream = ?", "type = ?", "NOT starts_with(canonical, ?)"]
-    params: list[Any] = [run_id, c.LEDGER_INCIDENT, REDACTED_PREFIX]
-    if state_table:  # the run's partition (and run-less events on its stream) only
+    Without: every incident of the run (its history). Redacted ones are left to their redaction (their
+    typed rows are deleted with their payload)."""
+    where: list[str] = ["stream = ?"]
+    params: list[Any] = [run_id]
+    if not typed_table:  # an events table holds every type, and keeps a redacted event's row
+        where += ["type = ?", "NOT starts_with(canonical, ?)"]
+        params += [c.LEDGER_INCIDENT, REDACTED_PREFIX]
+    if state_table or typed_table:  # the run's partition (and run-less events on its stream) only
         where.insert(0, "run_id IN (?, '_')")
         params.insert(0, run_id)
     if attempt is not None:
@@ -430,11 +436,12 @@ def incident_ranges_query(
     if at is not None:
         where.append("time <= ?")
         params.append(at)
-    table = "state_events" if state_table else "events"
-    query = _INCIDENT_RANGES.format(
-        fields=_INCIDENT_FIELDS, table=table, where=" AND ".join(where), apart=SOURCES_APART
-    )
-    return query, params
+    if typed_table:
+        typed = f"SELECT {_INCIDENT_COLUMNS} FROM ingest_incidents WHERE {' AND '.join(where)}"
+    else:
+        table = "state_events" if state_table else "events"
+        typed = _INCIDENT_JSON.format(table=table, where=" AND ".join(where))
+    return _INCIDENT_RANGES.format(typed=typed, apart=SOURCES_APART), params
 
 
 def incident_range_facts(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -32,12 +32,12 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from typing import TYPE_CHECKING
 
 from runledger.schemas.durable import write_durably
+
+if TYPE_CHECKING:  # issue 41: cryptography (~50 ms) is imported by the functions that sign or check
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 __all__ = [
     "ALG_ED25519",
@@ -77,6 +77,8 @@ class NoteVerifier:
     public_key: Ed25519PublicKey
 
     def verify(self, message: bytes, signature: bytes) -> bool:
+        from cryptography.exceptions import InvalidSignature
+
         if len(signature) != SIGNATURE_SIZE:
             return False
         try:
@@ -126,6 +128,8 @@ def key_hash(name: str, public_key: bytes) -> int:
 
 
 def _raw_public(key: Ed25519PublicKey) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
     return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
@@ -138,6 +142,9 @@ def generate_keypair(name: str) -> tuple[str, str]:
     """Return (private_key_text, public_key_text) in note skey/vkey encoding for key ``name``."""
     if not _valid_key_name(name):
         raise CheckpointError(f"invalid key name {name!r}: must be non-empty, without spaces or '+'")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     private = Ed25519PrivateKey.generate()
     seed = private.private_bytes(
         serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
@@ -196,6 +203,8 @@ def parse_public_key(text: str) -> NoteVerifier:
         raise CheckpointError("public key is not an Ed25519 note key (0x01 ‖ 32 bytes)")
     if key_hash(name, raw[1:]) != int(hash_hex, 16):
         raise CheckpointError("public key hash does not match its name and key")
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     return NoteVerifier(name, int(hash_hex, 16), Ed25519PublicKey.from_public_bytes(raw[1:]))
 
 
@@ -210,6 +219,8 @@ def parse_private_key(text: str) -> NoteSigner:
     raw = decode_canonical_base64(blob, "private key")
     if len(raw) != 1 + 32 or raw[0] != ALG_ED25519:
         raise CheckpointError("private key is not an Ed25519 note key (0x01 ‖ 32-byte seed)")
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     private = Ed25519PrivateKey.from_private_bytes(raw[1:])
     # The hash names the public key; recompute it so a mislabelled key cannot sign under a wrong id.
     if key_hash(name, _raw_public(private.public_key())) != int(hash_hex, 16):

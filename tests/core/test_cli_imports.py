@@ -39,9 +39,14 @@ SMALL_RUN = ["--steps", "200", "--rank-stats-every", "100000", "--expert-counts-
 def _imports(*args: str) -> list[tuple[int, str]]:
     """(nesting depth, module) of every module the command imported, in Python's order (a module's
     own imports before it); the command must succeed."""
+    return _imports_of(["-m", "runledger.cli.main", *args])
+
+
+def _imports_of(argv: list[str]) -> list[tuple[int, str]]:
+    """(nesting depth, module) of every module ``python <argv>`` imported; it must succeed."""
     env = dict(os.environ, COLUMNS="100", RUNLEDGER_PROGRESS_S="off")
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "runledger.cli.main", *args],
+        [sys.executable, "-X", "importtime", *argv],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -118,3 +123,50 @@ def test_query_imports_no_producer_library(lake: Path) -> None:
         "runledger.ledger.query",
     }
     assert any(name == "runledger.ledger.lake_snapshot_files" for _, name in found)
+
+
+# What the reader of a lake needs no part of: the writer (its admission checks bring cryptography)
+# and the redaction's writer. (pyarrow stays while runledger.ledger.parquet_schemas builds its schemas.)
+NOT_FOR_READER = (
+    "runledger.ledger.store",
+    "runledger.ledger.admission",
+    "runledger.ledger.redaction",
+    "runledger.ledger.projectors",
+    "runledger.ledger.seen_index",
+    "cryptography",
+)
+READ_A_LAKE = """
+import sys
+from runledger.ledger.query import Reader
+reader = Reader(sys.argv[1], sqlite3_catalog=True)
+try:
+    assert reader.sql("SELECT count(*) FROM events").rows[0][0] > 0
+    reader.runs()
+finally:
+    reader.close()
+"""
+
+
+def test_reader_of_a_lake_imports_no_writer(lake: Path) -> None:
+    found = _imports_of(["-c", READ_A_LAKE, str(lake)])
+    assert _top_level(_heavy(found, NOT_FOR_READER)) == {}
+    # The check can fail: the log holds the reader's own modules, the lake's listing among them.
+    assert _top_level(_heavy(found, ("runledger.ledger.query", "runledger.ledger.records"))).keys() == {
+        "runledger.ledger.query",
+        "runledger.ledger.records",
+    }
+
+
+def test_query_on_a_lake_imports_no_writer(lake: Path) -> None:
+    """`ledger query` itself (the program, its error mapping included) loads none of the writer."""
+    found = _imports("query", "SELECT count(*) FROM events", "--ledger", str(lake))
+    assert _top_level(_heavy(found, NOT_FOR_READER)) == {}
+
+
+def test_signed_notes_import_cryptography_only_to_sign_or_check() -> None:
+    # The writer's admission checks import the note keys' module; cryptography waits for a key.
+    found = _imports_of(["-c", "import runledger.ledger.store"])
+    assert any(name == "runledger.schemas.note" for _, name in found)
+    assert _top_level(_heavy(found, ("cryptography",))) == {}
+    with_a_key = "from runledger.schemas.note import generate_keypair; generate_keypair('k')"
+    assert _top_level(_heavy(_imports_of(["-c", with_a_key]), ("cryptography",))).keys() == {"cryptography"}

@@ -267,3 +267,144 @@ def test_the_live_page_draws_no_marker_per_incident(flood: Path) -> None:
     assert kinds["ledger.incident"] == "event: other"
     assert kinds["runledger.run.started"] == "event: marker"
     assert feed.config == {"lr": 0.1}  # the launch's config, the incidents read past
+
+
+# -- the typed table (issue 42's last item) -------------------------------------------------------
+# Each ``ledger.incident`` is also a typed ``ingest_incidents`` row, written by its projector at the
+# commit, so the summary reads columns, not each event's JSON. A lake made before the table (its
+# marker does not list it) folds the JSON as before, with the same answers.
+
+INCIDENT_COLUMNS = (
+    "kind",
+    "source",
+    "expected_seq",
+    "got_seq",
+    "missing",
+    "expected_prev",
+    "got_prev",
+    "event_id",
+)
+
+
+def few_incidents() -> list[Envelope]:
+    """Two gaps of the main source, one of a rank's."""
+    return [
+        launch(),
+        *(metric(step, seq) for step, seq in [(1, 1), (2, 2), (3, 8), (4, 9), (5, 12)]),
+        rank_event(7, 1, 0),
+        rank_event(7, 4, 3),
+    ]
+
+
+def without_typed_table(ledger: Path) -> None:
+    """The ledger's marker as a lake made before ``ingest_incidents`` has it: the table not listed."""
+    marker = ledger / "LAKE.json"
+    body = json.loads(marker.read_text())
+    body["tables"] = [name for name in body["tables"] if name != "ingest_incidents"]
+    marker.write_text(json.dumps(body))
+
+
+def test_the_typed_rows_are_the_incident_events_payloads(flood: Path) -> None:
+    rows = json.loads(
+        cli(
+            flood,
+            "query",
+            f"SELECT * EXCLUDE (run_id) FROM ingest_incidents WHERE run_id = '{RUN}' ORDER BY stream_seq",
+            "-f",
+            "json",
+            "--limit",
+            "100000",
+        )
+    )
+    events = json.loads(
+        cli(
+            flood,
+            "query",
+            "SELECT attempt, step, time, stream, stream_seq, canonical FROM events "
+            f"WHERE stream = '{RUN}' AND type = 'ledger.incident' ORDER BY stream_seq",
+            "-f",
+            "json",
+            "--limit",
+            "100000",
+        )
+    )
+    assert len(rows) == len(events) == GAPS
+    for row, event in zip(rows, events, strict=True):
+        data = json.loads(event.pop("canonical"))["data"]
+        assert row == {**event, **{name: data.get(name) for name in INCIDENT_COLUMNS}}
+
+
+def test_the_typed_summary_is_the_json_summary(flood: Path) -> None:
+    reader = Reader(flood)
+    try:
+        every = reader._state(RUN, reader.events(RUN, STATE_TYPES), step=40)
+        for typed in (True, False):
+            query, params = incident_ranges_query(
+                RUN, state_table=True, attempt=1, step=40, typed_table=typed
+            )
+            assert incident_range_facts(reader.sql(query, params).records()) == every.incidents
+    finally:
+        reader.close()
+
+
+def test_an_older_lake_without_the_table_answers_the_same(tmp_path: Path) -> None:
+    ledger = ledger_of(tmp_path, few_incidents(), lake=False)
+    answers = [
+        cli(ledger, "state", RUN),
+        cli(ledger, "history", RUN, "--all"),
+        cli(ledger, "state", RUN, "-f", "json"),
+    ]
+    assert "(2 gaps)" in answers[0] and "(a gap)" in answers[0]
+    without_typed_table(ledger)
+    reader = Reader(ledger)
+    try:  # the table is not among the reader's names: its summary is the JSON's
+        with pytest.raises(Exception, match="ingest_incidents"):
+            reader.sql("SELECT count(*) FROM ingest_incidents")
+    finally:
+        reader.close()
+    assert [
+        cli(ledger, "state", RUN),
+        cli(ledger, "history", RUN, "--all"),
+        cli(ledger, "state", RUN, "-f", "json"),
+    ] == answers
+    assert cli(ledger, "verify").startswith("OK: ")  # a table it does not list is not checked
+
+
+def test_verify_names_a_changed_typed_row(tmp_path: Path) -> None:
+    from runledger.ledger.integrity import verify_ledger
+    from runledger.ledger.lake import LakeFolder, LakeTables
+
+    ledger = ledger_of(tmp_path, few_incidents(), lake=False)
+    assert verify_ledger(ledger).ok
+    marker = LakeFolder.read(ledger)
+    assert marker is not None
+    with LakeTables(marker.catalog, marker.data_path, create=False) as tables:
+        tables.con.execute("UPDATE lake.ingest_incidents SET missing = missing + 1 WHERE kind = 'gap'")
+    problems = verify_ledger(ledger).problems
+    mismatched = [p for p in problems if p.kind == "table-mismatch"]
+    assert mismatched and all("ingest_incidents rows differ" in p.detail for p in mismatched)
+
+
+def test_migrate_derives_the_typed_rows_a_commit_writes(tmp_path: Path) -> None:
+    """``ledger migrate`` gives an old ledger (no ``ingest_incidents``) the rows its incident events
+    make: derived from its events table, they are the rows the commits of this code wrote."""
+    import duckdb
+
+    from runledger.ledger.lake import LakeFolder, LakeTables
+    from runledger.ledger.lake_migrate import _derived_incidents, table_digests
+
+    ledger = ledger_of(tmp_path, few_incidents(), lake=False)
+    marker = LakeFolder.read(ledger)
+    assert marker is not None
+    con = duckdb.connect()
+    with LakeTables(marker.catalog, marker.data_path, create=False) as lake, lake.reader() as stored:
+        events = stored.execute("SELECT * FROM events").to_arrow_table()
+        con.register("old_events", events)
+        assert _derived_incidents(con)
+        derived = con.execute('SELECT * FROM "old_ingest_incidents" ORDER BY stream_seq').fetchall()
+        written = stored.execute("SELECT * FROM ingest_incidents ORDER BY stream_seq").fetchall()
+        assert len(derived) == 3 and derived == written  # the main source's two gaps, the rank's one
+        assert table_digests(con, '"old_ingest_incidents"', "ingest_incidents") == table_digests(
+            stored, "ingest_incidents", "ingest_incidents"
+        )
+    con.close()

@@ -70,6 +70,8 @@ def _run(run_id: str, *, crash: bool, moe: bool, finish: bool, repository: str |
         run.resume(4)
         run.step(5, loss=float("nan"))  # JSON has no NaN: the step's loss row is left out
     run._emit(p.StepSkipped(reason="nonfinite loss", value="nan"), 6)
+    if not finish:  # a left-running run's producer skipped two seqs: a gap (an ingest_incidents row)
+        run.seq += 2
     run.step(7, loss=0.1)
     if finish:
         run._emit(p.RunSummary(values={"best_loss": 0.1, "note": "ok"}), 7)
