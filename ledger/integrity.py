@@ -960,7 +960,7 @@ def _blank(table: pa.Table, column: str, keys: set[tuple[str, int]]) -> pa.Table
 def stored_partition(value: str | None) -> str:
     """The hive directory value a projector's partition is stored under: the store writes an empty
     one (a GitHub event naming no owner, an annotation without a run) as ``_``
-    (``runledger.ledger.store.Ledger._write_files``)."""
+    (``runledger.ledger.lake._path_value``)."""
     return value or "_"
 
 

@@ -2,11 +2,11 @@
 
 One importable name. The repository's folders are its subpackages (runledger/<folder> -> ../<folder>):
 
-- ``trainer``: a Megatron-Core MoE trainer that emits typed events
-- ``schemas``: the event catalogue (one envelope, versioned payloads)
-- ``ingest``: producers (the bus: spool or Kafka sinks, GitHub, W&B) and the ingesters
-- ``ledger``: Parquet + DuckDB views, the fold, Merkle log, signed log checkpoints
-- ``cli``: the ``ledger`` command (also installed as ``runledger``)
+- ``runledger.trainer``: a Megatron-Core MoE trainer that emits typed events
+- ``runledger.schemas``: the event catalogue (one envelope, versioned payloads)
+- ``runledger.ingest``: producers (the bus: spool or Kafka sinks, GitHub, W&B) and the ingesters
+- ``runledger.ledger``: the DuckLake tables, the fold, Merkle log, signed log checkpoints
+- ``runledger.cli``: the ``ledger`` command (also installed as ``runledger``)
 
 The client library (docs/client.md): ``runledger.init(...)`` → ``runledger.Run``, and the W&B
 bridge ``runledger.wandb.tee()``.
