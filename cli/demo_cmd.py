@@ -39,6 +39,7 @@ from runledger.workflows.demo import (
     MARKER,
     DemoError,
     DemoObserver,
+    DemoStop,
     prepare_workdir,
 )
 
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     from runledger.ingest.spool_ingester import IngestStats
     from runledger.trainer.loop import TrainResult
     from runledger.trainer.telemetry import StepReport
-    from runledger.workflows.demo import DemoResult, DemoStop
+    from runledger.workflows.demo import DemoResult
 
 INTERRUPTED_EXIT = 128 + signal.SIGINT
 
@@ -108,7 +109,12 @@ def demo(
     if result.stop is not None:
         message, code = _stopped(result, result.stop)
         raise fail(message, code)
-    _print_result(result)
+    try:
+        _print_result(result)
+    except KeyboardInterrupt as exc:  # a signal while the whole demo's results are printed: named too
+        stop = DemoStop(getattr(exc, "signum", signal.SIGINT), "the end", training=False)
+        message, code = _stopped(result, stop)
+        raise fail(message, code) from None
 
 
 def _q(path: Path) -> str:
