@@ -921,6 +921,16 @@ def snapshot_files(
             {"snap": int(snapshot)},
         ).fetchall()
     }
+    return table_files(data_path, rows, inlined)
+
+
+def table_files(
+    data_path: str, rows: Sequence[Sequence[Any]], inlined: set[str]
+) -> dict[str, TableFiles | None]:
+    """Each table's full paths and partition column from a snapshot's file rows (table, schema path,
+    relative?, table path, relative?, file path, relative?, has deletions, first partition value), as
+    the catalog lists them; None: a table with a file carrying deletions, or with rows inlined in the
+    catalog (read through DuckLake)."""
     paths: dict[str, list[str]] = {}
     named: dict[str, bool] = {}  # table -> every file so far names its partition value
     columns: dict[str, str | None] = {}  # table -> its partition column (None: not a ledger table)
@@ -931,7 +941,9 @@ def snapshot_files(
         if deleted:
             out[table] = None
             continue
-        full = _joined(data_path, (schema_path, schema_rel), (table_path, table_rel), (path, file_rel))
+        full = _joined(
+            data_path, (schema_path, bool(schema_rel)), (table_path, bool(table_rel)), (path, bool(file_rel))
+        )
         paths.setdefault(table, []).append(full)
         if table not in columns:
             columns[table] = _spec(table).partition if table in TABLES or table in SIDE_TABLES else None

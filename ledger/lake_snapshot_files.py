@@ -24,16 +24,12 @@ from pathlib import Path
 
 from runledger.ledger.lake import (
     ID_OPTION,
-    SIDE_TABLES,
-    TABLES,
     Catalog,
     LakeFolder,
     TableFiles,
-    _joined,
-    _names_its_partition,
-    _spec,
     live_at_snap,
     plain_file_under,
+    table_files,
 )
 
 BUSY_TIMEOUT_S = 5.0  # the longest a read waits on a writer's lock before reading through DuckLake
@@ -97,7 +93,7 @@ def _pinned_files(db: sqlite3.Connection, lake: LakeFolder, snapshot: int | None
     params = {"snap": pinned}
     inlined = {str(name) for (name,) in db.execute(_INLINED_SQL, params).fetchall()}
     rows: list[FileRow] = db.execute(_FILES_SQL, params).fetchall()
-    files = _table_files(lake.data_path, rows, inlined)
+    files = table_files(lake.data_path, rows, inlined)
     # A ledger table with deletions or inlined rows is read through DuckLake (as ``_pinned_views``
     # does), and so is a path that is not a plain file under the data path (DuckLake's path refuses it).
     if any(files.get(name, False) is None for name in lake.tables) or not _plain(lake.data_path, files):
@@ -124,32 +120,3 @@ def _catalog_ledger_id(db: sqlite3.Connection) -> str | None:
     """The ledger id the catalog names (``runledger.ledger.lake.attached_ledger_id``'s row)."""
     row = db.execute("SELECT value FROM ducklake_metadata WHERE key = ?", [ID_OPTION]).fetchone()
     return str(row[0]) if row is not None and row[0] is not None else None
-
-
-def _table_files(data_path: str, rows: list[FileRow], inlined: set[str]) -> dict[str, TableFiles | None]:
-    """Each table's full paths and partition column, built as ``snapshot_files`` builds them (None:
-    a table with a file carrying deletions, or with rows inlined in the catalog)."""
-    paths: dict[str, list[str]] = {}
-    named: dict[str, bool] = {}  # table -> every file so far names its partition value
-    columns: dict[str, str | None] = {}
-    out: dict[str, TableFiles | None] = dict.fromkeys(inlined)
-    for table, schema_path, schema_rel, table_path, table_rel, path, file_rel, deleted, value in rows:
-        if table in out:
-            continue
-        if deleted:
-            out[table] = None
-            continue
-        full = _joined(
-            data_path, (schema_path, bool(schema_rel)), (table_path, bool(table_rel)), (path, bool(file_rel))
-        )
-        paths.setdefault(table, []).append(full)
-        if table not in columns:
-            columns[table] = _spec(table).partition if table in TABLES or table in SIDE_TABLES else None
-        column = columns[table]
-        named[table] = (
-            named.get(table, True) and column is not None and _names_its_partition(full, column, value)
-        )
-    for table, listed in paths.items():
-        if table not in out:
-            out[table] = TableFiles(listed, columns[table] if named[table] else None)
-    return out
