@@ -80,6 +80,7 @@ PRODUCER_REVOKED = "ledger.producer.revoked"
 POLICY_CHANGED = "ledger.policy.changed"
 LEDGER_INCIDENT = "ledger.incident"
 LEDGER_REDACTION = "ledger.redaction"
+LEDGER_ANOMALY = "ledger.anomaly"
 # The ledger's own record: written by the ledger (``ledger producers``, ingest's incidents), never
 # admitted from a bus (see runledger.ledger.admission).
 LEDGER_TYPES = frozenset(
@@ -90,6 +91,7 @@ LEDGER_TYPES = frozenset(
         POLICY_CHANGED,
         LEDGER_INCIDENT,
         LEDGER_REDACTION,
+        LEDGER_ANOMALY,
     }
 )
 
@@ -141,6 +143,11 @@ CATALOGUE: dict[str, EventType] = {
             LEDGER_REDACTION,
             {1: p.LedgerRedaction},
             doc="An event's payload erased (ledger redact): its digests, reason and actor, signed by the log key.",
+        ),
+        EventType(
+            LEDGER_ANOMALY,
+            {1: p.LedgerAnomaly},
+            doc="A detector's finding (spike, NaN, router collapse), re-derived by verify.",
         ),
     ]
 }

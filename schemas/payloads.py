@@ -279,6 +279,25 @@ class LedgerIncident(Payload, kw_only=True):
     event_id: str | None = None
 
 
+class LedgerAnomaly(Payload, kw_only=True):
+    """What a detector found in the log, recorded at ingest (issue 44): a deterministic function of
+    the events before it, so ``verify`` re-derives every one and an operator can neither forge nor
+    hide one. ``rule`` and ``rule_version`` name the detector, ``params`` its parameters as run;
+    ``metric`` what it watched (``loss``, ``layer.3.token_drop_rate``, ``rank.17.step_time_s``);
+    ``value`` what it saw, ``baseline`` what it expected (None where no baseline applies, e.g. a
+    non-finite value), ``score`` how far off (rule-specific: robust z-score, ratio). ``event_id`` is
+    the event that tripped it; the envelope's run, attempt and step are that event's."""
+
+    rule: NonEmpty  # loss-spike, non-finite, router-collapse, straggler, throughput-drop
+    rule_version: Annotated[int, msgspec.Meta(ge=1)]
+    params: dict[str, float] = {}
+    metric: NonEmpty
+    value: Float = None
+    baseline: Float = None
+    score: Float = None
+    event_id: NonEmpty
+
+
 Hex64 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
 
 
