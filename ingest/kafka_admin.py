@@ -11,7 +11,6 @@ partition only while the count stays the same: ``add_partitions`` only ever rais
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -20,13 +19,12 @@ from typing import TypeVar
 from kafka import KafkaAdminClient, TopicPartition
 from kafka import errors as kafka_errors
 from kafka.admin import OffsetSpec
-from kafka.errors import KafkaError, KafkaTimeoutError
+from kafka.errors import KafkaError
 
 from runledger.ingest.kafka_config import (
-    BrokerUnavailableError,
     TopicUnavailableError,
+    admin_client_for,
     client_kwargs,
-    describe,
 )
 
 T = TypeVar("T")
@@ -67,24 +65,8 @@ class TopicInfo:
 def admin_client(bootstrap: str | None, connect_timeout_s: float = 15.0) -> Iterator[KafkaAdminClient]:
     """An admin client on the cluster every runledger client uses (``client_kwargs``), closed after;
     ``BrokerUnavailableError`` when no broker answers within ``connect_timeout_s``."""
-    kwargs = client_kwargs(bootstrap)
-    timeout_ms = int(connect_timeout_s * 1000)
-    try:
-        admin = KafkaAdminClient(
-            **kwargs,
-            bootstrap_timeout_ms=timeout_ms,
-            request_timeout_ms=timeout_ms,
-            client_id=f"runledger-admin-{os.getpid()}",
-        )
-    except KafkaTimeoutError:
-        raise BrokerUnavailableError(
-            f"no Kafka broker answered at {describe(kwargs)} within {connect_timeout_s:g} s"
-        ) from None
-    try:
+    with admin_client_for(client_kwargs(bootstrap), connect_timeout_s) as admin:
         yield admin
-    finally:
-        with contextlib.suppress(Exception):
-            admin.close()
 
 
 def _described(admin: KafkaAdminClient, topic: str) -> dict[str, object] | None:

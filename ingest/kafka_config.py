@@ -17,10 +17,14 @@ so every client of a process talks to the cluster the same way.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kafka import KafkaAdminClient
 
 ENV_BOOTSTRAP = "RUNLEDGER_KAFKA_BOOTSTRAP"
 ENV_TOPIC_PREFIX = "RUNLEDGER_KAFKA_TOPIC_PREFIX"
@@ -135,3 +139,31 @@ def describe(kwargs: Mapping[str, Any]) -> str:
     """Settings for logs and error messages, the password left out."""
     servers = ",".join(kwargs.get("bootstrap_servers", []))
     return f"{servers} ({kwargs.get('security_protocol', 'PLAINTEXT')})"
+
+
+@contextlib.contextmanager
+def admin_client_for(
+    kwargs: dict[str, Any], connect_timeout_s: float, purpose: str = "admin"
+) -> Iterator[KafkaAdminClient]:
+    """An admin client for settings already resolved (``client_kwargs``), closed after;
+    ``BrokerUnavailableError`` when no broker answers within ``connect_timeout_s``."""
+    from kafka import KafkaAdminClient  # kafka-python only where a broker is asked
+    from kafka.errors import KafkaTimeoutError
+
+    timeout_ms = int(connect_timeout_s * 1000)
+    try:
+        admin = KafkaAdminClient(
+            **kwargs,
+            bootstrap_timeout_ms=timeout_ms,
+            request_timeout_ms=timeout_ms,
+            client_id=f"runledger-{purpose}-{os.getpid()}",
+        )
+    except KafkaTimeoutError:
+        raise BrokerUnavailableError(
+            f"no Kafka broker answered at {describe(kwargs)} within {connect_timeout_s:g} s"
+        ) from None
+    try:
+        yield admin
+    finally:
+        with contextlib.suppress(Exception):
+            admin.close()

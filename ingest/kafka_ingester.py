@@ -48,6 +48,7 @@ from runledger.ingest.kafka_config import (
     COMMIT_BATCH_MAX,
     BrokerUnavailableError,
     TopicUnavailableError,
+    admin_client_for,
     client_kwargs,
     deadletter_topic,
     describe,
@@ -417,23 +418,8 @@ def _letter(
 def _group_members(kwargs: dict[str, Any], group: str, timeout_s: float) -> int:
     """How many members consumer group ``group`` has now (one DescribeGroups; its coordinator is
     known, since this consumer was just assigned through it)."""
-    timeout_ms = int(timeout_s * 1000)
-    try:
-        admin = KafkaAdminClient(
-            **kwargs,
-            bootstrap_timeout_ms=timeout_ms,
-            request_timeout_ms=timeout_ms,
-            client_id=f"runledger-group-check-{os.getpid()}",
-        )
-    except KafkaTimeoutError:
-        raise BrokerUnavailableError(
-            f"no Kafka broker answered at {describe(kwargs)} within {timeout_s:g} s"
-        ) from None
-    try:
+    with admin_client_for(kwargs, timeout_s, "group-check") as admin:
         described = admin.describe_groups([group]).get(group) or {}
-    finally:
-        with contextlib.suppress(Exception):
-            admin.close()
     return len(described.get("members") or [])
 
 
@@ -542,30 +528,15 @@ def check_topics(
 ) -> None:
     """Return once every topic exists, has partitions and may be read; else, after ``wait_s``,
     ``TopicUnavailableError`` naming the topic, its problem and the broker."""
-    kwargs = client_kwargs(bootstrap)
-    timeout_ms = int(connect_timeout_s * 1000)
-    try:
-        admin = KafkaAdminClient(
-            **kwargs,
-            bootstrap_timeout_ms=timeout_ms,
-            request_timeout_ms=timeout_ms,
-            client_id=f"runledger-topic-check-{os.getpid()}",
-        )
-    except KafkaTimeoutError:
-        raise BrokerUnavailableError(
-            f"no Kafka broker answered at {describe(kwargs)} within {connect_timeout_s:g} s"
-        ) from None
     # Ask until the topics are readable or the bounded wait is over (one ask when not waiting).
+    kwargs = client_kwargs(bootstrap)
     deadline = time.monotonic() + max(0.0, wait_s)
-    try:
+    with admin_client_for(kwargs, connect_timeout_s, "topic-check") as admin:
         while True:
             problems = _topic_problems(admin, topics)
             if not problems or time.monotonic() >= deadline:
                 break
             time.sleep(min(interval_s, max(0.0, deadline - time.monotonic())))
-    finally:
-        with contextlib.suppress(Exception):
-            admin.close()
     if problems:
         waited = f" (waited {wait_s:g} s)" if wait_s > 0 else ""
         said = "; ".join(f"topic {topic} {problem}" for topic, problem in sorted(problems.items()))
