@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,14 +24,13 @@ from runledger.ledger.publish_dest import S3Config
 from runledger.ledger.query import QueryError, Reader
 from runledger.ledger.store import COMMITS
 from tests.lake.support import Postgres
+from tests.support.s3 import AWS_CLEARED, running_s3_server
 
 REPO = Path(__file__).resolve().parents[2]
-S3_SH = REPO / "scripts" / "s3.sh"
 SMALL = ["--steps", "200", "--rank-stats-every", "100000", "--expert-counts-every", "100000"]
 ENV = {"RUNLEDGER_PROGRESS_S": "off", "COLUMNS": "300"}
 BUCKET = "runs"
 OTHER = "other"
-AWS_CLEARED = ("AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_PROFILE")
 COMPARED = ["metrics", "launches", "attempts", "runs", "configs", "checkpoints"]
 runner = CliRunner()
 
@@ -47,26 +45,15 @@ def _cli(*args: str | Path, code: int = 0, env: dict[str, str] | None = None) ->
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """versitygw built and started in a tmp folder (stopped at the end), two buckets made through
     the S3 API, its AWS_* variables set for the module (the CLI reads them as a shell would)."""
-    built = subprocess.run([str(S3_SH), "build"], capture_output=True, text=True, timeout=600)
-    if built.returncode != 0:
-        pytest.skip(f"versitygw cannot be built here: {built.stderr.strip()[-300:]}")
-    folder = tmp_path_factory.mktemp("s3")
-    started = subprocess.run([str(S3_SH), "start", str(folder)], capture_output=True, text=True, timeout=60)
-    try:
-        assert started.returncode == 0, started.stderr
-        lines = (folder / "s3.env").read_text().splitlines()
-        env = dict(line.removeprefix("export ").split("=", 1) for line in lines if line)
-        s3fs = S3Config.from_env(env).filesystem(allow_bucket_creation=True)
+    for server in running_s3_server(tmp_path_factory):
         for bucket in (BUCKET, OTHER):
-            s3fs.create_dir(bucket)  # type: ignore[attr-defined]
+            server.make_bucket(bucket)
         with pytest.MonkeyPatch.context() as mp:
             for name in AWS_CLEARED:
                 mp.delenv(name, raising=False)
-            for name, value in env.items():
+            for name, value in server.env.items():
                 mp.setenv(name, value)
-            yield env
-    finally:
-        subprocess.run([str(S3_SH), "stop", str(folder)], capture_output=True, timeout=60, check=True)
+            yield server.env
 
 
 def _fs(env: dict[str, str]) -> pa.fs.S3FileSystem:

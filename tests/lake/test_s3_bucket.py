@@ -4,34 +4,20 @@ wrong credentials are one line."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from runledger.cli.main import app
 from runledger.ledger.publish_dest import S3Config
-
-S3_SH = Path(__file__).resolve().parents[2] / "scripts" / "s3.sh"
-AWS_CLEARED = ("AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_PROFILE")
+from tests.support.s3 import AWS_CLEARED, running_s3_server
 
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """versitygw started in a tmp folder (stopped at the end); its AWS_* variables."""
-    built = subprocess.run([str(S3_SH), "build"], capture_output=True, text=True, timeout=600)
-    if built.returncode != 0:
-        pytest.skip(f"versitygw cannot be built here: {built.stderr.strip()[-300:]}")
-    folder = tmp_path_factory.mktemp("s3")
-    started = subprocess.run([str(S3_SH), "start", str(folder)], capture_output=True, text=True, timeout=60)
-    try:
-        assert started.returncode == 0, started.stderr
-        lines = (folder / "s3.env").read_text().splitlines()
-        yield dict(line.removeprefix("export ").split("=", 1) for line in lines if line)
-    finally:
-        subprocess.run([str(S3_SH), "stop", str(folder)], capture_output=True, timeout=60, check=True)
+    for server in running_s3_server(tmp_path_factory):
+        yield server.env
 
 
 def invoke(env: dict[str, str], *args: str, code: int = 0) -> tuple[str, str]:

@@ -10,7 +10,6 @@ import base64
 import dataclasses
 import json
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,64 +19,25 @@ from typer.testing import CliRunner
 import runledger.ledger.monitor
 import runledger.ledger.publish
 from runledger.cli.main import app
-from runledger.ledger.publish_dest import Dest, DestError, FolderDest, S3Config, S3Dest, open_dest
+from runledger.ledger.publish_dest import Dest, DestError, FolderDest, S3Dest, open_dest
 from runledger.ledger.tiles import entries_path
 from runledger.schemas.note import write_keypair
 from tests.merkle.test_publish import Site
+from tests.support.s3 import AWS_CLEARED, S3Server, running_s3_server
 
 REPO = Path(__file__).resolve().parents[2]
-S3_SH = REPO / "scripts" / "s3.sh"
-VERSITYGW = REPO / ".go" / "bin" / "versitygw"
 ENV = {"COLUMNS": "300"}
-
-
-class S3Server:
-    """versitygw started and stopped by scripts/s3.sh in ``folder`` (its port and keys kept there)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.env: dict[str, str] = {}
-        self.buckets = 0
-
-    def start(self) -> None:
-        done = subprocess.run(
-            [str(S3_SH), "start", str(self.folder)], capture_output=True, text=True, timeout=60
-        )
-        assert done.returncode == 0, done.stderr
-        lines = (self.folder / "s3.env").read_text().splitlines()
-        self.env = dict(line.removeprefix("export ").split("=", 1) for line in lines if line)
-
-    def stop(self) -> None:
-        subprocess.run([str(S3_SH), "stop", str(self.folder)], capture_output=True, timeout=60, check=True)
-
-    @property
-    def config(self) -> S3Config:
-        return S3Config.from_env(self.env)
-
-    def new_bucket(self) -> str:
-        """A fresh bucket, made through the S3 API (CreateBucket)."""
-        self.buckets += 1
-        name = f"pub{self.buckets}"
-        self.config.filesystem(allow_bucket_creation=True).create_dir(name)  # type: ignore[attr-defined]
-        return name
 
 
 @pytest.fixture(scope="module")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    if not VERSITYGW.exists():
-        pytest.skip("needs versitygw: run scripts/s3.sh build (part of make go-tools)")
-    server = S3Server(tmp_path_factory.mktemp("s3"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from running_s3_server(tmp_path_factory)
 
 
 @pytest.fixture()
 def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
     """The server, its AWS_* variables set for this test (the CLI reads them as a user's shell would)."""
-    for name in ("AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+    for name in AWS_CLEARED:
         monkeypatch.delenv(name, raising=False)
     for name, value in s3_server.env.items():
         monkeypatch.setenv(name, value)
