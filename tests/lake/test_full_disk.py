@@ -51,7 +51,7 @@ def _fill(disk: Path, leave_kb: int) -> Path:
     return filler
 
 
-@pytest.mark.parametrize("full", ["data folder", "catalog"])
+@pytest.mark.parametrize("full", ["data folder", "catalog", "catalog after commits"])
 def test_a_full_disk_under_a_lake_ingest_is_one_line_and_a_rerun_lands_everything(
     tmp_path: Path, small_fs: SmallFs, full: str
 ) -> None:
@@ -78,6 +78,15 @@ def test_a_full_disk_under_a_lake_ingest_is_one_line_and_a_rerun_lands_everythin
         data,
     )
     assert code == 0, err
+    earlier = tmp_path / "earlier"  # commits before the disk fills: the writer's tables are inlined by then
+    if full == "catalog after commits":
+        code, _, err = _invoke(
+            "simulate", "reference-535b", "--spool", earlier, "--steps", "200", "--run-id", "first"
+        )
+        assert code == 0, err
+        assert (
+            _invoke("ingest", "spool", "--spool", earlier, "--ledger", ledger, "--batch-size", "100")[0] == 0
+        )
     filler = _fill(disk, 32)
     ingest = ("ingest", "spool", "--spool", spool, "--ledger", ledger, "--batch-size", "400")
     code, _, err = _invoke(*ingest)
@@ -90,6 +99,8 @@ def test_a_full_disk_under_a_lake_ingest_is_one_line_and_a_rerun_lands_everythin
     code, _, err = _invoke(*ingest)
     assert code == 0, err
     assert _invoke("init", "--ledger", part, "--keys", keys, "--allow-unsigned", "*")[0] == 0
+    if earlier.exists():
+        assert _invoke("ingest", "spool", "--spool", earlier, "--ledger", part)[0] == 0
     assert _invoke("ingest", "spool", "--spool", spool, "--ledger", part)[0] == 0
     on_lake = _invoke("query", SAME, "--ledger", ledger, "-f", "csv")
     on_parts = _invoke("query", SAME, "--ledger", part, "-f", "csv")
