@@ -9,11 +9,14 @@ same events with each rank numbering its own, and 3 gaps made by hand.
 Per ledger, the median of ``--rounds`` calls of:
 
 * ``state`` (library): ``Reader.state``; and the baseline beside it, the path before the change:
-  every state event read with ``STATE_TYPES`` (each incident decoded in Python) and folded;
+  every state event and incident read with ``EVERY_STATE_TYPE`` (each incident decoded in Python:
+  from the ``events`` table, as ``state_events`` now holds none) and folded;
 * ``state, summary of the JSON`` / ``of typed rows``: the summary spelled out here (``FOLD_TYPES``
   events + one GROUP BY over the incidents: ``runledger.ledger.views.incident_ranges_query``) over
-  ``state_events``' JSON or over the ``ingest_incidents`` table's columns; ``Reader._state`` adds the
-  Reader's own ranges first, so these count the GROUP BY twice (compare them with each other);
+  the ``events`` table's JSON or over the ``ingest_incidents`` table's columns; ``Reader._state``
+  adds the Reader's own ranges first, so these count the GROUP BY twice (compare them with each other);
+* the state's two reads apart: its state events (``Reader.events``: the fold's scan) and its
+  incident ranges (``Reader.incident_ranges``: the GROUP BY);
 * ``history`` (library): ``Reader.history``; the baseline: one history item per incident event;
 * ``ledger state`` / ``ledger history`` (the CLI in this process, table output to a string).
 
@@ -47,6 +50,21 @@ so the flood costs Reader.state 1.6x and Reader.history 1.3x (CPU) of the quiet 
 rows (~10 ms). (Before this date ``build`` looked for ``LEDGER.json``, which a lake has not, so every
 run re-emitted into the old spool and rebuilt: now it looks for ``LAKE.json``.)
 
+Measured again (2026-12-06, the same machine at load ~20 — wall times are meaningless there, CPU ms
+loose; medians of 7) after ingest's incidents left ``state_events`` (``runledger.ledger.fold.STATE_TYPES``:
+a commit writes them to ``ingest_incidents`` only), on fresh ledgers and, in the run after, on ledgers
+written before (their ``state_events`` still holding the 30,888), CPU ms, 3 incidents → 30,888:
+
+                                   fresh ledgers        written before
+    state events (the fold's scan)  11.8 →  15.2          12.6 →  22.2
+    incident ranges (the GROUP BY)   9.3 →  32.9           7.4 →  30.7
+    Reader.state                    83.4 → 103.4 (1.24x)  78.1 → 104.0 (1.33x)
+    Reader.history                  95.8 → 121.0 (1.26x)  79.4 → 117.9 (1.48x)
+
+so the fold's scan no longer grows with the incidents; what a flood still costs is the GROUP BY's
+read of 30,888 typed rows (11 columns from each commit's file: ~10 ms of Parquet decoding on an idle
+core, more under load), which only a summary the writer keeps could remove (not done: see issue 42).
+
     python -m bench.bench_incidents [--steps 40000] [--rounds 7] [--work DIR]
 """
 
@@ -65,7 +83,7 @@ from typer.testing import CliRunner
 from runledger.cli.main import app
 from runledger.ingest.bus import SpoolSink
 from runledger.ingest.spool_ingester import ingest_spool
-from runledger.ledger.fold import FOLD_TYPES, RANGE_KINDS, STATE_TYPES, RunState, with_incident_ranges
+from runledger.ledger.fold import EVERY_STATE_TYPE, FOLD_TYPES, RANGE_KINDS, RunState, with_incident_ranges
 from runledger.ledger.history import HistoryItem, incident_items
 from runledger.ledger.lake import LAKE_MARKER
 from runledger.ledger.query import Reader
@@ -166,7 +184,7 @@ def summary_state(reader: Reader, run_id: str, *, typed: bool = False) -> RunSta
     ``ingest_incidents`` table's columns, else over ``state_events``' JSON."""
     state = reader._state(run_id, reader.events(run_id, FOLD_TYPES))
     query, params = incident_ranges_query(
-        run_id, state_table=True, attempt=state.attempt, step=state.step, typed_table=typed
+        run_id, state_table=typed, attempt=state.attempt, step=state.step, typed_table=typed
     )
     ranges = incident_range_facts(reader.sql(query, params).records())
     own = [fact for fact in state.incidents if fact["kind"] not in RANGE_KINDS]
@@ -176,7 +194,7 @@ def summary_state(reader: Reader, run_id: str, *, typed: bool = False) -> RunSta
 
 def summary_history(reader: Reader, run_id: str, *, typed: bool = False) -> list[HistoryItem]:
     items = reader._history(run_id, reader.events(run_id, FOLD_TYPES))
-    query, params = incident_ranges_query(run_id, state_table=True, typed_table=typed)
+    query, params = incident_ranges_query(run_id, state_table=typed, typed_table=typed)
     items = [item for item in items if item.kind != c.LEDGER_INCIDENT]
     items += incident_items(incident_range_facts(reader.sql(query, params).records()))
     return sorted(items, key=lambda item: item.time)
@@ -202,7 +220,7 @@ def measure(root: Path, rounds: int) -> dict[str, Any]:
 
 
 def _measure(reader: Reader, root: Path, rounds: int) -> dict[str, Any]:
-    state, every = reader.state(RUN_ID), reader._state(RUN_ID, reader.events(RUN_ID, STATE_TYPES))
+    state, every = reader.state(RUN_ID), reader._state(RUN_ID, reader.events(RUN_ID, EVERY_STATE_TYPE))
     assert summary_state(reader, RUN_ID).incidents == every.incidents, "the two paths disagree"
     assert summary_state(reader, RUN_ID, typed=True).incidents == every.incidents, "the typed table disagrees"
     counted = sum(fact.get("incidents", 1) for fact in every.incidents)
@@ -211,13 +229,15 @@ def _measure(reader: Reader, root: Path, rounds: int) -> dict[str, Any]:
         "state lines": len(state.incidents),
         "Reader.state": median_ms(lambda: reader.state(RUN_ID), rounds),
         "state, every incident decoded": median_ms(
-            lambda: reader._state(RUN_ID, reader.events(RUN_ID, STATE_TYPES)), rounds
+            lambda: reader._state(RUN_ID, reader.events(RUN_ID, EVERY_STATE_TYPE)), rounds
         ),
         "state, summary of the JSON": median_ms(lambda: summary_state(reader, RUN_ID), rounds),
         "state, summary of typed rows": median_ms(lambda: summary_state(reader, RUN_ID, typed=True), rounds),
+        "state events (the fold's scan)": median_ms(lambda: reader.events(RUN_ID), rounds),
+        "incident ranges (the GROUP BY)": median_ms(lambda: reader.incident_ranges(RUN_ID), rounds),
         "Reader.history": median_ms(lambda: reader.history(RUN_ID), rounds),
         "history, every incident decoded": median_ms(
-            lambda: reader._history(RUN_ID, reader.events(RUN_ID, STATE_TYPES)), rounds
+            lambda: reader._history(RUN_ID, reader.events(RUN_ID, EVERY_STATE_TYPE)), rounds
         ),
         "history, summary of the JSON": median_ms(lambda: summary_history(reader, RUN_ID), rounds),
         "history, summary of typed rows": median_ms(

@@ -223,6 +223,7 @@ def _print_result(result: DemoResult) -> None:
         f"[bold]{escape(check)}[/]",
         highlight=False,
     )
+    console.print(anomalies_before_first_crash(ledger_dir, result.run_id), markup=False, highlight=False)
     # Without the time column, so the story itself ("moe.capacity_factor 1.0 → 1.25") fits 100 columns.
     print_rows(
         ["step", "attempt", "kind", "what"],
@@ -241,3 +242,40 @@ def _print_result(result: DemoResult) -> None:
         f"done in {result.elapsed_s:.0f} s. Explore: [bold]{escape(explore)}[/]",
         highlight=False,
     )
+
+
+def anomalies_before_first_crash(ledger_dir: Path, run_id: str) -> str:
+    """``anomalies before the first crash (step 130): 2 non-finite, 1 loss-spike, 3 router-collapse``: the anomaly
+    events the ledger recorded on the run's stream before its first ``run.crashed`` event, and those
+    the crash itself caused (a NaN crash is a non-finite finding), by rule
+    (``runledger.ledger.anomalies``), so the counters written before a crash are in view."""
+    from runledger.ledger.query import Reader
+    from runledger.schemas import catalogue as c
+    from runledger.schemas.codec import Event, decode_event
+
+    reader = Reader(ledger_dir)
+    try:
+        crash = reader.sql(
+            "SELECT stream_seq, step, id FROM events WHERE stream = ? AND type = ? ORDER BY stream_seq LIMIT 1",
+            [run_id, c.RUN_CRASHED],
+        ).rows
+        rows = reader.sql(
+            "SELECT stream_seq, canonical FROM events WHERE stream = ? AND type = ? ORDER BY stream_seq",
+            [run_id, c.LEDGER_ANOMALY],
+        ).rows
+    finally:
+        reader.close()
+    # Counted by rule from the events themselves (few: one per finding); NaNs and spikes always named.
+    counts: dict[str, int] = {"non-finite": 0, "loss-spike": 0}
+    for seq, text in rows:
+        decoded = decode_event(text.encode())
+        if not isinstance(decoded, Event):
+            continue
+        data = decoded.envelope.data
+        if crash and seq > crash[0][0] and data.event_id != crash[0][2]:
+            continue
+        counts[str(data.rule)] = counts.get(str(data.rule), 0) + 1
+    where = f"before the first crash (step {crash[0][1]})" if crash else "(the run did not crash)"
+    named = ["non-finite", "loss-spike", *sorted(set(counts) - {"non-finite", "loss-spike"})]
+    found = ", ".join(f"{counts[rule]} {rule}" for rule in named)
+    return f"anomalies {where}: {found}"

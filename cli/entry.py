@@ -2,7 +2,7 @@
 
 ``pip install runledger`` is the client library alone: it has no typer, no DuckDB, so ``runledger.cli.main``
 cannot even import there. Before importing it, this says in one line which extra the command needs
-(``runledger.cli.extras``) when that extra is missing, and exits 1; otherwise it runs ``runledger.cli.main:app``.
+(``runledger.cli.extras``) when that extra is missing, and exits 1; otherwise it runs the app (``runledger.cli.main.run``).
 Standard library only, up to the app's import.
 """
 
@@ -15,6 +15,7 @@ from runledger.cli import startup  # noqa: F401
 import sys
 from collections.abc import Sequence
 
+from runledger.cli.command_names import command_words
 from runledger.cli.extras import install_line, missing_extras
 
 # The commands that need more than the analyst's `ledger` extra (first word, or first two words).
@@ -33,27 +34,8 @@ COMMAND_EXTRAS: dict[str, str] = {
     "report": "operator",
     "plot": "operator",
     "serve": "operator",
+    "alerts": "operator",
 }
-
-
-# The command groups (`ledger ingest spool`): their commands are named by two words, the others by one.
-GROUPS = frozenset(
-    {"ingest", "schemas", "serve", "kafka", "keys", "producers", "study", "witness", "prove", "s3"}
-)
-
-
-def command_words(args: Sequence[str]) -> list[str]:
-    """The command's name as words (``ingest wandb``, ``query``): options and arguments left out."""
-    words: list[str] = []
-    for arg in args:
-        if arg.startswith("-"):
-            if words:
-                break
-            continue  # a top-level flag (--help, --version): none of them takes a value
-        words.append(arg)
-        if words[0] not in GROUPS or len(words) == 2:
-            break
-    return words
 
 
 def needed_extra(words: Sequence[str]) -> str:
@@ -87,11 +69,11 @@ def main() -> None:
     if line is not None:
         sys.stderr.write(f"error: {line}\n")
         raise SystemExit(1)
-    from runledger.cli.main import app
+    from runledger.cli.main import run
 
     # A command the analyst's extra runs until it opens a local ledger: that needs the operator's.
     try:
-        app()
+        run()
     except Exception as exc:
         from runledger.ledger.duck import ExtensionMissing
 

@@ -40,6 +40,15 @@ RunArgument = Annotated[
     ),
 ]
 
+# "The run" is its lineage across run ids (a relaunch, fork or resume under a new id: issue 44).
+RunOnlyOption = Annotated[
+    bool,
+    typer.Option(
+        "--run-only",
+        help="Only this run id, not its lineage (the runs it continues and those that continue it).",
+    ),
+]
+
 
 # The limits one statement runs under (``runledger.ledger.sql_guard.QueryLimits``): `ledger query` and `ledger shell`.
 TimeoutOption = Annotated[
@@ -244,15 +253,129 @@ def runs(
     output: OutputOption = None,
     limit: LimitOption = None,
     full: FullOption = False,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            "--name",
+            metavar="PATTERN",
+            help="Run id or name: a glob (* ? [..]), or text it contains.",
+            show_default=False,
+        ),
+    ] = None,
+    tags: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--tag", metavar="TAG", help="A tag of the run's notes (repeat: every one).", show_default=False
+        ),
+    ] = None,
+    status: Annotated[
+        str | None,
+        typer.Option("--status", metavar="STATUS", help="running, finished or crashed.", show_default=False),
+    ] = None,
+    config: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--config",
+            metavar="KEY=VALUE",
+            help="KEY=VALUE on the run's latest config, KEY a dotted path, VALUE typed as JSON "
+            "(also != < <= > >=; repeat: every one).",
+            show_default=False,
+        ),
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            "--since",
+            metavar="WHEN",
+            help="Started at or after: 2026-06-01, a date-time, or an age (7d).",
+            show_default=False,
+        ),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option("--until", metavar="WHEN", help="Started before (as --since).", show_default=False),
+    ] = None,
+    metric: Annotated[
+        str | None,
+        typer.Option(
+            "--metric",
+            metavar="NAME",
+            help="Add this metric's value per run (metric_value, metric_step).",
+            show_default=False,
+        ),
+    ] = None,
+    best: Annotated[
+        str | None,
+        typer.Option(
+            "--best",
+            metavar="min|max",
+            help="min or max: the metric's best value (sorted best first).",
+            show_default=False,
+        ),
+    ] = None,
+    last: Annotated[
+        bool, typer.Option("--last", help="The metric's value at its last step (the default).")
+    ] = False,
+    sort: Annotated[
+        str | None,
+        typer.Option(
+            "--sort", metavar="COLUMN", help="A column to sort by (default started_at).", show_default=False
+        ),
+    ] = None,
+    desc: Annotated[bool, typer.Option("--desc", help="Sort descending.")] = False,
 ) -> None:
-    """List the runs in the ledger.
+    """List the runs in the ledger, filtered and sorted.
 
-    Example: ledger runs --format json
+    Filters combine (all must hold). Status is the newest attempt's: crashed (a crash or a failed
+    finish is its last end), finished, or running (no end recorded).
+    Example: ledger runs --config moe.capacity_factor=1.25 --since 2026-06-01 --metric eval/loss --best min
     """
+    from runledger.ledger.run_search import RunFilterError
+
     fmt = resolve_format(fmt, output)
+    try:
+        filt = _run_filter(name, tags, status, config, since, until, metric, best, last, sort, desc)
+    except RunFilterError as exc:
+        raise fail(str(exc), 2) from None
     with user_errors(ledger):
-        result = _reader(ledger, snapshot, at_checkpoint).runs()
+        result = _reader(ledger, snapshot, at_checkpoint).runs(filt)
     print_rows(result.columns, result.rows, fmt, output, title="runs", limit=limit, full=full)
+
+
+def _run_filter(
+    name: str | None,
+    tags: list[str] | None,
+    status: str | None,
+    config: list[str] | None,
+    since: str | None,
+    until: str | None,
+    metric: str | None,
+    best: str | None,
+    last: bool,
+    sort: str | None,
+    desc: bool,
+) -> Any:
+    """`ledger runs`' options as a checked ``RunFilter`` (``RunFilterError``: one line, exit 2)."""
+    from runledger.ledger import run_search as rs
+
+    if (best or last) and not metric:
+        raise rs.RunFilterError("--best and --last need --metric NAME")
+    if best and last:
+        raise rs.RunFilterError("--best and --last exclude each other")
+    filt = rs.RunFilter(
+        pattern=name,
+        tags=tuple(tags or ()),
+        status=rs.parse_status(status) if status is not None else None,
+        config=tuple(rs.parse_config_test(text) for text in config or ()),
+        since=rs.parse_time(since) if since is not None else None,
+        until=rs.parse_time(until) if until is not None else None,
+        metric=metric,
+        metric_mode=rs.parse_metric_mode(best) if best else "last",
+        sort=sort,
+        descending=desc,
+    )
+    rs.check(filt)
+    return filt
 
 
 def history(
@@ -270,27 +393,30 @@ def history(
     ] = None,
     to_step: Annotated[int | None, typer.Option("--to-step", help="Every event up to this step.")] = None,
     every: Annotated[bool, typer.Option("--all", help="Every event of the run, not a summary.")] = False,
+    run_only: RunOnlyOption = False,
 ) -> None:
     """The run's story in order: launches, config changes, checkpoints, crashes, GitHub events.
 
     A long history is summarised to about a screen: launches, config changes, crashes, merges and
     notes, with routine checkpoints and GitHub events counted between them (a months-long run: only
     launches, changes, notes and each crash with its resume); --from-step/--to-step show every event
-    of a range, --all every event of the run.
+    of a range, --all every event of the run. The run's lineage is told with it (the runs it
+    continues and those that continue it, each line of another run id naming it); --run-only: this
+    run id alone.
     Example: ledger history latest --from-step 81000 --to-step 82000
     """
     from runledger.ledger.history import history_counts, history_range, summarise_history
+    from runledger.ledger.lineage import line_text
 
     fmt = resolve_format(fmt, output)
     with user_errors(ledger):
         reader = _reader(ledger, snapshot, at_checkpoint)
         run = resolve_run(reader, run)
-        items = reader.history(run)
+        items = reader.history(run, lineage=not run_only)
+        line = [] if run_only else reader.lineage(run)
         ranged = from_step is not None or to_step is not None
-        window = (
-            reader.step_window(run, from_step or 0, 2**62 if to_step is None else to_step) if ranged else None
-        )
-    title = f"history of {run}"
+        window = _lineage_window(reader, run, line, from_step, to_step) if ranged else None
+    title = f"history of {run}" + (f" (lineage {line_text(line)})" if len(line) > 1 else "")
     if ranged:
         items = history_range(items, from_step, to_step, window)
         title += f", steps {from_step if from_step is not None else 0}..{'' if to_step is None else to_step}"
@@ -299,16 +425,29 @@ def history(
         if len(shown) < len(items):
             title += f": {history_counts(items)} (summarised; --all or --from-step/--to-step for every event)"
         items = shown
-    rows = [(i.time, i.step, i.attempt, i.kind, i.text) for i in items]
-    print_rows(
-        ["time", "step", "attempt", "kind", "what"],
-        rows,
-        fmt,
-        output,
-        title=title,
-        limit=limit,
-        full=full,
-    )
+    columns, rows = _history_rows(items, lineage=len(line) > 1)
+    print_rows(columns, rows, fmt, output, title=title, limit=limit, full=full)
+
+
+def _lineage_window(
+    reader: Any, run: str, line: list[Any], from_step: int | None, to_step: int | None
+) -> tuple[datetime, datetime] | None:
+    """When the run (each member of its lineage, at the steps it supplies) was at from..to."""
+    lo, hi = from_step or 0, 2**62 if to_step is None else to_step
+    if len(line) <= 1:
+        return reader.step_window(run, lo, hi)
+    return reader.lineage_window(line, lo, hi)
+
+
+def _history_rows(items: list[Any], *, lineage: bool) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """History items as table rows; a lineage's with a `run` column (empty: the run asked about)."""
+    if not lineage:
+        return ["time", "step", "attempt", "kind", "what"], [
+            (i.time, i.step, i.attempt, i.kind, i.text) for i in items
+        ]
+    return ["time", "run", "step", "attempt", "kind", "what"], [
+        (i.time, i.run_id or "", i.step, i.attempt, i.kind, i.text) for i in items
+    ]
 
 
 def state(
@@ -324,11 +463,14 @@ def state(
     output: OutputOption = None,
     limit: LimitOption = None,
     full: FullOption = False,
+    run_only: RunOnlyOption = False,
 ) -> None:
     """The run's state at a step or a time: config, commit, attempt, last checkpoint, crashes so far.
 
     json prints the whole state; table a summary and the config; csv, jsonl and parquet the config's
-    keys and values (as JSON). Example: ledger state latest --step 120
+    keys and values (as JSON). A step of the run's lineage is read in the run id that supplies it
+    (named when it is another; json: run_id); --run-only: this run id alone.
+    Example: ledger state latest --step 120
     """
     fmt = resolve_format(fmt, output)
     if step is not None and at is not None:
@@ -340,7 +482,7 @@ def state(
     with user_errors(ledger):
         reader = _reader(ledger, snapshot, at_checkpoint)
         run = resolve_run(reader, run)
-        result = reader.state(run, step=step, at=at)
+        result = reader.state(run, step=step, at=at, lineage=not run_only)
         if at is not None and result.attempt is None:
             # Like --step out of range: no state exists before the run's first event.
             began = reader.sql("SELECT min(time) FROM events WHERE stream = ?", [run]).rows[0][0]
@@ -353,7 +495,10 @@ def state(
     if fmt != Format.table or output is not None:
         print_rows(["key", "value"], [(k, _json(v)) for k, v in rows], fmt, output, limit=limit)
         return
-    console.print(f"[bold]{escape(run)}[/] at step {result.step} (attempt {result.attempt})", highlight=False)
+    where = f"run {escape(result.run_id)}, " if result.run_id != run else ""
+    console.print(
+        f"[bold]{escape(run)}[/] at step {result.step} ({where}attempt {result.attempt})", highlight=False
+    )
     commit = short_hash(result.git_commit, full)
     launch = next((a for a in result.attempts if a.attempt == result.attempt), None)
     unsigned = "" if launch is None or launch.authenticated else _UNAUTHENTICATED
@@ -395,17 +540,20 @@ def diff(
     output: OutputOption = None,
     limit: LimitOption = None,
     full: FullOption = False,
+    run_only: RunOnlyOption = False,
 ) -> None:
     """Config diff between two steps, and everything that happened between them.
 
     json prints the whole diff; table the changes and events; csv, jsonl and parquet one row per
-    config change. Example: ledger diff latest --from-step 50 --to-step 150
+    config change. The steps are the run's lineage's (each read in the run id that supplies it,
+    named when it is another); --run-only: this run id alone.
+    Example: ledger diff latest --from-step 50 --to-step 150
     """
     fmt = resolve_format(fmt, output)
     with user_errors(ledger):
         reader = _reader(ledger, snapshot, at_checkpoint)
         run = resolve_run(reader, run)
-        result = reader.diff(run, from_step, to_step)
+        result = reader.diff(run, from_step, to_step, lineage=not run_only)
     if fmt == Format.json:
         print_json(result, output)
         return
@@ -416,25 +564,23 @@ def diff(
         ]
         print_rows(["op", "key", "change"], rows, fmt, output, limit=limit)
         return
+    ends = [_end_text(run, result[end]) for end in ("from", "to")]
     console.print(
-        f"[bold]{escape(run)}[/] step {from_step} (attempt {result['from']['attempt']}) → "
-        f"step {to_step} (attempt {result['to']['attempt']})",
-        highlight=False,
+        f"[bold]{escape(run)}[/] step {from_step} {ends[0]} → step {to_step} {ends[1]}", highlight=False
     )
     for text in result["changes"] or ["config unchanged"]:
         console.print(f"  {text}", highlight=False, markup=False)
     for line in _mismatch_lines(result["hash_mismatches"], full):
         console.print(line, highlight=False, markup=False)
-    events = [(i.time, i.step, i.attempt, i.kind, i.text) for i in result["events"]]
-    print_rows(
-        ["time", "step", "attempt", "kind", "what"],
-        events,
-        Format.table,
-        None,
-        title="in between",
-        limit=limit,
-        full=full,
-    )
+    lineage = any(i.run_id for i in result["events"]) or result["from"]["run_id"] != result["to"]["run_id"]
+    columns, events = _history_rows(result["events"], lineage=lineage)
+    print_rows(columns, events, Format.table, None, title="in between", limit=limit, full=full)
+
+
+def _end_text(run: str, end: dict[str, Any]) -> str:
+    """``(attempt 2)``, or ``(run C, attempt 1)`` for a step another run id of the lineage supplies."""
+    where = f"run {escape(end['run_id'])}, " if end.get("run_id", run) != run else ""
+    return f"({where}attempt {end['attempt']})"
 
 
 def blame(
@@ -449,17 +595,20 @@ def blame(
     fmt: FormatOption = None,
     output: OutputOption = None,
     full: FullOption = False,
+    run_only: RunOnlyOption = False,
 ) -> None:
     """Which change set a config key's value live at a step, and the commit/PR/person behind it.
 
-    json prints the whole answer; table a few lines; csv, jsonl and parquet one row.
+    json prints the whole answer; table a few lines; csv, jsonl and parquet one row. The step is the
+    run's lineage's, and a value a relaunch only carried over is blamed where it was set, in the run
+    id that set it (named when it is another); --run-only: this run id alone.
     Example: ledger blame latest moe.capacity_factor --step 150
     """
     fmt = resolve_format(fmt, output)
     with user_errors(ledger):
         reader = _reader(ledger, snapshot, at_checkpoint)
         run = resolve_run(reader, run)
-        result = reader.blame(run, key, step)
+        result = reader.blame(run, key, step, lineage=not run_only)
     if fmt == Format.json:
         print_json(result, output)
         return
@@ -485,9 +634,14 @@ def blame(
     how = f" ({cause.get('kind')}{': ' + cause['detail'] if cause.get('detail') else ''})" if cause else ""
     unsigned = "" if s.get("authenticated", True) else _UNAUTHENTICATED
     say = console.print
-    say(f"{key} = {_json(result['value'])} at step {result['step']} of {run}", highlight=False, markup=False)
+    read_in = result.get("value_from", run)
+    of = f"{run} (read in run {read_in})" if read_in != run else run
+    say(f"{key} = {_json(result['value'])} at step {result['step']} of {of}", highlight=False, markup=False)
+    setter_run = s.get("run_id", run)
+    in_run = f" of run {setter_run}" if setter_run != run else ""
     say(
-        f"  set by {s['kind']} at step {s['step']} (attempt {s['attempt']}, {s['time']}){who}{how}{unsigned}",
+        f"  set by {s['kind']} at step {s['step']}{in_run} (attempt {s['attempt']}, {s['time']})"
+        f"{who}{how}{unsigned}",
         highlight=False,
         markup=False,
     )

@@ -1,8 +1,15 @@
 """`ledger`: the command line over runledger's library. Every command here is a thin shell.
 
 Each command is a plain module-level function in a ``cli/*_cmd.py`` module; this file builds the app
-and its groups and registers every command, by name, below (and nowhere else). Listing order in
-``ledger --help`` is registration order. Shared options, output and errors are in ``cli/output.py``.
+and its groups from ``COMMANDS`` and ``GROUPS`` below, which name every command (and nowhere else).
+Listing order in ``ledger --help`` is their order. Shared options, output and errors are in
+``cli/output.py``.
+
+``app`` is the whole app (every module imported, every command registered: help, completion, the
+reference page, tests). The program (``run``: the ``ledger`` script, ``python -m runledger.cli.main``)
+registers only the command its arguments name when they name one (issue 41: typer builds each
+registered command's parameters, ~0.1 s for all of them, and each command module imports its own
+helpers); the command's definition, help and options are the same function's either way.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import importlib.util
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Annotated, Any, Protocol
 
@@ -22,27 +30,8 @@ import typer
 from typer.core import TyperArgument
 
 from runledger import signals
-from runledger.cli import (
-    demo_cmd,
-    ingest_cmd,
-    init_cmd,
-    kafka_cmd,
-    ledger_cmd,
-    merkle_cmd,
-    migrate_cmd,
-    page_cmd,
-    producers_cmd,
-    publish_cmd,
-    redact_cmd,
-    report_cmd,
-    s3_cmd,
-    schemas_cmd,
-    serve_cmd,
-    shell_cmd,
-    simulate_cmd,
-    study_cmd,
-    train_cmd,
-)
+from runledger.cli import typer_params
+from runledger.cli.command_names import COMMANDS, GROUPS, MADE_BY_MODULE, command_words
 from runledger.cli.interrupts import InterruptibleGroup
 from runledger.cli.output import Program, fail
 
@@ -91,6 +80,9 @@ def _lazy_module(name: str) -> ModuleType:
     return module
 
 
+# A command's plain values (text, numbers, paths, flags, choices) are read without pydantic (~70 ms).
+typer_params.install()
+
 # typer's help and error printer (rich's Markdown, tracebacks: ~85 ms) is read only by help and errors;
 # lazily loaded, a command that runs never imports it, and our one-line error is still the one used.
 _rich_utils: Any = sys.modules.get("typer.rich_utils") or _lazy_module("typer.rich_utils")
@@ -106,38 +98,6 @@ class _App(typer.Typer):
         signals.install(starting=True)
         Program.is_whole_process = True
         return super().__call__(*args, **kwargs)
-
-
-app = _App(
-    name="ledger",
-    help="runledger: an append-only, verifiable, SQL-queryable record of a training run.",
-    # A full disk in any command: one line naming where, not a traceback; a signal: exit 128 + N.
-    cls=InterruptibleGroup,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    # typer's own: `ledger --install-completion` (bash, zsh, fish, PowerShell), `--show-completion`.
-    add_completion=True,
-    # -h as well as --help, inherited by every subcommand's context.
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-ingest_app = typer.Typer(
-    help="Fold events from a bus or an outside system into the ledger.", no_args_is_help=True
-)
-schemas_app = typer.Typer(help="The event catalogue.", no_args_is_help=True)
-serve_app = typer.Typer(help="Long-running receivers.", no_args_is_help=True)
-kafka_app = typer.Typer(help="Kafka bus utilities.", no_args_is_help=True)
-kafka_topic_app = typer.Typer(
-    help="Kafka topics: create with N partitions, describe, add partitions.", no_args_is_help=True
-)
-s3_app = typer.Typer(help="S3 buckets for lakes and published copies.", no_args_is_help=True)
-s3_bucket_app = typer.Typer(help="S3 buckets.", no_args_is_help=True)
-keys_app = typer.Typer(help="The Ed25519 key pair that signs log checkpoints.", no_args_is_help=True)
-producers_app = typer.Typer(
-    help="Producer keys and what each may write (kept as events in the log).", no_args_is_help=True
-)
-prove_app = typer.Typer(
-    help="Proofs anyone can check with `python -m runledger.ledger.verifier`.", no_args_is_help=True
-)
 
 
 def _print_version(value: bool) -> None:
@@ -163,89 +123,97 @@ def configure_logging(
         )
 
 
-app.callback()(configure_logging)
-
 # -- every command ---------------------------------------------------------------------------------
+# COMMANDS and GROUPS (runledger.cli.command_names) name every command and group once.
 
-# Reading the ledger.
-app.command("query")(ledger_cmd.query)
-app.command("runs")(ledger_cmd.runs)
-app.command("history")(ledger_cmd.history)
-app.command("state")(ledger_cmd.state)
-app.command("diff")(ledger_cmd.diff)
-app.command("blame")(ledger_cmd.blame)
-app.command("compact")(ledger_cmd.compact)
-app.command("views")(ledger_cmd.views)
-app.command("shell")(shell_cmd.shell)
-app.command("report")(report_cmd.report)
-app.command("plot")(report_cmd.plot)
-# Producing and rebuilding.
-app.command("init")(init_cmd.init)
-app.command("train")(train_cmd.train)
-app.command("edit")(train_cmd.edit)
-app.command("simulate")(simulate_cmd.simulate)
-app.command("replay")(kafka_cmd.replay)
-# Tamper evidence (a "checkpoint" here is a signed log checkpoint, not a model checkpoint).
-app.command("checkpoint")(merkle_cmd.checkpoint)
-app.command("verify")(merkle_cmd.verify)
-app.command("verify-proof")(merkle_cmd.verify_proof)
-app.command("publish")(publish_cmd.publish)
-app.command("redact")(redact_cmd.redact)
-app.command("monitor")(publish_cmd.monitor)
-app.command("demo")(demo_cmd.demo)
-app.command("migrate")(migrate_cmd.migrate)
 
-app.add_typer(ingest_app, name="ingest")
-ingest_app.command("spool")(ingest_cmd.ingest_spool)
-ingest_app.command("kafka")(ingest_cmd.ingest_kafka)
-ingest_app.command("github")(ingest_cmd.ingest_github)
-ingest_app.command("wandb")(ingest_cmd.ingest_wandb)
+def _attribute(reference: str) -> Any:
+    """``"module:attribute"`` of ``runledger.cli``, imported."""
+    module, attribute = reference.split(":")
+    # (``__import__``, not ``importlib.import_module``: ``-X importtime`` logs what it imports under it)
+    return getattr(__import__(f"runledger.cli.{module}", fromlist=[attribute]), attribute)
 
-app.add_typer(schemas_app, name="schemas")
-schemas_app.command("export")(schemas_cmd.export_schemas)
-schemas_app.command("list")(schemas_cmd.list_schemas)
 
-app.add_typer(serve_app, name="serve")
-serve_app.command("webhooks")(serve_cmd.serve_webhooks)
-serve_app.command("page")(page_cmd.serve_page)
+def _new_app() -> _App:
+    """The app with its options and no command yet."""
+    app = _App(
+        name="ledger",
+        help="runledger: an append-only, verifiable, SQL-queryable record of a training run.",
+        # A full disk in any command: one line naming where, not a traceback; a signal: exit 128 + N.
+        cls=InterruptibleGroup,
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        # typer's own: `ledger --install-completion` (bash, zsh, fish, PowerShell), `--show-completion`.
+        add_completion=True,
+        # -h as well as --help, inherited by every subcommand's context.
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    app.callback()(configure_logging)
+    return app
 
-app.add_typer(kafka_app, name="kafka")
-kafka_app.command("drain-spool")(kafka_cmd.drain_spool)
-kafka_app.add_typer(kafka_topic_app, name="topic")
-kafka_topic_app.command("create")(kafka_cmd.topic_create)
-kafka_topic_app.command("describe")(kafka_cmd.topic_describe)
-kafka_topic_app.command("add-partitions")(kafka_cmd.topic_add_partitions)
 
-app.add_typer(s3_app, name="s3")
-s3_app.add_typer(s3_bucket_app, name="bucket")
-s3_bucket_app.command("create")(s3_cmd.bucket_create)
+def _group(groups: dict[str, typer.Typer], words: str) -> typer.Typer:
+    """The typer app of the group named by ``words`` (made, and added to its parent, on first use)."""
+    if words in groups:
+        return groups[words]
+    parent, _, name = words.rpartition(" ")
+    described = dict(GROUPS)[words]
+    made: typer.Typer = (
+        _attribute(described)
+        if words in MADE_BY_MODULE
+        else typer.Typer(help=described, no_args_is_help=True)
+    )
+    _group(groups, parent).add_typer(made, name=name)
+    groups[words] = made
+    return made
 
-app.add_typer(keys_app, name="keys")
-keys_app.command("init")(merkle_cmd.keys_init)
 
-app.add_typer(producers_app, name="producers")
-producers_app.command("add")(producers_cmd.add)
-producers_app.command("rotate")(producers_cmd.rotate)
-producers_app.command("revoke")(producers_cmd.revoke)
-producers_app.command("list")(producers_cmd.list_producers)
-producers_app.command("policy")(producers_cmd.policy)
-producers_app.command("export")(producers_cmd.export)
+def build_app(only: str | None = None) -> _App:
+    """The app with every command, or with only the command named ``only`` (its words)."""
+    app = _new_app()
+    groups: dict[str, typer.Typer] = {"": app}
+    # Groups are made in GROUPS' order (their listing order), then filled; a group made by its
+    # command module is shared by every build, so a command already on it is not added again.
+    for words, _ in GROUPS:
+        if only is None or only.startswith(words + " "):
+            _group(groups, words)
+    for words, reference in COMMANDS:
+        if only is not None and words != only:
+            continue
+        parent, _, name = words.rpartition(" ")
+        group = _group(groups, parent)
+        if not any(info.name == name for info in group.registered_commands):
+            group.command(name)(_attribute(reference))
+    return app
 
-app.add_typer(study_cmd.study_app, name="study")
-study_cmd.study_app.command("token-drop")(study_cmd.token_drop)
 
-app.add_typer(publish_cmd.witness_app, name="witness")
-publish_cmd.witness_app.command("add")(publish_cmd.witness_add)
-publish_cmd.witness_app.command("quorum")(publish_cmd.witness_quorum)
-publish_cmd.witness_app.command("list")(publish_cmd.witness_list)
+def program_command(args: Sequence[str]) -> str | None:
+    """The command ``ledger ARGS`` runs, as COMMANDS names it; None for the app's own help, shell
+    completion, a group's help or a name that is no command (the whole app answers those)."""
+    if any(name.startswith("_") and name.endswith("_COMPLETE") for name in os.environ):
+        return None
+    words = " ".join(command_words(args))
+    return words if any(words == named for named, _ in COMMANDS) else None
 
-app.add_typer(prove_app, name="prove")
-prove_app.command("inclusion")(merkle_cmd.prove_inclusion)
-prove_app.command("consistency")(merkle_cmd.prove_consistency)
+
+def run() -> None:
+    """The program: the app with the one command its arguments name (or the whole app), run."""
+    # Still starting while the command's module imports: a signal now exits at once with 128 + N.
+    signals.install(starting=True)
+    build_app(program_command(sys.argv[1:]))()
+
+
+def __getattr__(name: str) -> Any:
+    """``app``, the whole app, built on first use (the program builds its own, ``run``)."""
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    whole = globals()["app"] = build_app()
+    return whole
+
 
 # The imports are done; a test process that imported the app gets Ctrl-C as KeyboardInterrupt again
 # (``_App.__call__``: the program stays starting until its command runs).
 signals.started()
 
 if __name__ == "__main__":
-    app()
+    run()

@@ -49,6 +49,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from runledger.ingest.bus import EventSink
 from runledger.schemas import Envelope, config_hash, make_event
 from runledger.schemas import payloads as p
@@ -171,6 +173,37 @@ def _config_update(record: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]
     removed = record.get("remove") or []
     keys = [r.get("key") if isinstance(r, Mapping) else r for r in removed]
     return _strip_internal(update), [str(k) for k in keys if k and not str(k).startswith("_wandb")]
+
+
+def branch_point(run: Mapping[str, Any], run_id: str) -> tuple[str | None, int | None]:
+    """(parent run, fork step) of a run record whose ``wandb.init`` had ``fork_from`` or
+    ``resume_from``: the record's ``branch_point`` (``run``, ``value`` of ``_step``), else the
+    ``_wandb.branch_point`` (``run_id``, ``step``) wandb writes into the run's config. None where there
+    is none, where it names the run itself (a rewind of one run id), where the run id is not a ledger
+    run id; the step None where it is not a whole non-negative number."""
+    parent, step = _moment_of(run)
+    if not isinstance(parent, str) or not RUN_ID_RE.match(parent) or parent == run_id:
+        return None, None
+    whole = isinstance(step, int | float) and not isinstance(step, bool) and math.isfinite(step)
+    return parent, int(step) if whole and step >= 0 and step == int(step) else None
+
+
+def _moment_of(run: Mapping[str, Any]) -> tuple[Any, Any]:
+    """The (run, step) a run record branches from, as written: its own field, else its config's."""
+    point = run.get("branch_point")
+    if isinstance(point, Mapping) and point.get("run"):
+        return point.get("run"), point.get("value")
+    update = (run.get("config") or {}).get("update") or {}
+    if isinstance(update, list):  # protobuf-JSON shape: [{"key": …, "value_json": "…"}]
+        raw = next((u.get("value_json") for u in update if u.get("key") == "_wandb"), None)
+        try:
+            internal = json.loads(raw) if isinstance(raw, str) else None
+        except json.JSONDecodeError:
+            internal = None
+    else:
+        internal = update.get("_wandb")
+    point = internal.get("branch_point") if isinstance(internal, Mapping) else None
+    return (point.get("run_id"), point.get("step")) if isinstance(point, Mapping) else (None, None)
 
 
 def _pointer(key: str) -> str:
@@ -345,6 +378,10 @@ class _Importer:
             external=external,
         )
         started, _ = launch_event(fields, attempt=1, name=run.get("display_name") or None)
+        # A run forked or resumed from another (W&B's fork_from/resume_from) continues it: its lineage.
+        parent, fork_step = branch_point(run, run_id)
+        if parent is not None:
+            started = msgspec.structs.replace(started, parent_run=parent, fork_step=fork_step)
         self.emit(started, kind="started", time=self.start_time)
 
     def on_config(self, record: Mapping[str, Any], num: int) -> None:

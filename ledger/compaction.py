@@ -11,7 +11,10 @@ min/max statistics) instead of every metric's rows.
 
 from __future__ import annotations
 
-import pyarrow as pa
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # issue 41: the readers import this module (its orders); pyarrow only to conform
+    import pyarrow as pa
 
 # Tables whose files are sorted, and by what. Rows of one metric lie together, in step order.
 SORTED_TABLES: dict[str, tuple[str, ...]] = {"metrics": ("name", "attempt", "step", "stream", "stream_seq")}
@@ -19,6 +22,8 @@ SORTED_TABLES: dict[str, tuple[str, ...]] = {"metrics": ("name", "attempt", "ste
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """``table`` under ``schema``: a column an older file lacks is null, as queries read it."""
+    import pyarrow as pa
+
     columns = [
         table.column(field.name).cast(field.type)
         if field.name in table.column_names

@@ -42,7 +42,11 @@ from runledger.schemas import catalogue as c
 from runledger.schemas.canonical import config_hash
 from runledger.schemas.config_patch import ConfigPatchError, apply_config_patch
 
-# The event types the fold reads (metrics are not needed to know a run's state).
+# The event types the fold decodes (metrics are not needed to know a run's state), and what the
+# ``state_events`` table holds. Ingest's incidents (``ledger.incident``) are not among them: a flood
+# makes one per event, and a reader folds them where they are typed rows (``ingest_incidents``,
+# ``runledger.ledger.views.incident_ranges_query``), so the fold's scan costs the same with 30,000
+# as with 3. (A lake made before that table keeps its incidents in ``state_events`` too.)
 STATE_TYPES = (
     c.RUN_STARTED,
     c.RUN_RESUMED,
@@ -53,14 +57,16 @@ STATE_TYPES = (
     c.STEP_SKIPPED,
     c.RUN_FINISHED,
     c.ANNOTATION,
-    c.PRODUCER_DROPPED,  # what a producer lost, and ingest's gaps and forks: the state's incidents
-    c.LEDGER_INCIDENT,
+    c.PRODUCER_DROPPED,  # what a producer lost: one of the state's incidents
     c.BUS_POSITIONS_MISSING,  # bus positions that hold no record any more (a deleted segment)
     c.LEDGER_REDACTION,  # an event of the run whose payload was erased: the state says so
+    c.LEDGER_ANOMALY,  # a detector's finding (runledger.ledger.anomalies): history, the report, the page
 )
-# The state events without ingest's incidents: what a reader decodes when it reads those in summary
-# (``runledger.ledger.views.incident_ranges_query``); ``STATE_TYPES`` is what the ``state_events`` table holds.
-FOLD_TYPES = tuple(t for t in STATE_TYPES if t != c.LEDGER_INCIDENT)
+# (the name readers used for the state events without ingest's incidents: now the same)
+FOLD_TYPES = STATE_TYPES
+# Every event type the fold reads: with ingest's incidents, each decoded (``fold_incidents`` folds
+# them as the SQL does); what ``state_events`` held on a lake made before ``ingest_incidents``.
+EVERY_STATE_TYPE = (*STATE_TYPES, c.LEDGER_INCIDENT)
 # Ingest's incident kinds (``ledger.incident``), folded per (kind, source) into ranges; of a kind with
 # more sources than this, all but the ``SOURCES_APART - 1`` with the most incidents fold into one.
 RANGE_KINDS = frozenset({"gap", "fork", "duplicate-launch"})

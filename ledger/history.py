@@ -20,6 +20,7 @@ import jsonpatch
 import jsonpointer
 import msgspec
 
+from runledger.ledger.anomalies import anomaly_text
 from runledger.ledger.fold import RANGE_KINDS, incident_fact
 from runledger.schemas import Envelope
 from runledger.schemas import catalogue as c
@@ -34,6 +35,7 @@ class HistoryItem:
     kind: str
     text: str
     count: int = 1  # the records the line tells of: a range of incidents tells of many
+    run_id: str | None = None  # in a lineage's history: the run id it is of, if not the one asked
 
     @property
     def routine(self) -> bool:
@@ -150,13 +152,15 @@ def history_counts(items: Sequence[HistoryItem]) -> str:
         (kinds.count("config.rejected"), "refused change"),
         (sum(i.count for i in items if i.kind in ("producer.dropped", "ledger.incident")), "incident"),
         (kinds.count("checkpoint.saved"), "checkpoint"),
+        (kinds.count(c.LEDGER_ANOMALY), "anomaly"),
         (kinds.count("github"), "GitHub event"),
     ]
     return ", ".join(
-        f"{n:,} {what}{'es' if what == 'crash' and n != 1 else 's' if n != 1 else ''}"
-        for n, what in counted
-        if n
+        f"{n:,} {what if n == 1 else _PLURALS.get(what, what + 's')}" for n, what in counted if n
     )
+
+
+_PLURALS = {"crash": "crashes", "anomaly": "anomalies"}
 
 
 PrLookup = Callable[[str | None], list[dict[str, Any]]]
@@ -176,6 +180,10 @@ def history_item(
             f"run started at {_commit_text(d.git_commit, d.git_dirty, code)}, host {d.host}, "
             f"world size {d.world_size}, config {d.config_hash[:12]}"
         )
+        if d.parent_run is not None:  # a relaunch under a new run id: the run and step it goes on from
+            text += f"; continues run {d.parent_run}" + (
+                f" from step {d.fork_step:,}" if d.fork_step is not None else ""
+            )
     elif t == c.RUN_RESUMED:
         text = (
             f"attempt {e.attempt} resumed from checkpoint step {d.from_checkpoint_step:,} at "
@@ -205,6 +213,8 @@ def history_item(
         text = f"note by {d.author}: {d.text}"
     elif t in (c.PRODUCER_DROPPED, c.LEDGER_INCIDENT, c.BUS_POSITIONS_MISSING):
         text = incident_text(incident_fact(e))
+    elif t == c.LEDGER_ANOMALY:
+        text = f"anomaly: {anomaly_text(d)}"
     elif t == c.LEDGER_REDACTION:
         text = f"REDACTED {d.event_type} {d.event_id} (#{d.stream_seq}) by {d.actor}: {d.reason}"
     else:

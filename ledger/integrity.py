@@ -18,6 +18,8 @@ What is checked by ``verify_ledger``:
     only where a ``ledger.redaction`` record stored in the log names it, its recorded leaf and that
     marker; it is reported with its reason (``Report.redactions`` and a warning line), its typed rows
     and its salt must be gone, and with log keys given the record must be signed by one of them.
+  * every ``ledger.anomaly`` event is what the detectors make when run again over the log in stream
+    order (``runledger.ledger.anomaly_check``): a missing, extra or altered one is an ``anomaly`` problem.
 Guarantee: tamper-evident, not tamper-proof. Someone who can rewrite the files *and* the commit
 log can make a self-consistent forgery, but not one that matches a checkpoint signed and published
 before the edit; that is why checkpoints must be kept by others.
@@ -51,6 +53,7 @@ from runledger.ledger.admission import (
     is_own,
     load_state,
 )
+from runledger.ledger.anomaly_check import AnomalyCheck, detection_since
 from runledger.ledger.log_checkpoint import note_signers, parse_and_verify_checkpoint, sign_checkpoint
 from runledger.ledger.merkle import CompactRange, MerkleTree, leaf_hash, root_from_leaf_hashes
 from runledger.ledger.parquet_schemas import ADDED_COLUMNS, TABLES
@@ -59,7 +62,7 @@ from runledger.ledger.redaction import is_redacted, read_marker
 from runledger.ledger.store import SALTS, Ledger, LedgerError
 from runledger.ledger.stored_files import StoredFile, StoredFiles
 from runledger.schemas import Event, decode_event
-from runledger.schemas.catalogue import LEDGER_REDACTION
+from runledger.schemas.catalogue import LEDGER_INCIDENT, LEDGER_REDACTION
 from runledger.schemas.codec import CONFLICT
 from runledger.schemas.durable import write_durably
 from runledger.schemas.note import NoteVerifier, parse_private_key, parse_public_key
@@ -74,6 +77,7 @@ class Problem:
     # modified | removed | inserted | reordered | table-mismatch | checkpoint | unreadable | log | producer
     # | key (a checkpoint not signed by any key tried: a mix-up of keys, or a signer not trusted)
     # | redaction (a redaction record not signed by a log key tried, or whose event still holds its payload)
+    # | anomaly (an anomaly event missing, extra or altered against the detectors re-run over the log)
     kind: str
     detail: str
     stream_seq: int | None = None
@@ -330,6 +334,7 @@ def _verify_stored(
     checks: dict[str, _StreamCheck] = {}
     with _spill_folder() as spill:
         tables = _TableCheck(stored, Path(spill))
+        anomalies = AnomalyCheck(detection_since(_newest_record(ledger)), Path(spill))
         for batch in _event_batches(stored, report):
             good: list[tuple[int, Event]] = []
             for stream, row in batch:
@@ -342,6 +347,7 @@ def _verify_stored(
                 event = _check_row(check, stream, row)
                 if event is not None:
                     good.append((row.seq, event))
+                    anomalies.add(stream, row.seq, check.rec.ids.commit_of(row.seq), event)
                     problem = _check_producer(timeline, check.rec, stream, row, event)
                     if problem is not None:
                         check.edited.append(problem)
@@ -358,10 +364,24 @@ def _verify_stored(
             _report_redactions(stream, check, log_keys, report)
             _check_checkpoint(ledger, stream, rec, log_keys, report)
         tables.check(recorded, report)
+        _check_anomalies(anomalies, checks, report)
     _check_erased_salts(stored, erased, report)
     _check_quarantine_count(ledger, stored, report)
     _report_conflicts(stored, report)
     return report
+
+
+def _newest_record(ledger: Ledger) -> dict[str, Any] | None:
+    paths = ledger.commit_paths()
+    return json.loads(paths[-1].read_bytes()) if paths else None
+
+
+def _check_anomalies(anomalies: AnomalyCheck, checks: dict[str, _StreamCheck], report: Report) -> None:
+    """Every anomaly event re-derived from the log (``runledger.ledger.anomaly_check``): a missing,
+    extra or altered one is an ``anomaly`` problem naming it."""
+    redacted = {check.rec.ids[seq][1] for check in checks.values() for seq in check.redacted}
+    for found in anomalies.problems(redacted):
+        report.problems.append(Problem(found.stream, "anomaly", found.detail, found.seq, found.event_id))
 
 
 def _report_lake_files(stored: StoredFiles, report: Report) -> None:
@@ -794,6 +814,14 @@ class _TableCheck:
         self.stored, self.spill = stored, spill
         self.names = [n for n in stored.tables if n not in ("events", "quarantine")]
         self.fold = FoldState()
+        # Ingest's incidents in ``state_events`` (issue 42; a commit of today writes none there): a
+        # lake without ``ingest_incidents`` reads them there, so each must be there (None: every
+        # one); one with it (written before, migrated, then ingesting anew) may keep those it has,
+        # each exactly as the log says.
+        self.incident_state_rows: set[tuple[str, int]] | None = set()
+        if "state_events" in self.names:
+            strict = "ingest_incidents" not in self.names
+            self.incident_state_rows = None if strict else _stored_incident_keys(stored)
         self.expected: dict[str, list[pa.Table]] = defaultdict(list)
         self.writers = {
             name: pq.ParquetWriter(spill / f"{name}.parquet", _with_partition(name), compression="zstd")
@@ -805,6 +833,8 @@ class _TableCheck:
         buf = RowBuffer()
         for seq, event in events:
             rows_for_event(event, seq, buf, self.fold)
+            if event.envelope.type == LEDGER_INCIDENT and self._incident_kept(event, seq):
+                buf.add("state_events", event.envelope.run_id or "", _state_event_row(event, seq))
         for table, partition, data in buf.tables():
             if table not in self.names:
                 continue  # a table this (older) ledger does not keep
@@ -816,6 +846,11 @@ class _TableCheck:
                 writer.write_table(data)
             else:
                 self.expected[table].append(data)
+
+    def _incident_kept(self, event: Event, seq: int) -> bool:
+        """Whether this ledger's ``state_events`` should hold the incident ``event`` (stream_seq ``seq``)."""
+        keys = self.incident_state_rows
+        return keys is None or (event.envelope.stream, seq) in keys
 
     def check(self, recorded: dict[str, RecordedStream], report: Report) -> None:
         for writer in self.writers.values():
@@ -920,6 +955,29 @@ class _TableCheck:
         w = Counter(_row_tuples(want))
         h = Counter(_row_tuples(have))
         return {(r[0], r[1]) for r in (w - h) + (h - w)}
+
+
+def _stored_incident_keys(stored: StoredFiles) -> set[tuple[str, int]]:
+    """(stream, stream_seq) of the stored ``state_events`` rows that are a ``ledger.incident`` (written
+    before ingest's incidents were kept out of that table); an unreadable file is told where its rows
+    are compared."""
+    keys: set[tuple[str, int]] = set()
+    for file in stored.of("state_events"):
+        try:
+            rows = pq.read_table(file.path, columns=["type", "stream", "stream_seq"])
+        except Exception:
+            continue
+        incidents = rows.filter(pc.equal(rows.column("type"), LEDGER_INCIDENT))
+        streams, seqs = incidents.column("stream").to_pylist(), incidents.column("stream_seq").to_pylist()
+        keys.update(zip(streams, seqs, strict=True))
+    return keys
+
+
+def _state_event_row(event: Event, stream_seq: int) -> dict[str, Any]:
+    """The ``state_events`` row an older lake's commit wrote for an incident event."""
+    env = event.envelope
+    key = {"attempt": env.attempt, "step": env.step, "time": env.time, "stream": env.stream}
+    return {**key, "stream_seq": stream_seq, "type": env.type, "canonical": event.canonical}
 
 
 def _partition_column(file: StoredFile, column: str, rows: int) -> pa.Array:

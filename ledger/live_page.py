@@ -41,7 +41,7 @@ import re
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,16 @@ from runledger.ledger.log_checkpoint import parse_and_verify_checkpoint, parse_c
 from runledger.ledger.monitor import DEFAULT_DEADLINE_S, MonitorError, check_quorum
 from runledger.ledger.query import QueryError, Reader, RecordHead
 from runledger.ledger.remote import RemoteError, default_state_path, fetch_copy, verify_remote
-from runledger.ledger.report import CURVES, MARKER_KINDS, asset, build_report, script_json
+from runledger.ledger.report import CURVES, MARKER_KINDS, asset, build_report, lineage_title, script_json
+from runledger.ledger.run_search import (
+    RunFilter,
+    RunFilterError,
+    check,
+    parse_config_test,
+    parse_status,
+    parse_time,
+    search_runs,
+)
 from runledger.ledger.store import COMMITS
 from runledger.ledger.witness import parse_cosignature_key, verify_cosignatures
 from runledger.schemas import Envelope, decode_event
@@ -83,7 +92,13 @@ STATE_EVERY_S = 1.0  # the state panel's refresh, at most, per run
 KEEPALIVE_S = 15.0  # a comment line on an idle stream, so proxies keep it open
 HEADER_TIMEOUT_S = 5.0  # a connection that has not sent a whole request head by then is closed
 RETRY_MS = 1000  # the browser's reconnect delay (SSE `retry:`)
-STATE_TYPES = frozenset(f"runledger.{kind}" for kind in MARKER_KINDS if not kind.startswith("github."))
+# The event types drawn as markers: a marker kind is its type without "runledger." (the ledger's own
+# types, "ledger.anomaly", keep theirs).
+STATE_TYPES = frozenset(
+    kind if kind.startswith("ledger.") else f"runledger.{kind}"
+    for kind in MARKER_KINDS
+    if not kind.startswith("github.")
+)
 RUN_ID = re.compile(
     r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 )  # runledger.schemas.envelope.RunId: nothing else is a run
@@ -389,7 +404,7 @@ def published_of_ledger(root: Path, witnesses: Witnesses, log_key: str | None) -
 
 
 def _state_now(reader: Reader, run_id: str) -> dict[str, Any]:
-    s = reader.state(run_id)
+    s = reader.state(run_id, lineage=False)  # the page follows this run id's own stream
     last = s.last_checkpoint or {}
     return {
         "step": s.step,
@@ -1086,7 +1101,7 @@ def render_run_page(watch: LedgerWatch, run_id: str) -> str:
         state = _state_now(reader, run_id)
     finally:
         reader.close()
-    report["title"] = f"runledger · {run_id}"
+    report["title"] = f"runledger · {lineage_title(run_id, report['runs'][0]['lineage'])}"
     live = {
         "run_id": run_id,
         "after": after,
@@ -1114,41 +1129,119 @@ def _wait_for_files(root: Path, commit: int, wait_s: float = 5.0) -> None:
         time.sleep(0.01)
 
 
-def render_index(watch: LedgerWatch) -> str:
+# The index's search: these URL parameters only, each parsed and typed by runledger.ledger.run_search
+# (values reach SQL as parameters, never as text); at most INDEX_ROWS runs are listed.
+INDEX_PARAMS = frozenset({"q", "tag", "status", "config", "since", "until", "sort", "desc"})
+INDEX_ROWS = 500
+# The index submits its search form to itself (a GET: it reads only); every other page submits nothing.
+INDEX_CSP = CSP.replace("form-action 'none'", "form-action 'self'")
+
+
+def index_filter(params: Mapping[str, str] | Any) -> RunFilter:
+    """The index's search (``/?q=beta&status=running&config=moe.capacity_factor=1.25``) as a
+    ``RunFilter``; ``RunFilterError`` (one line) for an unknown parameter or a bad value. ``params``:
+    Starlette's query parameters (``getlist`` for the repeatable ``tag`` and ``config``)."""
+    unknown = sorted(set(params.keys()) - INDEX_PARAMS)
+    if unknown:
+        raise RunFilterError(
+            f"unknown search parameter {unknown[0]!r}; known: {', '.join(sorted(INDEX_PARAMS))}"
+        )
+    one = {key: (params.get(key) or "").strip() for key in INDEX_PARAMS}
+    filt = RunFilter(
+        pattern=one["q"] or None,
+        tags=tuple(tag for tag in params.getlist("tag") if tag) if hasattr(params, "getlist") else (),
+        status=parse_status(one["status"]) if one["status"] else None,
+        config=tuple(parse_config_test(text) for text in _configs(params)),
+        since=parse_time(one["since"]) if one["since"] else None,
+        until=parse_time(one["until"]) if one["until"] else None,
+        sort=one["sort"] or None,
+        descending=one["desc"] in ("1", "true", "on"),
+        limit=INDEX_ROWS,
+    )
+    check(filt)
+    return filt
+
+
+def _configs(params: Mapping[str, str] | Any) -> list[str]:
+    """The ``config`` tests: each parameter, and each line or ``;``-separated part of one."""
+    texts = params.getlist("config") if hasattr(params, "getlist") else [params.get("config") or ""]
+    return [part.strip() for text in texts for part in re.split(r"[;\n]", text) if part.strip()]
+
+
+def render_index(watch: LedgerWatch, filt: RunFilter | None = None) -> str:
+    """The run index: the runs ``filt`` selects (default every run, newest first), with a search form."""
+    filt = filt or RunFilter(descending=True, limit=INDEX_ROWS)
     with watch.lock:
         if watch.reader is None:
             raise LedgerLost(watch.lost or "the ledger is not open")
-        runs = watch.reader.runs().records()
+        runs = search_runs(watch.reader, filt).records()
         as_of = watch.as_of()
-    rows = "".join(
-        "<tr><td><a href='/runs/{link}'>{run}</a></td><td>{started}</td><td>{attempts}</td><td>{last}</td>"
-        "<td>{crashes}</td><td>{status}</td><td class='mono'>{commit}</td></tr>".format(
-            link=html.escape(r["run_id"], quote=True),
-            run=html.escape(str(r["run_id"])),
-            started=html.escape(str(r["started_at"] or "")),
-            attempts=html.escape(str(r["attempts"])),
-            last=html.escape(str(r["last_step"] if r["last_step"] is not None else "")),
-            crashes=html.escape(str(r["crashes"])),
-            status=html.escape(str(r["last_status"] or "running or no end recorded")),
-            commit=html.escape(str(r["git_commit"] or "")[:12]),
-        )
-        for r in runs
+    rows = "".join(_index_row(r) for r in runs)
+    shown = f"{len(runs)} runs" + (
+        f" (the first {INDEX_ROWS}: narrow the search)" if len(runs) == INDEX_ROWS else ""
     )
     return _INDEX.format(
         style=_report_style(),
         as_of=html.escape(as_of),
-        count=len(runs),
-        rows=rows or "<tr><td colspan='7'>no runs in this ledger yet</td></tr>",
+        count=shown,
+        search=_search_form(filt),
+        rows=rows or "<tr><td colspan='9'>no runs match</td></tr>",
+    )
+
+
+def _index_row(r: Mapping[str, Any]) -> str:
+    cells = [
+        html.escape(str(r["name"] or "")),
+        html.escape(str(r["status"])),
+        html.escape(str(r["started_at"] or "")),
+        html.escape(str(r["attempts"])),
+        html.escape(str(r["last_step"] if r["last_step"] is not None else "")),
+        html.escape(str(r["crashes"])),
+        html.escape(str(r["tags"] or "")),
+    ]
+    link = html.escape(str(r["run_id"]), quote=True)
+    commit = html.escape(str(r["git_commit"] or "")[:12])
+    return (
+        f"<tr><td><a href='/runs/{link}'>{html.escape(str(r['run_id']))}</a></td>"
+        + "".join(f"<td>{cell}</td>" for cell in cells)
+        + f"<td class='mono'>{commit}</td></tr>"
+    )
+
+
+def _search_form(filt: RunFilter) -> str:
+    """The search form, holding the current search (every value escaped as an attribute)."""
+
+    def box(name: str, value: str, hint: str) -> str:
+        value_attr = html.escape(value, quote=True)
+        return f"<label>{name} <input name='{name}' value='{value_attr}' placeholder='{hint}'></label> "
+
+    configs = "; ".join(
+        ".".join(t.path) + t.op + (t.value if isinstance(t.value, str) else json.dumps(t.value))
+        for t in filt.config
+    )
+    options = "".join(
+        f"<option{' selected' if filt.status == s else ''}>{s}</option>"
+        for s in ("", "running", "finished", "crashed")
+    )
+    return (
+        "<form method='get' action='/' id='search'>"
+        + box("q", filt.pattern or "", "run id or name (glob)")
+        + box("tag", filt.tags[0] if filt.tags else "", "tag")
+        + f"<label>status <select name='status'>{options}</select></label> "
+        + box("config", configs, "moe.capacity_factor=1.25")
+        + box("since", filt.since.date().isoformat() if filt.since else "", "2026-06-01 or 30d")
+        + box("until", filt.until.date().isoformat() if filt.until else "", "")
+        + "<button type='submit'>search</button></form>"
     )
 
 
 _INDEX = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <link rel="icon" href="data:,"><title>runledger · runs</title><style>{style}</style></head>
-<body><header><h1>runledger · runs</h1><p>{count} runs · as of {as_of} · reload for newer runs;
-each run's page is live</p></header>
-<main><table id="runs"><thead><tr><th>run</th><th>started</th><th>attempts</th><th>last step</th><th>crashes</th>
-<th>last status</th><th>commit</th></tr></thead><tbody>{rows}</tbody></table></main></body></html>
+<body><header><h1>runledger · runs</h1><p>{count} · as of {as_of} · reload for newer runs;
+each run's page is live</p>{search}</header>
+<main><table id="runs"><thead><tr><th>run</th><th>name</th><th>status</th><th>started</th><th>attempts</th>
+<th>last step</th><th>crashes</th><th>tags</th><th>commit</th></tr></thead><tbody>{rows}</tbody></table></main></body></html>
 """
 
 
@@ -1196,7 +1289,15 @@ class LivePage:
             self.watch.stop()
 
     async def index(self, request: Request) -> Response:
-        return await self._page(lambda: render_index(self.watch))
+        """The run index; its search parameters are parsed and typed first (400 and one line if not)."""
+        try:
+            filt = index_filter(request.query_params) if request.query_params else None
+        except RunFilterError as exc:
+            return _text(str(exc), 400)
+        response = await self._page(lambda: render_index(self.watch, filt))
+        if response.status_code == 200:
+            response.headers["Content-Security-Policy"] = INDEX_CSP
+        return response
 
     async def run_page(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]

@@ -1,34 +1,89 @@
-"""The ledger's Parquet tables: their names, pyarrow schemas and hive partition keys.
+"""The ledger's Parquet tables: their names, columns and hive partition keys.
 
 Every table but ``events`` and ``quarantine`` is a projection of ``events`` (which holds each event's
 canonical bytes): ``runledger.ledger.projectors`` says how events fill them, so ``ledger verify`` can
 rebuild any table from the events and compare. Rows carry ``stream`` and ``stream_seq``: the event
 they came from.
+
+A column's type is written as DuckDB names it (as DuckDB reads it from the files): the readers need
+only these names (issue 41: reading a ledger imports no pyarrow); a table's pyarrow schema, for the
+writers, is made from them on first use (``Table.schema``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
+if TYPE_CHECKING:
+    import pyarrow as pa
 
-TS = pa.timestamp("us", tz="UTC")
-_ORIGIN = [("stream", pa.string()), ("stream_seq", pa.int64())]
-_RUN_KEY = [("attempt", pa.int64()), ("step", pa.int64()), ("time", TS)]
+Columns = tuple[tuple[str, str], ...]  # (name, DuckDB type) of each column, in order
+
+_ORIGIN = (("stream", "VARCHAR"), ("stream_seq", "BIGINT"))
+_RUN_KEY = (("attempt", "BIGINT"), ("step", "BIGINT"), ("time", "TIMESTAMPTZ"))
+PARTITION_TYPE = "VARCHAR"  # a hive partition column, as the folder names give it
 
 
 @dataclass(frozen=True)
 class Table:
     name: str
     partition: str  # hive partition column (a directory level, not stored inside the files)
-    schema: pa.Schema  # columns stored in the files
+    columns: Columns  # columns stored in the files
     doc: str
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The stored columns' names, in order."""
+        return tuple(name for name, _ in self.columns)
 
-def _schema(*cols: tuple[str, pa.DataType]) -> pa.Schema:
-    return pa.schema(list(cols))
+    @property
+    def lake_columns(self) -> Columns:
+        """The columns in the lake (and as a hive-partitioned glob reader sees the files): the file
+        columns, then the partition column unless the files hold it."""
+        if self.partition in self.names:
+            return self.columns
+        return (*self.columns, (self.partition, PARTITION_TYPE))
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The stored columns as a pyarrow schema (the writers': built once, on first use)."""
+        return arrow_schema(self.columns)
+
+
+def _columns(*cols: tuple[str, str]) -> Columns:
+    return tuple(cols)
+
+
+@functools.cache
+def arrow_schema(columns: Columns) -> pa.Schema:
+    """``columns`` as a pyarrow schema."""
+    import pyarrow as pa
+
+    return pa.schema([(name, arrow_type(kind)) for name, kind in columns])
+
+
+def arrow_type(kind: str) -> pa.DataType:
+    """The Arrow type of a column DuckDB types ``kind`` (the ledger's types only)."""
+    import pyarrow as pa
+
+    if kind.endswith("[]"):
+        return pa.list_(arrow_type(kind.removesuffix("[]")))
+    types = {
+        "VARCHAR": pa.string(),
+        "BIGINT": pa.int64(),
+        "INTEGER": pa.int32(),
+        "DOUBLE": pa.float64(),
+        "BOOLEAN": pa.bool_(),
+        "BLOB": pa.binary(),
+        "TIMESTAMPTZ": pa.timestamp("us", tz="UTC"),
+    }
+    if kind not in types:
+        raise ValueError(f"column type {kind} is not one the ledger's tables use")
+    return types[kind]
 
 
 TABLES: dict[str, Table] = {
@@ -37,51 +92,51 @@ TABLES: dict[str, Table] = {
         Table(
             "events",
             "stream_type",
-            _schema(
+            _columns(
                 *_ORIGIN,
-                ("source", pa.string()),
-                ("id", pa.string()),
-                ("type", pa.string()),
-                ("schema_version", pa.int32()),
-                ("time", TS),
-                ("subject", pa.string()),
-                ("run_id", pa.string()),
-                ("attempt", pa.int64()),
-                ("step", pa.int64()),
-                ("seq", pa.int64()),
-                ("commit", pa.int64()),
-                ("ingest_source", pa.string()),
-                ("ingest_position", pa.int64()),
-                ("canonical", pa.string()),
+                ("source", "VARCHAR"),
+                ("id", "VARCHAR"),
+                ("type", "VARCHAR"),
+                ("schema_version", "INTEGER"),
+                ("time", "TIMESTAMPTZ"),
+                ("subject", "VARCHAR"),
+                ("run_id", "VARCHAR"),
+                ("attempt", "BIGINT"),
+                ("step", "BIGINT"),
+                ("seq", "BIGINT"),
+                ("commit", "BIGINT"),
+                ("ingest_source", "VARCHAR"),
+                ("ingest_position", "BIGINT"),
+                ("canonical", "VARCHAR"),
                 # How admission let it in: True signed and verified, False unsigned by the policy,
                 # null no registry then (and every row written before this column existed).
-                ("authenticated", pa.bool_()),
+                ("authenticated", "BOOLEAN"),
             ),
             "Every accepted event, in stream order, with its canonical JSON (the Merkle leaf).",
         ),
         Table(
             "metrics",
             "run_id",
-            _schema(*_RUN_KEY, ("name", pa.string()), ("value", pa.float64()), *_ORIGIN),
+            _columns(*_RUN_KEY, ("name", "VARCHAR"), ("value", "DOUBLE"), *_ORIGIN),
             "Long metrics, every attempt: one row per (attempt, step, name).",
         ),
         Table(
             "moe_layer_stats",
             "run_id",
-            _schema(
+            _columns(
                 *_RUN_KEY,
-                ("layer", pa.int32()),
-                ("tokens", pa.int64()),
-                ("top_k", pa.int32()),
-                ("dropped", pa.int64()),
-                ("token_drop_rate", pa.float64()),
-                ("sender_drops", pa.int64()),
-                ("receiver_drops", pa.int64()),
-                ("expert_counts", pa.list_(pa.int64())),
-                ("aux_loss", pa.float64()),
-                ("z_loss", pa.float64()),
-                ("routing_entropy", pa.float64()),
-                ("max_load", pa.float64()),  # added in issue 39: null in rows of events without it
+                ("layer", "INTEGER"),
+                ("tokens", "BIGINT"),
+                ("top_k", "INTEGER"),
+                ("dropped", "BIGINT"),
+                ("token_drop_rate", "DOUBLE"),
+                ("sender_drops", "BIGINT"),
+                ("receiver_drops", "BIGINT"),
+                ("expert_counts", "BIGINT[]"),
+                ("aux_loss", "DOUBLE"),
+                ("z_loss", "DOUBLE"),
+                ("routing_entropy", "DOUBLE"),
+                ("max_load", "DOUBLE"),  # added in issue 39: null in rows of events without it
                 *_ORIGIN,
             ),
             "Router statistics per step and layer; expert_counts is one list per row.",
@@ -89,25 +144,25 @@ TABLES: dict[str, Table] = {
         Table(
             "launches",
             "run_id",
-            _schema(
+            _columns(
                 *_RUN_KEY,
-                ("kind", pa.string()),
-                ("from_checkpoint_step", pa.int64()),
-                ("checkpoint_path", pa.string()),
-                ("config_hash", pa.string()),
-                ("git_commit", pa.string()),
-                ("git_dirty", pa.bool_()),
-                ("git_branch", pa.string()),
-                ("repository", pa.string()),
-                ("host", pa.string()),
-                ("cluster", pa.string()),
-                ("job_id", pa.string()),
-                ("world_size", pa.int64()),
-                ("parent_run", pa.string()),
-                ("fork_step", pa.int64()),
-                ("name", pa.string()),
-                ("software", pa.string()),
-                ("external", pa.string()),
+                ("kind", "VARCHAR"),
+                ("from_checkpoint_step", "BIGINT"),
+                ("checkpoint_path", "VARCHAR"),
+                ("config_hash", "VARCHAR"),
+                ("git_commit", "VARCHAR"),
+                ("git_dirty", "BOOLEAN"),
+                ("git_branch", "VARCHAR"),
+                ("repository", "VARCHAR"),
+                ("host", "VARCHAR"),
+                ("cluster", "VARCHAR"),
+                ("job_id", "VARCHAR"),
+                ("world_size", "BIGINT"),
+                ("parent_run", "VARCHAR"),
+                ("fork_step", "BIGINT"),
+                ("name", "VARCHAR"),
+                ("software", "VARCHAR"),
+                ("external", "VARCHAR"),
                 *_ORIGIN,
             ),
             "One row per attempt: the start or a resume, with code, place and config hash.",
@@ -115,11 +170,11 @@ TABLES: dict[str, Table] = {
         Table(
             "configs",
             "run_id",
-            _schema(
+            _columns(
                 *_RUN_KEY,
-                ("config_hash", pa.string()),
-                ("config", pa.string()),
-                ("cause", pa.string()),
+                ("config_hash", "VARCHAR"),
+                ("config", "VARCHAR"),
+                ("cause", "VARCHAR"),
                 *_ORIGIN,
             ),
             "The full resolved config after every launch and every accepted change.",
@@ -127,18 +182,18 @@ TABLES: dict[str, Table] = {
         Table(
             "config_changes",
             "run_id",
-            _schema(
+            _columns(
                 *_RUN_KEY,
-                ("accepted", pa.bool_()),
-                ("patch", pa.string()),
-                ("previous_hash", pa.string()),
-                ("config_hash", pa.string()),
-                ("hash_matches", pa.bool_()),
-                ("reason", pa.string()),
-                ("cause_kind", pa.string()),
-                ("cause_detail", pa.string()),
-                ("actor", pa.string()),
-                ("commit_sha", pa.string()),
+                ("accepted", "BOOLEAN"),
+                ("patch", "VARCHAR"),
+                ("previous_hash", "VARCHAR"),
+                ("config_hash", "VARCHAR"),
+                ("hash_matches", "BOOLEAN"),
+                ("reason", "VARCHAR"),
+                ("cause_kind", "VARCHAR"),
+                ("cause_detail", "VARCHAR"),
+                ("actor", "VARCHAR"),
+                ("commit_sha", "VARCHAR"),
                 *_ORIGIN,
             ),
             "Live config changes (accepted or refused) with their RFC 6902 patch.",
@@ -146,12 +201,12 @@ TABLES: dict[str, Table] = {
         Table(
             "checkpoints",
             "run_id",
-            _schema(
+            _columns(
                 *_RUN_KEY,
-                ("path", pa.string()),
-                ("bytes", pa.int64()),
-                ("duration_s", pa.float64()),
-                ("reason", pa.string()),
+                ("path", "VARCHAR"),
+                ("bytes", "BIGINT"),
+                ("duration_s", "DOUBLE"),
+                ("reason", "VARCHAR"),
                 *_ORIGIN,
             ),
             "Checkpoints saved.",
@@ -159,16 +214,16 @@ TABLES: dict[str, Table] = {
         Table(
             "incidents",
             "run_id",
-            _schema(
+            _columns(
                 *_RUN_KEY,
-                ("kind", pa.string()),
-                ("exc_type", pa.string()),
-                ("message", pa.string()),
-                ("traceback", pa.string()),
-                ("signal", pa.int64()),
-                ("exit_code", pa.int64()),
-                ("rank", pa.int64()),
-                ("host", pa.string()),
+                ("kind", "VARCHAR"),
+                ("exc_type", "VARCHAR"),
+                ("message", "VARCHAR"),
+                ("traceback", "VARCHAR"),
+                ("signal", "BIGINT"),
+                ("exit_code", "BIGINT"),
+                ("rank", "BIGINT"),
+                ("host", "VARCHAR"),
                 *_ORIGIN,
             ),
             "Crashes (kind exception/nonfinite_loss/signal/oom) and skipped steps (kind skipped).",
@@ -176,11 +231,11 @@ TABLES: dict[str, Table] = {
         Table(
             "run_ends",
             "run_id",
-            _schema(
+            _columns(
                 *_RUN_KEY,
-                ("status", pa.string()),
-                ("total_tokens", pa.int64()),
-                ("duration_s", pa.float64()),
+                ("status", "VARCHAR"),
+                ("total_tokens", "BIGINT"),
+                ("duration_s", "DOUBLE"),
                 *_ORIGIN,
             ),
             "Attempts that finished without crashing.",
@@ -188,12 +243,12 @@ TABLES: dict[str, Table] = {
         Table(
             "rank_stats",
             "run_id",
-            _schema(
+            _columns(
                 *_RUN_KEY,
-                ("rank", pa.int64()),
-                ("host", pa.string()),
-                ("step_time_s", pa.float64()),
-                ("values", pa.string()),
+                ("rank", "BIGINT"),
+                ("host", "VARCHAR"),
+                ("step_time_s", "DOUBLE"),
+                ("values", "VARCHAR"),
                 *_ORIGIN,
             ),
             "Each rank's own step time and host.",
@@ -201,11 +256,11 @@ TABLES: dict[str, Table] = {
         Table(
             "annotations",
             "run_id",
-            _schema(
+            _columns(
                 *_RUN_KEY,
-                ("author", pa.string()),
-                ("text", pa.string()),
-                ("tags", pa.list_(pa.string())),
+                ("author", "VARCHAR"),
+                ("text", "VARCHAR"),
+                ("tags", "VARCHAR[]"),
                 *_ORIGIN,
             ),
             "People's notes on a run and step.",
@@ -213,23 +268,23 @@ TABLES: dict[str, Table] = {
         Table(
             "state_events",
             "run_id",
-            _schema(*_RUN_KEY, ("type", pa.string()), ("canonical", pa.string()), *_ORIGIN),
+            _columns(*_RUN_KEY, ("type", "VARCHAR"), ("canonical", "VARCHAR"), *_ORIGIN),
             "A run's state events (launches, config changes, checkpoints, crashes, ends, notes) with "
             "their canonical JSON: the few events the fold reads, kept apart from the run's millions.",
         ),
         Table(
             "ingest_incidents",
             "run_id",
-            _schema(
+            _columns(
                 *_RUN_KEY,
-                ("kind", pa.string()),  # gap | fork | duplicate-launch
-                ("source", pa.string()),  # the source whose order broke (not the ledger's own)
-                ("expected_seq", pa.int64()),
-                ("got_seq", pa.int64()),
-                ("missing", pa.int64()),
-                ("expected_prev", pa.string()),
-                ("got_prev", pa.string()),
-                ("event_id", pa.string()),
+                ("kind", "VARCHAR"),  # gap | fork | duplicate-launch
+                ("source", "VARCHAR"),  # the source whose order broke (not the ledger's own)
+                ("expected_seq", "BIGINT"),
+                ("got_seq", "BIGINT"),
+                ("missing", "BIGINT"),
+                ("expected_prev", "VARCHAR"),
+                ("got_prev", "VARCHAR"),
+                ("event_id", "VARCHAR"),
                 *_ORIGIN,
             ),
             "Ingest's incidents (ledger.incident: a source's gap, fork or duplicate launch), one row per "
@@ -238,31 +293,31 @@ TABLES: dict[str, Table] = {
         Table(
             "summaries",
             "run_id",
-            _schema(*_RUN_KEY, ("values", pa.string()), *_ORIGIN),
+            _columns(*_RUN_KEY, ("values", "VARCHAR"), *_ORIGIN),
             "Run summaries (for example imported from W&B).",
         ),
         Table(
             "github",
             "repo_owner",
-            _schema(
-                ("repo", pa.string()),  # owner/name; NULL for an org-level event
-                ("org", pa.string()),  # the organisation an untyped (raw) event names, if any
-                ("time", TS),
-                ("kind", pa.string()),
-                ("action", pa.string()),
-                ("fact", pa.string()),  # what it is, whoever observed it (runledger.ingest.github_events)
-                ("via", pa.string()),  # the producer that observed it: webhook | backfill
-                ("number", pa.int64()),
-                ("title", pa.string()),
-                ("state", pa.string()),
-                ("actor", pa.string()),
-                ("merged", pa.bool_()),
-                ("sha", pa.string()),
-                ("head_sha", pa.string()),
-                ("base_sha", pa.string()),
-                ("shas", pa.list_(pa.string())),
-                ("url", pa.string()),
-                ("body", pa.string()),
+            _columns(
+                ("repo", "VARCHAR"),  # owner/name; NULL for an org-level event
+                ("org", "VARCHAR"),  # the organisation an untyped (raw) event names, if any
+                ("time", "TIMESTAMPTZ"),
+                ("kind", "VARCHAR"),
+                ("action", "VARCHAR"),
+                ("fact", "VARCHAR"),  # what it is, whoever observed it (runledger.ingest.github_events)
+                ("via", "VARCHAR"),  # the producer that observed it: webhook | backfill
+                ("number", "BIGINT"),
+                ("title", "VARCHAR"),
+                ("state", "VARCHAR"),
+                ("actor", "VARCHAR"),
+                ("merged", "BOOLEAN"),
+                ("sha", "VARCHAR"),
+                ("head_sha", "VARCHAR"),
+                ("base_sha", "VARCHAR"),
+                ("shas", "VARCHAR[]"),
+                ("url", "VARCHAR"),
+                ("body", "VARCHAR"),
                 *_ORIGIN,
             ),
             "GitHub issues, PRs, reviews, comments, pushes and commits, one row per event (observation).",
@@ -270,17 +325,17 @@ TABLES: dict[str, Table] = {
         Table(
             "quarantine",
             "day",
-            _schema(
-                ("time", TS),
-                ("ingest_source", pa.string()),
-                ("ingest_position", pa.int64()),
-                ("reason", pa.string()),
-                ("event_source", pa.string()),
-                ("event_id", pa.string()),
-                ("event_type", pa.string()),
-                ("stream", pa.string()),
-                ("raw", pa.binary()),
-                ("commit", pa.int64()),
+            _columns(
+                ("time", "TIMESTAMPTZ"),
+                ("ingest_source", "VARCHAR"),
+                ("ingest_position", "BIGINT"),
+                ("reason", "VARCHAR"),
+                ("event_source", "VARCHAR"),
+                ("event_id", "VARCHAR"),
+                ("event_type", "VARCHAR"),
+                ("stream", "VARCHAR"),
+                ("raw", "BLOB"),
+                ("commit", "BIGINT"),
             ),
             "Everything that could not be accepted: raw bytes and the reason. Nothing is dropped.",
         ),
@@ -308,13 +363,24 @@ ADDED_TABLES = frozenset({"state_events", "ingest_incidents"})
 SALTS = Table(
     "salts",
     "stream_type",
-    pa.schema(
-        [("stream", pa.string()), ("stream_seq", pa.int64()), ("commit", pa.int64()), ("salt", pa.binary())]
-    ),
+    (("stream", "VARCHAR"), ("stream_seq", "BIGINT"), ("commit", "BIGINT"), ("salt", "BLOB")),
     "Each event's random salt: its public log entry carries SHA-256(salt ‖ canonical bytes).",
 )
 # Tables the ledger's commits write besides TABLES' (compacted with them; not among the SQL views).
 SIDE_TABLES: dict[str, Table] = {SALTS.name: SALTS}
+
+
+def table_spec(name: str) -> Table:
+    """The ledger table ``name`` (of ``TABLES`` or ``SIDE_TABLES``)."""
+    spec = TABLES.get(name) or SIDE_TABLES.get(name)
+    if spec is None:
+        raise ValueError(f"{name} is not a ledger table")
+    return spec
+
+
+def lake_columns(name: str) -> Columns:
+    """The columns of the ledger table ``name`` in a lake: its file columns, then its partition column."""
+    return table_spec(name).lake_columns
 
 
 def tables_of(root: Path) -> list[str]:

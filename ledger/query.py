@@ -49,7 +49,6 @@ from runledger.ledger.lake import (
     attached_ledger_id,
     checkpoint_snapshot,
     is_s3,
-    lake_schema,
     live_at_snap,
     open_snapshot,
     plain_file_under,
@@ -59,8 +58,16 @@ from runledger.ledger.lake import (
 )
 from runledger.ledger.lake import COMMITS as LAKE_COMMITS
 from runledger.ledger.lake import STATE as LAKE_STATE
+from runledger.ledger.lineage import (
+    CLAIMS_QUERY,
+    LINE_QUERY,
+    LineageMember,
+    member_at_step,
+    member_at_time,
+    members_of_rows,
+)
 from runledger.ledger.merkle import CompactRange
-from runledger.ledger.parquet_schemas import tables_of
+from runledger.ledger.parquet_schemas import lake_columns, tables_of
 from runledger.ledger.records import COMMITS, LedgerError, StreamHead
 from runledger.ledger.redaction_marker import REDACTED_PREFIX, is_redacted, read_marker
 from runledger.ledger.sql_guard import (
@@ -75,8 +82,8 @@ from runledger.ledger.sql_guard import (
     run_limited,
 )
 from runledger.ledger.views import (
-    _empty_relation,
     connect,
+    empty_rows,
     incident_range_facts,
     incident_ranges_query,
     lake_views_sql,
@@ -88,6 +95,7 @@ from runledger.schemas.config_patch import ConfigPatchError, apply_config_patch
 if TYPE_CHECKING:  # issue 41: a read never loads the writer (a published copy's opens it) nor pyarrow
     import pyarrow as pa
 
+    from runledger.ledger.run_search import RunFilter
     from runledger.ledger.store import Ledger
 
 _T = TypeVar("_T")
@@ -343,8 +351,14 @@ class Reader:
         except duckdb.Error as exc:
             raise QueryError(_duckdb_error(exc, self.limits)) from None
 
-    def runs(self) -> Result:
-        return self.sql("SELECT * FROM runs ORDER BY started_at")
+    def runs(self, filt: RunFilter | None = None) -> Result:
+        """Every run (the ``runs`` view), or, given a filter, the runs it selects in its order
+        (``runledger.ledger.run_search``: the columns of ``run_search.answer_columns``)."""
+        if filt is None:
+            return self.sql("SELECT * FROM runs ORDER BY started_at")
+        from runledger.ledger.run_search import search_runs
+
+        return search_runs(self, filt)
 
     def run_exists(self, run_id: str) -> bool:
         return bool(self.sql("SELECT count(*) FROM launches WHERE run_id = ?", [run_id]).rows[0][0])
@@ -423,7 +437,14 @@ class Reader:
     def last_step(self, run_id: str) -> int | None:
         return self.sql("SELECT max(step) FROM events WHERE stream = ?", [run_id]).rows[0][0]
 
-    def state(self, run_id: str, *, step: int | None = None, at: datetime | None = None) -> RunState:
+    def state(
+        self, run_id: str, *, step: int | None = None, at: datetime | None = None, lineage: bool = True
+    ) -> RunState:
+        """The run's state at ``step`` or ``at`` (neither: its last step). ``lineage``: "the run" is
+        its lineage across run ids (``runledger.ledger.lineage``): the state is that of the run id
+        that supplies the step (or was live at the time), named by the state's ``run_id``."""
+        if lineage:
+            run_id = self._lineage_member(run_id, step, at)
         events = self.events(run_id)
         if not any(e.type in (c.RUN_STARTED, c.RUN_RESUMED) and e.run_id == run_id for e in events):
             self.require_run(run_id)  # a launch among its state events is a launch row: no query then
@@ -459,6 +480,38 @@ class Reader:
             state.incidents = with_incident_ranges(state.incidents, ranges)
         return state
 
+    def lineage(self, run_id: str) -> list[LineageMember]:
+        """The run ids of ``run_id``'s line across relaunches, eldest first (``runledger.ledger.lineage``);
+        empty for an unknown run. A reader pinned at a lake snapshot asks once per run: nothing moves
+        under it (the cache lives on the reader). Fixed statements of the reader's own: not put through
+        the guard of a user's SQL (its parse of the macro costs more than the answer)."""
+        cache: dict[str, list[LineageMember]] = self.__dict__.setdefault("_lineage_cache", {})
+        if run_id in cache:
+            return cache[run_id]
+
+        def rows(query: str, params: Sequence[Any] | None) -> list[Any]:
+            return self.con.execute(query, params).fetchall()
+
+        # Most runs name no parent and none names them: one scan of the launches says so, and the
+        # line is the run alone (the family walk is for the runs that have a family).
+        started_at, claims = self._answer(CLAIMS_QUERY, [run_id] * 5, rows)[0]
+        if started_at is None or not claims:
+            line = (
+                [] if started_at is None else [LineageMember(run_id, 0, started_at, None, None, None, None)]
+            )
+        else:
+            line = members_of_rows(self._answer(LINE_QUERY, [run_id], rows))
+        if self._ledger is None:  # a lake snapshot
+            cache[run_id] = line
+        return line
+
+    def _lineage_member(self, run_id: str, step: int | None, at: datetime | None) -> str:
+        """The run id of ``run_id``'s lineage that supplies ``step`` (or was live at ``at``)."""
+        line = self.lineage(run_id)
+        if len(line) <= 1:  # no lineage (or an unknown run: the caller names it)
+            return run_id
+        return (member_at_time(line, at) if at is not None else member_at_step(line, step)).run_id
+
     def incident_ranges(
         self, run_id: str, *, attempt: int | None = None, step: int | None = None, at: datetime | None = None
     ) -> list[dict[str, Any]]:
@@ -483,41 +536,80 @@ class Reader:
             next((a.repository for a in attempts_of(events).values() if a.repository), None)
         )
 
-    def diff(self, run_id: str, from_step: int, to_step: int) -> dict[str, Any]:
-        """Config diff between two steps and everything that happened in between."""
+    def diff(self, run_id: str, from_step: int, to_step: int, *, lineage: bool = True) -> dict[str, Any]:
+        """Config diff between two steps and everything that happened in between. ``lineage``: the
+        steps are the lineage's (as ``state`` reads them); ``from``/``to`` name each one's run id."""
         self.require_run(run_id)
+        line = self.lineage(run_id) if lineage else []
+        if len(line) > 1:
+            return self._lineage_diff(run_id, line, from_step, to_step)
         events = self.events(run_id)
         github = self._run_github(events)
         before = self._state(run_id, events, step=from_step, github=github)
         after = self._state(run_id, events, step=to_step, github=github)
-        patch = jsonpatch.make_patch(before.config, after.config).patch
         lo, hi = sorted((from_step, to_step))
         # Every event after step lo up to hi, and the GitHub events from step lo's time to hi's.
         happened = history_range(
             self._history(run_id, events, github), lo + 1, hi, self.step_window(run_id, lo, hi)
         )
-        return {
-            "from": {
-                "step": from_step,
-                "attempt": before.attempt,
-                "config_hash": before.config_hash,
-                "git_commit": before.git_commit,
-            },
-            "to": {
-                "step": to_step,
-                "attempt": after.attempt,
-                "config_hash": after.config_hash,
-                "git_commit": after.git_commit,
-            },
-            "config_patch": patch,
-            # The patch as history and blame say it: ``moe.capacity_factor 1.0 → 1.25``.
-            "changes": [op_text(op, before.config) for op in patch],
-            "events": happened,
-            # Where the recomputed config and the producer's hash disagree, up to the later step.
-            "hash_mismatches": after.hash_mismatches,
-        }
+        return _diff_answer(before, after, happened)
 
-    def blame(self, run_id: str, key: str, step: int | None = None) -> dict[str, Any]:
+    def _lineage_diff(
+        self, run_id: str, line: Sequence[LineageMember], from_step: int, to_step: int
+    ) -> dict[str, Any]:
+        """``diff`` across a lineage: each step's state from the member that supplies it, and every
+        member's events between them (within the times the members were at those steps)."""
+        before = self.state(run_id, step=from_step)
+        after = self.state(run_id, step=to_step)
+        lo, hi = sorted((from_step, to_step))
+        window = self.lineage_window(line, lo, hi)
+        happened = history_range(self._lineage_history(run_id, line), lo + 1, hi, window)
+        return _diff_answer(before, after, happened)
+
+    def lineage_window(
+        self, line: Sequence[LineageMember], from_step: int, to_step: int
+    ) -> tuple[datetime, datetime] | None:
+        """``step_window`` of a lineage: when its members were at the steps of from..to each supplies."""
+        spans = [(m.run_id, m.steps_within(from_step, to_step)) for m in line]
+        windows = [self.step_window(run, *steps) for run, steps in spans if steps is not None]
+        found = [w for w in windows if w is not None]
+        return (min(w[0] for w in found), max(w[1] for w in found)) if found else None
+
+    def blame(
+        self, run_id: str, key: str, step: int | None = None, *, lineage: bool = True
+    ) -> dict[str, Any]:
+        """``_run_blame`` of the run id that supplies ``step``; with ``lineage``, a value the run's
+        launch only inherited from the run it forked from (the same value there at the fork step)
+        is blamed there, up the line. ``value_from`` names the run id the value was read in and
+        ``set_by.run_id`` the one whose event set it."""
+        line = self.lineage(run_id) if lineage else []
+        if len(line) <= 1:
+            return self._run_blame(run_id, key, step)
+        member = member_at_step(line, step)
+        found = self._run_blame(member.run_id, key, step)
+        answer = dict(found, run_id=run_id, value_from=member.run_id)
+        answer["set_by"] = dict(found["set_by"], run_id=member.run_id)
+        # Up the line while the value was set by a member's own start at the step it forked from.
+        members = {m.run_id: m for m in line}
+        while (
+            found["set_by"]["kind"] == "start"
+            and member.parent_run in members
+            and member.fork_step is not None
+        ):
+            parent = members[member.parent_run]
+            try:
+                inherited = self._run_blame(parent.run_id, key, member.fork_step)
+            except QueryError:  # the key, or the fork step, is not in the parent: the start set it
+                break
+            if not _same_value(inherited["value"], found["value"]):
+                break
+            member, found = parent, inherited
+            setter = dict(found["set_by"], run_id=member.run_id)
+            answer.update({k: v for k, v in found.items() if k not in ("run_id", "key", "value", "step")})
+            answer["set_by"] = setter
+        return answer
+
+    def _run_blame(self, run_id: str, key: str, step: int | None = None) -> dict[str, Any]:
         """Which event last changed ``key`` (dotted path) to its value live at ``step``, and who is behind it.
 
         Like ``git blame``: the run's lineage up to ``step`` is walked in order (its launch, the
@@ -635,16 +727,37 @@ class Reader:
         ).records()
         return found[0] if len(found) == 1 else {}  # an ambiguous prefix names no commit
 
-    def history(self, run_id: str) -> list[HistoryItem]:
+    def history(self, run_id: str, *, lineage: bool = True) -> list[HistoryItem]:
         """The run's story in time order, its code woven in.
 
         Each launch names the commit it ran and the PR that introduced that commit; a resume lists
         the config keys that differ from what the previous attempt last ran; a config change shows
         old → new values and its cause; GitHub events of the run's repository during the run (and
-        the merges that introduced the commits it ran) appear in between.
+        the merges that introduced the commits it ran) appear in between. ``lineage``: every run id
+        of the run's lineage is told (``runledger.ledger.lineage``), each item of another run id
+        naming it (``HistoryItem.run_id``).
         """
         self.require_run(run_id)
+        line = self.lineage(run_id) if lineage else []
+        if len(line) > 1:
+            return self._lineage_history(run_id, line)
         return self._history(run_id, self.events(run_id))
+
+    def _lineage_history(self, run_id: str, line: Sequence[LineageMember]) -> list[HistoryItem]:
+        """Each member's history in one time order; a GitHub event two members saw is told once."""
+        items: list[HistoryItem] = []
+        told: set[tuple[datetime, str]] = set()
+        for member in line:
+            for item in self._history(member.run_id, self.events(member.run_id)):
+                if item.kind == "github":
+                    if (item.time, item.text) in told:
+                        continue
+                    told.add((item.time, item.text))
+                elif member.run_id != run_id:
+                    item.run_id = member.run_id
+                items.append(item)
+        items.sort(key=lambda i: i.time)
+        return items
 
     def _history(
         self, run_id: str, events: Sequence[Envelope], github: Sequence[dict[str, Any]] | None = None
@@ -886,7 +999,7 @@ def _lake_path(base: str, *parts: tuple[str, bool]) -> str:
 def _without_deleted_rows(name: str, files: Sequence[tuple[str, Sequence[str]]]) -> str:
     """A table's rows from its files, less the positions its DuckLake delete files list (Parquet,
     ``file_path``/``pos``: each delete file here belongs to one data file, by the catalog)."""
-    columns = ", ".join(f'"{c}"' for c in lake_schema(name).names)
+    columns = ", ".join(f'"{c}"' for c, _ in lake_columns(name))
     parts = []
     for path, deletes in files:
         read = f"read_parquet({_quoted(path)}, hive_partitioning = false, file_row_number = true)"
@@ -898,13 +1011,13 @@ def _without_deleted_rows(name: str, files: Sequence[tuple[str, Sequence[str]]])
             )
         else:
             parts.append(f"SELECT {columns} FROM {read}")
-    return " UNION ALL ".join(parts) if parts else (_empty_relation(lake_schema(name)) or "SELECT 1 LIMIT 0")
+    return " UNION ALL ".join(parts) if parts else empty_rows(name)
 
 
 def _refused_inlined(name: str) -> str:
     """A view that fails when read: the table's rows are inlined in the catalog, which the statements'
     connection does not open (dropping them silently would answer wrong)."""
-    columns = ", ".join(f'CAST(NULL AS VARCHAR) AS "{c}"' for c in lake_schema(name).names)
+    columns = ", ".join(f'CAST(NULL AS VARCHAR) AS "{c}"' for c, _ in lake_columns(name))
     message = f"table {name} has rows inlined in the lake catalog, which `ledger query` does not read"
     return f"SELECT {columns} WHERE error({_quoted(message)}) IS NULL"
 
@@ -967,3 +1080,30 @@ def _same_value(a: Any, b: Any) -> bool:
     if a is MISSING or b is MISSING:
         return a is b
     return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def _diff_answer(before: RunState, after: RunState, happened: list[HistoryItem]) -> dict[str, Any]:
+    """``diff``'s answer: the two states' config patch, its text, the events between them."""
+    patch = jsonpatch.make_patch(before.config, after.config).patch
+    return {
+        "from": {
+            "step": before.step,
+            "run_id": before.run_id,
+            "attempt": before.attempt,
+            "config_hash": before.config_hash,
+            "git_commit": before.git_commit,
+        },
+        "to": {
+            "step": after.step,
+            "run_id": after.run_id,
+            "attempt": after.attempt,
+            "config_hash": after.config_hash,
+            "git_commit": after.git_commit,
+        },
+        "config_patch": patch,
+        # The patch as history and blame say it: ``moe.capacity_factor 1.0 → 1.25``.
+        "changes": [op_text(op, before.config) for op in patch],
+        "events": happened,
+        # Where the recomputed config and the producer's hash disagree, up to the later step.
+        "hash_mismatches": after.hash_mismatches,
+    }

@@ -67,6 +67,15 @@ MARKER_KINDS: dict[str, dict[str, Any]] = {
         "row": 0.78,
         "line": False,  # routine (every 1,000 steps): its symbol, not a line through every chart
     },
+    # A detector's finding (runledger.ledger.anomalies): its symbol only, as a finding is not a change.
+    "ledger.anomaly": {
+        "label": "anomaly",
+        "color": "#b42318",
+        "symbol": "pin",
+        "mpl": "*",
+        "row": 0.7,
+        "line": False,
+    },
     "run.crashed": {"label": "crash", "color": "#d92d20", "symbol": "circle", "mpl": "X", "row": 0.94},
     "step.skipped": {
         "label": "skipped step",
@@ -239,7 +248,7 @@ def run_markers(reader: Reader, run_id: str, rng: StepRange) -> list[dict[str, A
     """
     cutoff = _superseded_after(reader, run_id)
     markers: list[dict[str, Any]] = []
-    for item in reader.history(run_id):
+    for item in reader.history(run_id, lineage=False):  # the markers of this run id's own curves
         if item.kind == "github" or item.step is None:
             continue
         after = cutoff.get(item.attempt or 1)
@@ -320,6 +329,33 @@ def attempts_table(reader: Reader, run_id: str) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def lineage_table(reader: Reader, run_id: str) -> list[dict[str, Any]]:
+    """The run's lineage across run ids (``runledger.ledger.lineage``), eldest first: each member's
+    run id, the run and step it went on from, and the steps it supplies; one row where it has none."""
+    return [
+        {
+            "run_id": m.run_id,
+            "parent_run": m.parent_run,
+            "fork_step": m.fork_step,
+            "from_step": m.from_step,
+            "to_step": m.to_step,
+            "started_at": m.started_at.isoformat(),
+        }
+        for m in reader.lineage(run_id)
+    ]
+
+
+def lineage_title(run_id: str, lineage: Sequence[dict[str, Any]]) -> str:
+    """``C (lineage A → B (from step 60) → C (from step 120))``; the run id alone without a lineage."""
+    if len(lineage) <= 1:
+        return run_id
+    members = [
+        m["run_id"] if i == 0 or m["fork_step"] is None else f"{m['run_id']} (from step {m['fork_step']:,})"
+        for i, m in enumerate(lineage)
+    ]
+    return f"{run_id} (lineage {' → '.join(members)})"
 
 
 def config_changes_table(reader: Reader, run_id: str, rng: StepRange) -> list[dict[str, Any]]:
@@ -521,11 +557,14 @@ def build_report(
         raise ReportError(f"--buckets must be at least 10 (got {buckets})")
     public_key = public_key_path.read_text().strip() if public_key_path else None
     runs = []
+    titles = []  # each run id, with its lineage where it has one
     for run_id in run_ids:
         reader.require_run(run_id)
         rng = step_range(reader, run_id, from_step, to_step)
         series = reduce_series(reader, run_id, [name for name, _ in CURVES], rng, buckets)
         router = router_view(reader, run_id, rng, buckets, expert_step)
+        lineage = lineage_table(reader, run_id)
+        titles.append(lineage_title(run_id, lineage))
         runs.append(
             {
                 "run_id": run_id,
@@ -538,12 +577,13 @@ def build_report(
                 "series": series,
                 "markers": run_markers(reader, run_id, rng),
                 "attempts": attempts_table(reader, run_id),
+                "lineage": lineage,
                 "config_changes": config_changes_table(reader, run_id, rng),
                 "router": router,
             }
         )
     return {
-        "title": "runledger report: " + ", ".join(run_ids),
+        "title": "runledger report: " + ", ".join(titles),
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "buckets": buckets,
         "curves": [{"name": name, "label": label} for name, label in CURVES],
@@ -555,7 +595,7 @@ def build_report(
 
 
 def _asset(name: str) -> str:
-    return resources.files("ledger").joinpath("report_assets", name).read_text(encoding="utf-8")
+    return resources.files("runledger.ledger").joinpath("report_assets", name).read_text(encoding="utf-8")
 
 
 def _script_json(value: Any) -> str:

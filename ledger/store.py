@@ -54,7 +54,21 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from runledger.ledger.admission import ADMISSION_REASONS, AdmissionRound, AdmissionState, admission_round
+from runledger.ledger.admission import (
+    ADMISSION_REASONS,
+    UNCHECKED,
+    AdmissionRound,
+    AdmissionState,
+    admission_round,
+)
+from runledger.ledger.anomalies import (
+    RULES_V1,
+    AnomalyRound,
+    DetectorState,
+    Rule,
+    admitted_anomaly,
+    anomaly_round,
+)
 from runledger.ledger.lake import (
     COMMIT_FENCE,
     EMBEDDED_CATALOG,
@@ -174,6 +188,7 @@ class _CommitWork:
     number: int  # the commit's number
     streams: dict[str, StreamHead]  # every stream's head as the commit moves it (a copy)
     admission: AdmissionRound
+    anomalies: AnomalyRound  # the detectors: the anomaly events each admitted event causes
     staging: _Staging
     check: _Careful
     # The (source, id) keys the records name, looked up before the loop (None: the ledger stores no
@@ -212,6 +227,9 @@ class Ledger:
         self.ledger_id = "ledger"
         # runledger.ledger.admission's state as of a commit (it loads and keeps it)
         self.admission_state: AdmissionState | None = None
+        # runledger.ledger.anomalies: the rule set in force and the detectors' state as of a commit
+        self.anomaly_rules: tuple[Rule, ...] = RULES_V1
+        self.anomaly_state: DetectorState | None = None
         # A ledger on DuckLake (LAKE.json): its tables, positions and commit records are the lake's;
         # the folder keeps a copy of the records (``_sync_records``) and the dedupe index. None: a
         # published copy, opened for reads only.
@@ -515,10 +533,12 @@ class Ledger:
             self, positions
         )  # producer identity and order: runledger.ledger.admission
         asked, known = _stored_leaves(self._index, records, max_event_bytes)
-        work = _CommitWork(number, streams, admission, _Staging(self._fold), check, asked, known)
+        anomalies = anomaly_round(self, positions)  # findings recorded as events: runledger.ledger.anomalies
+        work = _CommitWork(number, streams, admission, anomalies, _Staging(self._fold), check, asked, known)
         result, buf = work.result, work.buf
         try:
-            for record in _with_incidents(records, admission):  # the records, and the incidents they cause
+            # The records, each followed by the incidents and the anomalies it causes.
+            for record in _with_incidents(records, admission, anomalies):
                 if record.position < positions.get(record.source, 0):
                     result.skipped += 1
                     continue
@@ -595,6 +615,7 @@ class Ledger:
         self._last_commit = self._folded_commit = number
         self._positions = positions
         work.admission.keep(number)
+        work.anomalies.keep(self, number)
         self._streams = streams
         self._index_commit(number, record_text, work.appended.items())
         result.commit = number
@@ -624,6 +645,8 @@ class Ledger:
             # Registry, policy and each source's chain head after this commit: stored at the same
             # commit point as the events that moved them (runledger.ledger.admission.load_state reads it).
             "admission": work.admission.state.to_json(),
+            # The detectors' windows, at the same commit point (runledger.ledger.anomalies.load_state).
+            "anomalies": work.anomalies.state.to_json(),
         }
 
     def _maintain_lake(self, number: int) -> None:
@@ -657,7 +680,9 @@ class Ledger:
         head = work.streams.get(env.stream)
         stream_seq = head.size if head is not None else 0
         if refused is None:
-            verdict = work.admission.check(event, record, leaf)
+            # The ledger's own anomaly records are its own to admit (admission knows only its sources).
+            own = admitted_anomaly(event, record.source)
+            verdict = UNCHECKED if own else work.admission.check(event, record, leaf)
             if isinstance(verdict, Quarantined):
                 refused = verdict
             else:
@@ -677,6 +702,7 @@ class Ledger:
             salts = work.salts.setdefault(stream_type(env.stream), [])
             salts.append((env.stream, stream_seq, os.urandom(SALT_BYTES)))
             work.result.accepted += 1
+            work.anomalies.see(event)
         return refused
 
     def _add_rows(
@@ -925,11 +951,16 @@ def _salt_tables(
     return out
 
 
-def _with_incidents(records: Iterable[SourceRecord], admission: AdmissionRound) -> Iterator[SourceRecord]:
-    """The commit's records, each followed by the incident events its admission check asked for."""
+def _with_incidents(
+    records: Iterable[SourceRecord], admission: AdmissionRound, anomalies: AnomalyRound
+) -> Iterator[SourceRecord]:
+    """The commit's records, each followed by the incident events its admission check asked for and
+    the anomaly events the detectors found in it."""
     for record in records:
         yield record
         for source, position, raw in admission.incidents():
+            yield SourceRecord(source, position, raw)
+        for source, position, raw in anomalies.records():
             yield SourceRecord(source, position, raw)
 
 

@@ -32,14 +32,20 @@ import duckdb
 
 from runledger.ledger import duck
 from runledger.ledger.fold import SOURCES_APART
-from runledger.ledger.parquet_schemas import ADDED_COLUMNS, SIDE_TABLES, TABLES, Table, tables_of
+from runledger.ledger.parquet_schemas import (
+    ADDED_COLUMNS,
+    SIDE_TABLES,
+    TABLES,
+    Columns,
+    Table,
+    lake_columns,
+    tables_of,
+)
 from runledger.ledger.redaction_marker import REDACTED_PREFIX
 from runledger.schemas import catalogue as c
 from runledger.schemas.durable import write_durably
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
     from runledger.ledger.lake import LakeFolder, TableFiles
 
 # Physical tables whose public name is a derived view (the physical one gets a leading underscore).
@@ -111,6 +117,24 @@ QUALIFY row_number() OVER (
 
 CREATE OR REPLACE VIEW crashes AS SELECT * FROM incidents WHERE kind <> 'skipped';
 
+-- The detectors' findings (`ledger.anomaly` events, runledger.ledger.anomalies), one typed row each:
+-- the rule and version that found it, what it watched and saw against what baseline, and the event
+-- that tripped it (`cause_id`). A redacted one has no payload left: it is not listed.
+CREATE OR REPLACE VIEW anomalies AS
+SELECT * FROM (
+  SELECT run_id, attempt, step, time,
+         json_extract_string(canonical, '$.data.rule') AS rule,
+         CAST(json_extract(canonical, '$.data.rule_version') AS INTEGER) AS rule_version,
+         json_extract_string(canonical, '$.data.metric') AS metric,
+         CAST(json_extract(canonical, '$.data.value') AS DOUBLE) AS value,
+         CAST(json_extract(canonical, '$.data.baseline') AS DOUBLE) AS baseline,
+         CAST(json_extract(canonical, '$.data.score') AS DOUBLE) AS score,
+         json_extract(canonical, '$.data.params') AS params,
+         json_extract_string(canonical, '$.data.event_id') AS cause_id,
+         stream, stream_seq, id
+  FROM events WHERE type = 'ledger.anomaly'
+) WHERE rule IS NOT NULL;
+
 CREATE OR REPLACE VIEW runs AS
 SELECT a.run_id,
        min(a.started_at) AS started_at,
@@ -132,6 +156,181 @@ SELECT c.run_id, c.attempt, c.step, c.config_hash, c.config
 FROM configs c, covering
 WHERE c.run_id = r AND c.attempt = covering.attempt AND coalesce(c.step, 0) <= s
 ORDER BY c.stream_seq DESC LIMIT 1;
+
+-- Questions across many runs (`ledger runs` filters this): one row per run with its newest attempt's
+-- status (crashed: its last end is a crash or a `failed` finish; finished; else running), its name,
+-- where it came from (parent_run, fork_step of its first attempt), its latest config (JSON) and the
+-- tags of its notes. Each part is one grouped scan, so the view grows with rows, not runs × rows.
+CREATE OR REPLACE VIEW run_status AS
+WITH newest AS (
+  SELECT run_id, max(attempt) AS attempt, min(started_at) AS started_at, count(*) AS attempts,
+         arg_max(git_commit, attempt) AS git_commit, arg_max(config_hash, attempt) AS config_hash,
+         arg_min(parent_run, attempt) AS parent_run, arg_min(fork_step, attempt) AS fork_step
+  FROM attempts GROUP BY run_id
+),
+named AS (SELECT run_id, arg_max(name, stream_seq) AS name FROM launches WHERE name IS NOT NULL GROUP BY run_id),
+ended AS (
+  SELECT run_id, attempt, max(stream_seq) AS seq, arg_max(status, stream_seq) AS status
+  FROM run_ends GROUP BY run_id, attempt
+),
+crashed AS (SELECT run_id, attempt, max(stream_seq) AS seq FROM crashes GROUP BY run_id, attempt),
+crash_count AS (SELECT run_id, count(*) AS crashes FROM crashes GROUP BY run_id),
+latest_config AS (SELECT run_id, arg_max(config, stream_seq) AS config FROM configs GROUP BY run_id),
+tagged AS (
+  SELECT run_id, list_sort(list_distinct(flatten(list(tags)))) AS tags FROM annotations GROUP BY run_id
+),
+steps AS (SELECT run_id, max(step) AS last_step FROM _metrics GROUP BY run_id)
+SELECT n.run_id, nm.name,
+       CASE WHEN c.seq IS NOT NULL AND (e.seq IS NULL OR c.seq > e.seq) THEN 'crashed'
+            WHEN e.status = 'failed' THEN 'crashed'
+            WHEN e.seq IS NOT NULL THEN 'finished'
+            ELSE 'running' END AS status,
+       n.started_at, n.attempts, st.last_step, coalesce(cc.crashes, 0) AS crashes,
+       n.parent_run, n.fork_step, n.git_commit, n.config_hash, lc.config,
+       coalesce(t.tags, []::VARCHAR[]) AS tags
+FROM newest n
+LEFT JOIN named nm ON nm.run_id = n.run_id
+LEFT JOIN ended e ON e.run_id = n.run_id AND e.attempt = n.attempt
+LEFT JOIN crashed c ON c.run_id = n.run_id AND c.attempt = n.attempt
+LEFT JOIN crash_count cc ON cc.run_id = n.run_id
+LEFT JOIN latest_config lc ON lc.run_id = n.run_id
+LEFT JOIN tagged t ON t.run_id = n.run_id
+LEFT JOIN steps st ON st.run_id = n.run_id;
+
+-- run_status with the final and best (lowest finite) `loss` and `eval/loss` of each run, from the
+-- canonical series, in one scan of the two names: "best eval loss of every run with
+-- moe.capacity_factor = 1.25 since June" is one WHERE over this view.
+CREATE OR REPLACE VIEW run_summary AS
+WITH main AS (
+  SELECT run_id,
+         arg_max(value, step) FILTER (WHERE name = 'loss') AS final_loss,
+         min(value) FILTER (WHERE name = 'loss' AND isfinite(value)) AS best_loss,
+         arg_max(value, step) FILTER (WHERE name = 'eval/loss') AS final_eval_loss,
+         min(value) FILTER (WHERE name = 'eval/loss' AND isfinite(value)) AS best_eval_loss
+  FROM metrics WHERE name IN ('loss', 'eval/loss') GROUP BY run_id
+)
+SELECT s.*, m.final_loss, m.best_loss, m.final_eval_loss, m.best_eval_loss
+FROM run_status s LEFT JOIN main m ON m.run_id = s.run_id;
+
+-- Lineage across run ids (issue 44): a relaunch under a new run id names the run it continues and
+-- the step it forked or resumed from (run.started's parent_run, fork_step; its first attempt's). A
+-- claim is kept only where the parent started before the child (ties: by run id): a run cannot go on
+-- from one launched after it, and the order makes every chain end, so a hostile cycle of claims (or
+-- a run naming itself) is cut at the claim it cannot have made. A parent the ledger lacks is none.
+CREATE OR REPLACE VIEW _run_parent AS
+WITH firsts AS (  -- (one grouped scan of the launches: `attempts` costs a subquery per row)
+  SELECT run_id, min(time) AS started_at,
+         arg_min({'parent_run': parent_run, 'fork_step': fork_step}, [attempt, stream_seq]) AS claim
+  FROM launches GROUP BY run_id
+)
+SELECT f.run_id, f.started_at,
+       CASE WHEN p.started_at < f.started_at OR (p.started_at = f.started_at AND p.run_id < f.run_id)
+            THEN p.run_id END AS parent_run,
+       CASE WHEN parent_run IS NOT NULL THEN f.claim.fork_step END AS fork_step
+FROM firsts f LEFT JOIN firsts p ON p.run_id = f.claim.parent_run;
+
+-- Every run's place in its family tree, walked down once from the runs without a parent: its depth,
+-- its path from the root, and `off_line`: the depth of the last step of that path that was not to
+-- the child started last (0: none). "The run" follows, at each generation, the child started last,
+-- as a later attempt supersedes the earlier ones within a run: a run is on the line of its ancestor
+-- at depth d where off_line <= d.
+CREATE OR REPLACE VIEW _lineage_tree AS
+WITH RECURSIVE children AS MATERIALIZED (
+  SELECT parent_run, run_id, fork_step,
+         row_number() OVER (PARTITION BY parent_run ORDER BY started_at DESC, run_id DESC) = 1 AS newest
+  FROM _run_parent WHERE parent_run IS NOT NULL
+),
+walk(run_id, depth, path, off_line) AS (
+  SELECT run_id, 0, [run_id], 0 FROM _run_parent WHERE parent_run IS NULL
+  UNION ALL
+  SELECT k.run_id, w.depth + 1, list_append(w.path, k.run_id),
+         CASE WHEN k.newest THEN w.off_line ELSE w.depth + 1 END
+  FROM walk w JOIN children k ON k.parent_run = w.run_id
+)
+SELECT * FROM walk;
+
+-- For every run (`run_id`), each member of its lineage: its ancestors (depth < 0), itself (0) and its
+-- descendants (depth > 0, every fork). "The run" is one line through them (`on_line`): its ancestors,
+-- itself, then the child started last at each generation. A member on the line supplies the steps
+-- from_step..to_step (NULL: from its first, to its last): as `superseded_after` does for attempts, a
+-- member is superseded after the lowest fork step of the members after it on the line.
+CREATE OR REPLACE VIEW lineage AS
+WITH pairs AS (  -- (each run, each run on its path from the root; their depths)
+  SELECT run_id AS younger, depth AS younger_depth, off_line,
+         unnest(path) AS elder, generate_subscripts(path, 1) - 1 AS elder_depth
+  FROM _lineage_tree
+),
+members AS (
+  SELECT younger AS run_id, elder AS member, elder_depth - younger_depth AS depth, true AS on_line
+  FROM pairs
+  UNION ALL
+  SELECT elder AS run_id, younger AS member, younger_depth - elder_depth AS depth,
+         off_line <= elder_depth AS on_line
+  FROM pairs WHERE younger_depth > elder_depth
+),
+ranged AS (
+  SELECT m.*, p.parent_run, p.fork_step, p.started_at,
+         min(p.fork_step) FILTER (WHERE m.on_line) OVER (
+           PARTITION BY m.run_id ORDER BY m.depth ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING
+         ) AS superseded_after
+  FROM members m JOIN _run_parent p ON p.run_id = m.member
+)
+SELECT run_id, member, depth, on_line, started_at, parent_run, fork_step,
+       CASE WHEN on_line AND parent_run IS NOT NULL THEN fork_step + 1 END AS from_step,
+       CASE WHEN on_line THEN superseded_after END AS to_step
+FROM ranged;
+
+-- "The run" as one series: for every run, one row per step per metric of its lineage's line, from
+-- the member that supplies the step (the youngest whose range holds it); `member` names its run id.
+-- (A GROUP BY, not a row_number() window over the join: DuckDB 1.5 answered that one wrongly here.)
+CREATE OR REPLACE VIEW lineage_metrics AS
+WITH supplied AS (
+  SELECT l.run_id, m.step, m.name,
+         arg_max({'member': m.run_id, 'attempt': m.attempt, 'time': m.time, 'value': m.value,
+                  'stream': m.stream, 'stream_seq': m.stream_seq}, l.depth) AS row
+  FROM lineage l JOIN metrics m ON m.run_id = l.member
+  WHERE l.on_line AND (l.to_step IS NULL OR m.step <= l.to_step)
+  GROUP BY l.run_id, m.name, m.step
+)
+SELECT run_id, row.member AS member, row.attempt AS attempt, step, row.time AS time, name,
+       row.value AS value, row.stream AS stream, row.stream_seq AS stream_seq
+FROM supplied;
+
+-- `lineage` of one run (its rows with run_id = r), walking only its own family: what a reader asks
+-- of one run (`ledger history`, `state`, `blame`, `diff`) costs the family, not the whole lab.
+CREATE OR REPLACE MACRO lineage_of(r) AS TABLE
+WITH RECURSIVE parents AS MATERIALIZED (SELECT * FROM _run_parent),
+children AS MATERIALIZED (
+  SELECT parent_run, run_id,
+         row_number() OVER (PARTITION BY parent_run ORDER BY started_at DESC, run_id DESC) = 1 AS newest
+  FROM parents WHERE parent_run IS NOT NULL
+),
+up(member, depth) AS (
+  SELECT run_id, 0 FROM parents WHERE run_id = r
+  UNION ALL
+  SELECT p.parent_run, u.depth - 1 FROM up u JOIN parents p ON p.run_id = u.member WHERE p.parent_run IS NOT NULL
+),
+down(member, depth, on_line) AS (
+  SELECT run_id, 0, true FROM parents WHERE run_id = r
+  UNION ALL
+  SELECT k.run_id, d.depth + 1, d.on_line AND k.newest FROM down d JOIN children k ON k.parent_run = d.member
+),
+members AS (
+  SELECT member, depth, true AS on_line FROM up
+  UNION ALL
+  SELECT member, depth, on_line FROM down WHERE depth > 0
+),
+ranged AS (
+  SELECT m.*, p.parent_run, p.fork_step, p.started_at,
+         min(p.fork_step) FILTER (WHERE m.on_line) OVER (
+           ORDER BY m.depth ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING
+         ) AS superseded_after
+  FROM members m JOIN parents p ON p.run_id = m.member
+)
+SELECT r AS run_id, member, depth, on_line, started_at, parent_run, fork_step,
+       CASE WHEN on_line AND parent_run IS NOT NULL THEN fork_step + 1 END AS from_step,
+       CASE WHEN on_line THEN superseded_after END AS to_step
+FROM ranged;
 """
 
 
@@ -180,12 +379,7 @@ def parquet_rows(table: str, files: Sequence[str] | str) -> str:
 def empty_rows(table: str) -> str:
     """A stored table with no rows, with the columns and types it has where it has files (its file
     columns, then its partition column): a table without files still answers, with 0 rows."""
-    from runledger.ledger.lake import lake_schema
-
-    empty = _empty_relation(lake_schema(table))
-    if empty is None:
-        raise ValueError(f"table {table} has a column type the views cannot name")
-    return empty
+    return _empty_relation(lake_columns(table))
 
 
 def files_or_empty(table: str, files: Sequence[str]) -> str:
@@ -222,16 +416,11 @@ def views_sql(root: Path, *, relative: bool = False) -> str:
     return named_views({name: _part_rows(root, name, relative=relative) for name in tables_of(root)})
 
 
-def _empty_relation(schema: pa.Schema) -> str | None:
-    """A table with no rows, typed as ``schema``: a lake table without files at the snapshot is read
+def _empty_relation(columns: Columns) -> str:
+    """A table with no rows, typed as ``columns``: a lake table without files at the snapshot is read
     without binding a DuckLake scan (~5 ms of every reader's open, per such table)."""
-    columns = []
-    for f in schema:
-        kind = duck.column_type(f.type)
-        if kind is None:
-            return None
-        columns.append(f'CAST(NULL AS {kind}) AS "{f.name}"')
-    return f"SELECT {', '.join(columns)} LIMIT 0"
+    typed = ", ".join(f'CAST(NULL AS {kind}) AS "{name}"' for name, kind in columns)
+    return f"SELECT {typed} LIMIT 0"
 
 
 def lake_rows(name: str, alias: str = "lake", files: Mapping[str, TableFiles | None] | None = None) -> str:
@@ -242,18 +431,16 @@ def lake_rows(name: str, alias: str = "lake", files: Mapping[str, TableFiles | N
     are those (a filter on it then opens only its files, as over part files); a table without files
     is an empty relation; a table with deletions or inlined rows (None), or without ``files``, is read
     through DuckLake."""
-    from runledger.ledger.lake import lake_schema
-
     through_lake = f'SELECT * FROM {alias}.main."{name}"'
     if files is None or name not in files:
-        return through_lake if files is None else _empty_relation(lake_schema(name)) or through_lake
+        return through_lake if files is None else _empty_relation(lake_columns(name))
     listed = files[name]
     if listed is None:
         return through_lake
-    schema = lake_schema(name)
-    columns = ", ".join(f'"{c}"' for c in schema.names)  # (not a merge's lineage columns)
+    types = dict(lake_columns(name))
+    columns = ", ".join(f'"{c}"' for c in types)  # (not a merge's lineage columns)
     hive = "hive_partitioning = false"
-    if listed.partition is not None and duck.column_type(schema.field(listed.partition).type) == "VARCHAR":
+    if listed.partition is not None and types.get(listed.partition) == "VARCHAR":
         # (the folder's value is the catalog's, checked by snapshot_files, and the file's column)
         hive = f"hive_partitioning = true, hive_types = {{'{listed.partition}': VARCHAR}}"
     scan = f"read_parquet({_sql_list(listed.paths)}, {hive})"

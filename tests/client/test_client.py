@@ -86,7 +86,7 @@ def test_a_run_round_trips_through_the_ledger(client_env: dict[str, str], tmp_pa
         assert row["token_drop_rate"] == pytest.approx(row["dropped"] / 200)
         assert row["aux_loss"] == (pytest.approx(0.01 * row["step"]) if row["layer"] == 0 else None)
     runs = cli_json(ledger, "runs")
-    assert [(r["run_id"], r["last_status"], r["last_step"]) for r in runs] == [("rt-1", "completed", 30)]
+    assert [(r["run_id"], r["status"], r["last_step"]) for r in runs] == [("rt-1", "finished", 30)]
 
 
 def test_known_names_are_typed_and_aliases_never_collide(client_env: dict[str, str]) -> None:

@@ -107,7 +107,7 @@ def test_every_logged_value_lands_in_the_ledger(
     ingest(ledger, spool)
     [ledger_run] = cli_json(ledger, "runs")
     run_id = ledger_run["run_id"]
-    assert run_id == run.id and ledger_run["last_status"] == "completed"
+    assert run_id == run.id and ledger_run["status"] == "finished"
     series = metric_series(ledger, run_id)
     compared = 0
     for step, row in rows.items():

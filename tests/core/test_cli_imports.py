@@ -126,8 +126,10 @@ def test_query_imports_no_producer_library(lake: Path) -> None:
 
 
 # What the reader of a lake needs no part of: the writer (its admission checks bring cryptography)
-# and the redaction's writer. (pyarrow stays while runledger.ledger.parquet_schemas builds its schemas.)
+# and the redaction's writer; nor pyarrow (the writers' schemas are built on first use).
 NOT_FOR_READER = (
+    "pyarrow",
+    "numpy",
     "runledger.ledger.store",
     "runledger.ledger.admission",
     "runledger.ledger.redaction",
@@ -161,6 +163,39 @@ def test_query_on_a_lake_imports_no_writer(lake: Path) -> None:
     """`ledger query` itself (the program, its error mapping included) loads none of the writer."""
     found = _imports("query", "SELECT count(*) FROM events", "--ledger", str(lake))
     assert _top_level(_heavy(found, NOT_FOR_READER)) == {}
+
+
+# What running one command needs no part of: the other commands' modules (the program registers only
+# the command it runs: runledger.cli.main.run), typer's pydantic adapters (runledger.cli.typer_params),
+# and for a read of a lake pyarrow (the readers know the tables' columns as DuckDB types).
+NOT_FOR_ONE_COMMAND = (
+    "pyarrow",
+    "numpy",
+    "pydantic",
+    "typer._adapters",
+    "runledger.cli.demo_cmd",
+    "runledger.cli.ingest_cmd",
+    "runledger.cli.simulate_cmd",
+    "runledger.cli.train_cmd",
+    "runledger.cli.study_cmd",
+    "runledger.cli.publish_cmd",
+    "runledger.cli.report_cmd",
+)
+
+
+@pytest.mark.parametrize("command", [["query", "SELECT count(*) FROM events"], ["state", "latest"]])
+def test_a_command_on_a_lake_imports_no_other_command(lake: Path, command: list[str]) -> None:
+    found = _imports(*command, "--ledger", str(lake))
+    assert _top_level(_heavy(found, NOT_FOR_ONE_COMMAND)) == {}
+    # The check can fail: the log holds the command's own module.
+    assert _top_level(_heavy(found, ("runledger.cli.ledger_cmd",))).keys() == {"runledger.cli.ledger_cmd"}
+
+
+def test_help_gets_the_whole_app() -> None:
+    """The app's help and a group's help list every command: the whole app (each command's module)."""
+    for args in (["--help"], ["ingest", "--help"]):
+        found = _imports(*args)
+        assert _top_level(_heavy(found, ("runledger.cli.demo_cmd",))).keys() == {"runledger.cli.demo_cmd"}
 
 
 def test_signed_notes_import_cryptography_only_to_sign_or_check() -> None:

@@ -141,3 +141,20 @@ def test_the_wheel_installs_beside_a_distribution_with_a_top_level_cli(
     assert not shared, f"files both distributions install: {sorted(shared)}"
     help_text = run_checked([str(python.parent / "ledger"), "--help"], cwd=away, timeout=60).stdout
     assert "Usage:" in help_text
+
+
+def test_no_module_named_by_a_string_is_a_bare_folder_name() -> None:
+    """A module named in a string (``importlib.resources.files("…")``, ``import_module("…")``,
+    ``find_spec("…")``) is found where Python finds it, not where the checkout is: a bare folder name
+    worked only with the checkout's folder first on ``sys.path`` (the tests' working folder) and failed
+    in ``ledger demo`` run from anywhere else (``No module named 'ledger'``)."""
+    import re
+
+    call = re.compile(r"""(?:resources\.files|import_module|find_spec)\(\s*["']([A-Za-z_][\w.]*)["']""")
+    bare = []
+    for folder in FOLDERS:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            for name in call.findall(path.read_text(encoding="utf-8")):
+                if name.split(".")[0] in FOLDERS:
+                    bare.append(f"{path.relative_to(REPO)}: {name}")
+    assert bare == []
