@@ -252,11 +252,27 @@ def detect(rules: Iterable[Rule], state: DetectorState, env: Envelope) -> list[F
     if env.type not in WATCHED_TYPES or env.run_id is None:
         return []
     found: list[Finding] = []
-    for rule in rules:
+    for rule in _rules_for(tuple(rules), env.type):
         found.extend(_detect_one(rule, state, env))
     if env.type in (c.RUN_FINISHED, c.RUN_CRASHED):
         state.end_attempt(env.stream, env.attempt or 1)
     return found
+
+
+# The event types each kind of rule reads (the others it would only look at and pass by).
+_TYPES_READ: dict[type[Rule], frozenset[str]] = {
+    NonFinite: frozenset({c.STEP_SKIPPED, c.RUN_CRASHED, c.STEP_METRICS}),
+    LossSpike: frozenset({c.STEP_METRICS}),
+    ThroughputDrop: frozenset({c.STEP_METRICS}),
+    RouterCollapse: frozenset({c.MOE_ROUTER_STATS}),
+    Straggler: frozenset({c.RANK_STATS}),
+}
+
+
+@functools.lru_cache(maxsize=64)
+def _rules_for(rules: tuple[Rule, ...], event_type: str) -> tuple[Rule, ...]:
+    """The rules of ``rules`` that read ``event_type`` (a rule of a kind not listed reads every type)."""
+    return tuple(r for r in rules if event_type in _TYPES_READ.get(type(r), frozenset({event_type})))
 
 
 def _detect_one(rule: Rule, state: DetectorState, env: Envelope) -> list[Finding]:
@@ -395,7 +411,7 @@ def _nonfinite_fields(data: p.StepMetrics) -> list[str]:
         for name in ("loss", "grad_norm", "lr", "tokens_per_second", "mfu", "step_time_s")
         if isinstance(v := getattr(data, name), float) and not math.isfinite(v)
     ]
-    names += [f"scalars.{k}" for k, v in sorted(data.scalars.items()) if v is None or not math.isfinite(v)]
+    names += sorted(f"scalars.{k}" for k, v in data.scalars.items() if v is None or not math.isfinite(v))
     return names
 
 

@@ -721,7 +721,8 @@ def _new_run_id(placement: Placement, launch_key: str | None) -> str:
     return f"run-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
 
 
-def _check_run_id(run_id: str) -> str:
+def check_run_id(run_id: str) -> str:
+    """``run_id`` if the ledger can hold it as a run id, else a ValueError saying what one is."""
     try:
         return _RUN_ID.decode(msgspec.json.encode(run_id))
     except msgspec.ValidationError:
@@ -739,6 +740,8 @@ def init(
     name: str | None = None,
     resume_from_step: int | None = None,
     checkpoint_path: str | os.PathLike[str] | None = None,
+    parent_run: str | None = None,
+    fork_step: int | None = None,
     external: Mapping[str, str] | None = None,
     parallelism: Mapping[str, int] | None = None,
     spool: str | os.PathLike[str] | None = None,
@@ -768,7 +771,11 @@ def init(
     every rank must see it. ``rank``/``world_size``/``local_rank`` override the environment's.
     ``outage_wait_s``: while the bus is down, how long ``log`` calls may wait for queue room in all
     (per outage) before they drop and count (docs/client.md, "When the bus is down").
+    ``parent_run``/``fork_step``: a relaunch under a new run id (a fork, or a resume the lab gives a
+    new id) goes on from run ``parent_run`` at ``fork_step``: ``ledger history``, ``state``, ``blame``,
+    the report and the page follow the lineage (docs/client.md, "A run under a new id").
     """
+    _check_lineage(run_id, parent_run, fork_step, resume_from_step)
     if resume_from_step is not None and (
         isinstance(resume_from_step, bool) or not isinstance(resume_from_step, int) or resume_from_step < 0
     ):
@@ -780,7 +787,7 @@ def init(
         found.local_rank if local_rank is None else local_rank,
     ).checked()
     launch_key = f"explicit:{launch_id}" if launch_id else attempts_lib.launch_key_from_env()
-    run_id = _check_run_id(run_id if run_id is not None else _new_run_id(placement, launch_key))
+    run_id = check_run_id(run_id if run_id is not None else _new_run_id(placement, launch_key))
     tree = json_tree(dict(config or {}))
     state = Path(state_dir) if state_dir is not None else attempts_lib.default_state_dir()
     host = provenance.host()
@@ -833,10 +840,33 @@ def init(
             name=name,
             resumed_from_step=resume_from_step,
             checkpoint_path=str(checkpoint_path) if checkpoint_path is not None else None,
+            parent_run=parent_run,
+            fork_step=fork_step,
         )
         emitter.submit(payload, step=at_step, critical=True)
     run._hooks = _Hooks(run, signals=handle_signals, exceptions=capture_exceptions)
     return run
+
+
+def _check_lineage(
+    run_id: str | None, parent_run: str | None, fork_step: int | None, resume_from_step: int | None
+) -> None:
+    """``init``'s lineage arguments, checked before anything is started (a ValueError, one line)."""
+    if fork_step is not None and (
+        isinstance(fork_step, bool) or not isinstance(fork_step, int) or fork_step < 0
+    ):
+        raise ValueError(f"fork_step must be a non-negative int, not {fork_step!r}")
+    if parent_run is None:
+        if fork_step is not None:
+            raise ValueError("fork_step needs parent_run: the run the new run id goes on from")
+        return
+    check_run_id(parent_run)
+    if parent_run == run_id:
+        raise ValueError(
+            f"parent_run {parent_run!r} is this run: a relaunch of one run id is resume_from_step"
+        )
+    if resume_from_step is not None:
+        raise ValueError("parent_run is for a new run id; a resume of this run id is resume_from_step")
 
 
 def _agree_attempt(

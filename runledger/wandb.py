@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -221,6 +222,8 @@ class Tee:
         state = kwargs.get("state_dir") or attempts_lib.default_state_dir()
         if attempts_lib.attempts(Path(state), ledger_id):  # W&B resumed a known run
             kwargs["resume_from_step"] = max(0, starting - 1)
+        else:  # wandb.init(fork_from=…) or resume_from= another run: this run id goes on from it
+            kwargs.update(_branch_point(run, ledger_id))
         external = {"wandb_run_id": wandb_id}
         for key, value in (
             ("wandb_project", run.project),
@@ -366,3 +369,22 @@ def untee() -> None:
     bridge.runs.clear()
     bridge.by_config.clear()
     bridge.by_summary.clear()
+
+
+def _branch_point(run: Any, run_id: str) -> dict[str, Any]:
+    """``parent_run``/``fork_step`` for ``runledger.init`` from the run's ``fork_from`` (or a
+    ``resume_from`` naming another run): W&B's ``RunMoment`` (run id, ``_step`` value). None of them
+    where the moment names this run (a rewind: a resume) or is not a whole step."""
+    settings = getattr(run, "settings", None)
+    moment = getattr(settings, "fork_from", None) or getattr(settings, "resume_from", None)
+    parent, value = getattr(moment, "run", None), getattr(moment, "value", None)
+    if not isinstance(parent, str) or parent == run_id:
+        return {}
+    try:
+        client.check_run_id(parent)
+    except ValueError:  # not a run id the ledger can hold: the run is recorded without its lineage
+        return {}
+    step = None
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        step = int(value) if value >= 0 and value == int(value) else None
+    return {"parent_run": parent, "fork_step": step}

@@ -65,11 +65,14 @@ def launch_event(
     name: str | None = None,
     resumed_from_step: int | None = None,
     checkpoint_path: str | None = None,
+    parent_run: str | None = None,
+    fork_step: int | None = None,
 ) -> tuple[RunStarted | RunResumed, int]:
-    """(payload, step) announcing attempt ``attempt``: ``run.started`` at step 0 for a fresh run,
+    """(payload, step) announcing attempt ``attempt``: ``run.started`` at step 0 for a fresh run
+    (``parent_run``, ``fork_step``: the run it goes on from under this new run id, and the step),
     ``run.resumed`` at the step it resumes from otherwise (a resume always follows an attempt)."""
     if resumed_from_step is None:
-        return RunStarted(name=name, **fields), 0
+        return RunStarted(name=name, parent_run=parent_run, fork_step=fork_step, **fields), 0
     payload = RunResumed(
         from_checkpoint_step=resumed_from_step,
         checkpoint_path=checkpoint_path,

@@ -212,3 +212,35 @@ def test_the_ledger_runs_own_end_sends_the_rows_it_holds(
     ]
     [ended] = of_type(spool, "run.finished") + of_type(spool, "run.crashed")
     assert ended.step == 2 and run.id == ended.run_id
+
+
+def test_a_wandb_fork_is_the_ledger_lineage_of_its_parent(
+    teed: bridge.Tee, wandb_dir: Path, client_env: dict[str, str], tmp_path: Path
+) -> None:
+    """``wandb.init(fork_from="parent?_step=20")``: the teed run's launch names its parent and the
+    fork step, so ``ledger history`` of the fork tells the parent's steps up to 20, then its own."""
+    parent = wandb.init(project="bridge", config=CONFIG, name="parent")
+    for step in range(30):
+        wandb.log({"loss": 4.0 - step / 10})
+    parent_id = parent.id
+    wandb.finish()
+    child = wandb.init(project="bridge", config=CONFIG, fork_from=f"{parent_id}?_step=20")
+    assert child.starting_step == 21
+    for _ in range(10):
+        wandb.log({"loss": 1.0})
+    child_id = child.id
+    wandb.finish()
+    assert teed.errors == 0
+    spool = Path(client_env["RUNLEDGER_SPOOL"])
+    launches = {e.run_id: e.data for e in of_type(spool, "run.started")}
+    assert (launches[child_id].parent_run, launches[child_id].fork_step) == (parent_id, 20)
+    assert launches[parent_id].parent_run is None
+    ledger = tmp_path / "ledger"
+    ingest(ledger, spool)
+    line = cli_json(
+        ledger, "query", f"SELECT member, from_step, to_step FROM lineage_of('{child_id}') ORDER BY depth"
+    )
+    assert [(r["member"], r["from_step"], r["to_step"]) for r in line] == [
+        (parent_id, None, 20),
+        (child_id, 21, None),
+    ]

@@ -447,3 +447,17 @@ def test_a_runs_anomalies_read_as_history_lines(tmp_path: Path) -> None:
         "straggler v1: rank.3.step_time_s 5 vs 1 (score 5)",
         "non-finite v1: loss",
     ]
+
+
+def test_a_producer_posing_as_the_detectors_is_quarantined(tmp_path: Path) -> None:
+    """An anomaly event arriving on a bus (a producer's spool record), even one the detectors would
+    make byte for byte: the ledger's own events come only from its own ingest source."""
+    story = _story()
+    cause = decode_event(story[10])
+    assert isinstance(cause, Event)
+    posed = encode_event(anomaly_event(Finding(SPIKE, "loss", 2.0, 2.0, 0.0), cause.envelope))
+    ledger = Ledger.create(tmp_path / "l")
+    result = ledger.commit(_records([*story, posed]))
+    assert [(r.position, why.code) for r, why in result.quarantined] == [(len(story), "reserved")]
+    assert posed.decode() not in [raw for _, raw in _events(tmp_path / "l")]
+    assert verify_ledger(tmp_path / "l").ok
