@@ -328,6 +328,20 @@
       rows.map(function (x) { return Object.assign({ run: x.run }, x.a); }));
   })();
 
+  // -------------------------------------------------------------------------------------- lineage
+  var lineage = [];
+  data.runs.forEach(function (run) {
+    if ((run.lineage || []).length > 1) {
+      run.lineage.forEach(function (m) { lineage.push(Object.assign({ run: run.run_id }, m)); });
+    }
+  });
+  if (lineage.length) {
+    section("Lineage", "The run across run ids, eldest first: each relaunch under a new id goes on from its parent at a step; " +
+      "each step comes from the run id that supplies it (the lineage view).");
+    table([["run", "run"], ["run_id", "run id"], ["parent_run", "goes on from"], ["fork_step", "at step"],
+      ["from_step", "supplies from"], ["to_step", "to"], ["started_at", "started"]], lineage);
+  }
+
   // -------------------------------------------------------------------------------------- changes, events
   section("Config changes", "Live changes, accepted or refused, with their RFC 6902 patch and cause.");
   var changes = [];

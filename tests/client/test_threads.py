@@ -51,7 +51,8 @@ def test_sixteen_threads_logging_to_one_run_make_no_false_incident(
         "SELECT count(*) FILTER (WHERE type = 'ledger.incident') AS incidents, "
         "count(*) FILTER (WHERE type = 'runledger.step.metrics') AS metrics, "
         "count(*) FILTER (WHERE canonical LIKE '%\"key_id\":%') AS signed, count(*) AS events "
-        "FROM events WHERE stream = 'threads-1'",
+        # (the detectors' own findings on these made-up losses are the ledger's, not the producer's)
+        "FROM events WHERE stream = 'threads-1' AND type <> 'ledger.anomaly'",
     )
     total = THREADS * PER_THREAD
     assert counts == {"incidents": 0, "metrics": total, "signed": total + 2, "events": total + 2}

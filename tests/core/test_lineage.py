@@ -431,3 +431,29 @@ def test_the_report_lists_the_lineage_with_its_fork_steps(ledger: Path) -> None:
     assert [(m["kind"], m["step"]) for m in report["runs"][0]["markers"] if m["kind"] != "github"] == [
         ("run.started", 120)
     ]
+
+
+def test_the_report_page_shows_the_lineage_table_in_a_browser(ledger: Path, tmp_path: Path) -> None:
+    """The written report, opened offline in headless Chromium: a Lineage section with one row per
+    member of C's line (S has none: its run alone is no lineage, and no section is added for it)."""
+    from tests.web.test_report import open_offline
+
+    page = tmp_path / "report.html"
+    result = runner.invoke(app, ["report", "C", "S", "--ledger", str(ledger), "-o", str(page)])
+    assert result.exit_code == 0, result.output
+    driver = open_offline(page)
+    try:
+        rows = driver.execute_script(
+            "const h = [...document.querySelectorAll('h2')].find(e => e.textContent === 'Lineage');"
+            "if (!h) return null;"
+            "let t = h.nextElementSibling; while (t && t.tagName !== 'TABLE') t = t.nextElementSibling;"
+            "return [...t.querySelectorAll('tbody tr')].map(r => [...r.children].map(c => c.textContent));"
+        )
+    finally:
+        driver.quit()
+    assert rows is not None, "no Lineage section"
+    assert [r[:6] for r in rows] == [
+        ["C", "A", "", "", "", "60"],
+        ["C", "B", "A", "60", "61", "120"],
+        ["C", "C", "B", "120", "121", ""],
+    ]
