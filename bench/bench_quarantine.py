@@ -57,7 +57,7 @@ def ingest(bootstrap: str, topic: str, dlq: str | None, ledger: Path, batch_max:
     commits: list[tuple[float, int, int, int]] = []  # (time, records, accepted, quarantined)
 
     def on_commit(result: CommitResult) -> None:
-        records = result.accepted + result.duplicates + result.skipped + len(result.quarantined)
+        records = result.accepted - result.made + result.duplicates + result.skipped + len(result.quarantined)
         commits.append((time.monotonic(), records, result.accepted, len(result.quarantined)))
 
     stats = run_ingester(

@@ -106,7 +106,10 @@ def list_anomalies(
     limit: LimitOption = None,
     full: FullOption = False,
 ) -> None:
-    """The anomalies the ledger recorded, in the order they were recorded (the order `deliver` sends)."""
+    """The anomalies the ledger recorded, in the order they were recorded (the order `deliver` sends).
+
+    Example: ledger alerts list --run moe-535b --rule loss-spike
+    """
     from runledger.ledger.alerts import read_anomalies
     from runledger.ledger.query import Reader
 

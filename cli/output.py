@@ -673,11 +673,14 @@ def _bar(what: str, unit: str) -> Iterator[ProgressCallback]:
 
 def commits_counted(report: ProgressCallback) -> Callable[[Any], None]:
     """An ingester's ``on_commit`` that reports the records read so far (each record of a batch is
-    accepted, a duplicate, skipped or quarantined: ``runledger.ledger.store.CommitResult``)."""
+    accepted, a duplicate, skipped or quarantined: ``runledger.ledger.store.CommitResult``; the events
+    the ledger made of them, ``made``, are not records read)."""
     read = [0]
 
     def on_commit(result: Any) -> None:
-        read[0] += result.accepted + result.duplicates + result.skipped + len(result.quarantined)
+        read[0] += (
+            result.accepted - result.made + result.duplicates + result.skipped + len(result.quarantined)
+        )
         report(read[0], None)
 
     return on_commit

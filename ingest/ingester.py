@@ -39,14 +39,16 @@ from runledger.schemas.codec import MAX_EVENT_BYTES
 class IngestStats:
     """What an ingester did: one class for all of them. A count an ingester has no use for stays 0.
 
-    For every batch ``accepted + duplicates + skipped + quarantined == records`` (``Ledger.commit``
-    places every record in exactly one of the four)."""
+    For every batch ``accepted - made + duplicates + skipped + quarantined == records``
+    (``Ledger.commit`` places every record in exactly one of the four; ``made``: the events the
+    ledger itself made of them, its incidents and anomalies, stored and counted in ``accepted``)."""
 
     # Every ingester.
     records: int = 0  # records read from the source (including ones the ledger already held)
     batches: int = 0  # batches handed to ``Ledger.commit``
     commits: int = 0  # ledger commits made (a batch with nothing new makes none)
     accepted: int = 0  # events stored
+    made: int = 0  # of those, the ledger's own (ingest's incidents, the detectors' anomalies)
     duplicates: int = 0  # events the ledger held already (the same source and id)
     skipped: int = 0  # records at positions the ledger had already covered
     quarantined: int = 0  # records stored in the quarantine table, with a reason
@@ -72,6 +74,7 @@ class IngestStats:
         self.batches += 1
         self.commits += result.commit is not None
         self.accepted += result.accepted
+        self.made += result.made
         self.duplicates += result.duplicates
         self.skipped += result.skipped
         self.quarantined += len(result.quarantined)

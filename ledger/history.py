@@ -107,15 +107,19 @@ def _notable(items: Sequence[HistoryItem]) -> list[HistoryItem]:
 
 
 def _turning_points(items: Sequence[HistoryItem]) -> list[HistoryItem]:
-    """No routine lines and no GitHub events (the title counts them); a crash and its resume fused."""
+    """No routine lines and no GitHub events (the title counts them); a crash and its resume fused
+    (the anomalies the crash caused, a NaN loss's, follow the fused line)."""
     kept = [i for i in items if not i.routine and i.kind != "github"]
     out: list[HistoryItem] = []
     for item in kept:
-        previous = out[-1] if out else None
+        at = len(out) - 1
+        while at >= 0 and out[at].kind == c.LEDGER_ANOMALY:
+            at -= 1
+        previous = out[at] if at >= 0 else None
         if item.kind == "run.resumed" and previous is not None and previous.kind == "run.crashed":
             where = f" from step {item.step:,}" if item.step is not None else ""
             text = f"resumed as attempt {item.attempt}{where} after {previous.text}"
-            out[-1] = HistoryItem(previous.time, previous.step, previous.attempt, "crash → resume", text)
+            out[at] = HistoryItem(previous.time, previous.step, previous.attempt, "crash → resume", text)
         else:
             out.append(item)
     return out

@@ -56,12 +56,14 @@ import pyarrow as pa
 
 from runledger.ledger.admission import (
     ADMISSION_REASONS,
+    INCIDENT_INGEST,
     UNCHECKED,
     AdmissionRound,
     AdmissionState,
     admission_round,
 )
 from runledger.ledger.anomalies import (
+    ANOMALY_INGEST,
     RULES_V1,
     AnomalyRound,
     DetectorState,
@@ -172,7 +174,8 @@ class SourceRecord:
 @dataclass
 class CommitResult:
     commit: int | None
-    accepted: int = 0
+    accepted: int = 0  # events stored: the batch's, and those the ledger made of them (``made``)
+    made: int = 0  # of ``accepted``, the ledger's own: ingest's incidents and the detectors' anomalies
     duplicates: int = 0
     skipped: int = 0  # at positions an earlier commit already covered
     quarantined: list[tuple[SourceRecord, Quarantined]] = field(default_factory=list)
@@ -702,6 +705,7 @@ class Ledger:
             salts = work.salts.setdefault(stream_type(env.stream), [])
             salts.append((env.stream, stream_seq, os.urandom(SALT_BYTES)))
             work.result.accepted += 1
+            work.result.made += record.source in (INCIDENT_INGEST, ANOMALY_INGEST)
             work.anomalies.see(event)
         return refused
 

@@ -44,9 +44,14 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Reade
         app, ["ingest", "spool", "--spool", str(root / "spool"), "--ledger", str(root / "ledger")]
     )
     assert result.exit_code == 0, result.output
-    assert f"ingested {emitted['events']} events" in result.output.replace(",", "")
+    reader = Reader(root / "ledger")
+    # The run's events and the detectors' findings in them (its NaN crashes: ledger.anomaly events).
+    [(found,)] = reader.sql("SELECT count(*) FROM events WHERE type = 'ledger.anomaly'").rows
+    [(nan_crashes,)] = reader.sql("SELECT count(*) FROM crashes WHERE kind = 'nonfinite_loss'").rows
+    assert found == nan_crashes > 0
+    assert f"ingested {emitted['events'] + found} events" in result.output.replace(",", "")
     assert "0 quarantined" in result.output
-    return emitted, Reader(root / "ledger")
+    return emitted, reader
 
 
 def test_drop_rate_follows_the_published_figures_and_changes_at_the_switch(
