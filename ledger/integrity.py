@@ -378,10 +378,14 @@ def _newest_record(ledger: Ledger) -> dict[str, Any] | None:
 
 def _check_anomalies(anomalies: AnomalyCheck, checks: dict[str, _StreamCheck], report: Report) -> None:
     """Every anomaly event re-derived from the log (``runledger.ledger.anomaly_check``): a missing,
-    extra or altered one is an ``anomaly`` problem naming it."""
+    extra or altered one is an ``anomaly`` problem naming it, unless its row is named already (an
+    edited or removed anomaly event is one problem, not two)."""
     redacted = {check.rec.ids[seq][1] for check in checks.values() for seq in check.redacted}
+    named = {p.event_id for p in report.problems if p.event_id is not None}
+    named |= {p.event_id for check in checks.values() for p in check.edited if p.event_id is not None}
     for found in anomalies.problems(redacted):
-        report.problems.append(Problem(found.stream, "anomaly", found.detail, found.seq, found.event_id))
+        if found.event_id not in named:
+            report.problems.append(Problem(found.stream, "anomaly", found.detail, found.seq, found.event_id))
 
 
 def _report_lake_files(stored: StoredFiles, report: Report) -> None:

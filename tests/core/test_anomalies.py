@@ -311,9 +311,10 @@ def test_verify_names_an_anomaly_row_deleted_from_the_lake_files(tmp_path: Path)
     pq.write_table(table.filter(pc.invert(gone)), forged)
     forged.replace(path)
     report = verify_ledger(root)
-    assert "removed" in [pr.kind for pr in report.problems]  # the Merkle log's leaf has no row
-    (missing,) = [pr for pr in report.problems if pr.kind == "anomaly"]
-    assert missing.detail.startswith("missing: non-finite v1 on loss at step 33")
+    # The Merkle log's leaf has no row: one problem naming the anomaly event (not a second "missing").
+    (removed,) = [pr for pr in report.problems if pr.kind == "removed"]
+    assert removed.event_id is not None and removed.event_id.startswith("anomaly-non-finite-")
+    assert [pr for pr in report.problems if pr.kind == "anomaly"] == []
 
 
 # ----------------------------------------------------------------------------------- the story
