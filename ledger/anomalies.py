@@ -550,10 +550,3 @@ def admitted_anomaly(event: Event, ingest_source: str) -> bool:
     """An anomaly event the ledger itself made (from its own ingest source), so admission lets it in."""
     env = event.envelope
     return ingest_source == ANOMALY_INGEST and env.source == ANOMALY_INGEST and env.type == c.LEDGER_ANOMALY
-
-
-def state_from_record(record: dict[str, Any] | None) -> DetectorState | None:
-    """The detectors' state a commit record saved (None: the record predates them)."""
-    if record is None or "anomalies" not in record:
-        return None
-    return DetectorState.from_json(record["anomalies"])
