@@ -112,8 +112,11 @@ def demo(
         raise fail(message, code)
     try:
         _print_result(result)
-    except KeyboardInterrupt as exc:  # a signal while the whole demo's results are printed: named too
-        stop = DemoStop(getattr(exc, "signum", signal.SIGINT), "the end", training=False)
+    except (KeyboardInterrupt, Exception) as exc:  # a signal while the results are printed: named too
+        signum = signals.taken_for(exc)  # (DuckDB turns the raise inside a query into its own error)
+        if signum is None and not isinstance(exc, KeyboardInterrupt):
+            raise
+        stop = DemoStop(signal.SIGINT if signum is None else signum, "the end", training=False)
         message, code = _stopped(result, stop)
         raise fail(message, code) from None
 

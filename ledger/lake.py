@@ -389,7 +389,12 @@ def _is_conflict(exc: BaseException) -> bool:
 
 def _lost_init_race(text: str) -> bool:
     """DuckLake's ATTACH of a new PostgreSQL catalog creates its tables; two writers attaching it at
-    once: the second's CREATE meets the first's ("duplicate key value violates unique constraint")."""
+    once: the second's CREATE meets the first's ("duplicate key value violates unique constraint").
+    On a new SQLite catalog, the second's probe of the tables can meet the first's lock mid-creation
+    and end its transaction ("Failed to probe DuckLake metadata: Current transaction is aborted",
+    seen once in a CI run of two ingesters creating one ledger): attached again, it finds them."""
+    if "Failed to probe DuckLake metadata" in text:
+        return "transaction is aborted" in text or "locked" in text
     return "Failed to initialize DuckLake" in text and ("duplicate key" in text or "already exists" in text)
 
 

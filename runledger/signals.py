@@ -260,6 +260,16 @@ def take() -> int | None:
     return policy.take() if policy is not None else None
 
 
+def taken_for(exc: BaseException) -> int | None:
+    """The signal behind ``exc``, taken (the caller acts on it): ``Interrupted``'s own, or one recorded
+    while C code (DuckDB, Arrow) turned the handler's raise into an ordinary error. None: ``exc`` is
+    not a signal's doing."""
+    signum = take()
+    if isinstance(exc, Interrupted):
+        return exc.signum
+    return signum
+
+
 def check() -> None:
     """A safe point: raise ``Interrupted`` for a recorded signal."""
     signum = take()

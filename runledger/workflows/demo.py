@@ -394,6 +394,8 @@ def _conclude(result: DemoResult, *, change_at: int, crash_at: int) -> None:
             result.report, _ = write_report(
                 ledger_dir, [result.run_id], result.workdir / "report.html", public_key_path=result.public_key
             )
-    except Interrupted as exc:
-        signals.take()
-        result.stop = DemoStop(exc.signum, phase, training=False)
+    except Exception as exc:  # Interrupted, or DuckDB's error for the raise it caught
+        signum = signals.taken_for(exc)
+        if signum is None:
+            raise
+        result.stop = DemoStop(signum, phase, training=False)

@@ -73,3 +73,23 @@ def test_act_as_calls_the_previous_handler() -> None:
 )
 def test_one_classification_of_an_attempts_end(exc: BaseException, cause: tuple[str, int | None]) -> None:
     assert cause_of(exc) == cause
+
+
+def test_a_signal_duckdb_turned_into_its_own_error_is_still_told() -> None:
+    """DuckDB catches the handler's raise inside a query and answers RuntimeError("Query
+    interrupted"): the signal recorded by the policy is what ``taken_for`` names (the demo's
+    phases rely on it); an ordinary error with no signal behind it is no signal's doing."""
+    import duckdb
+
+    with signals.listening():
+        con = duckdb.connect()
+        timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGTERM))
+        timer.start()
+        try:
+            with pytest.raises(BaseException) as caught:  # either kind: the point of the test
+                con.execute("SELECT count(*) FROM range(20000000000) t(x) WHERE x % 7 = 3").fetchall()
+        finally:
+            timer.join()
+            con.close()
+        assert signals.taken_for(caught.value) == signal.SIGTERM
+        assert signals.taken_for(RuntimeError("an ordinary error")) is None
