@@ -118,7 +118,10 @@ def resolve_run(reader, run: str) -> str:
     takes a run id: history, state, diff, blame, report, plot)."""
     if run != "latest":
         return run
-    rows = reader.sql("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 1").rows
+    # (``runs``'s started_at, without the rest of that view: its last step scans every metric)
+    rows = reader.sql(
+        "SELECT run_id FROM attempts GROUP BY run_id ORDER BY min(started_at) DESC, run_id DESC LIMIT 1"
+    ).rows
     if not rows:
         raise fail("the ledger has no runs yet, so no `latest` run")
     return rows[0][0]

@@ -19,7 +19,6 @@ from runledger.cli import startup  # noqa: F401
 
 # isort: split
 import importlib.util
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -118,6 +117,8 @@ def configure_logging(
     # (e.g. INFO, DEBUG) shows it, kafka-python's own group and fetch logs included.
     level = os.environ.get("RUNLEDGER_LOG_LEVEL")
     if level:
+        import logging  # (only here: ~4 ms a command otherwise)
+
         logging.basicConfig(
             level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
         )

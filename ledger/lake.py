@@ -1510,7 +1510,12 @@ class LakeTables:
                 stale[source] = 0
                 continue
             else:
-                self.con.execute(f"CREATE TABLE {table} (source VARCHAR, next_position BIGINT)")
+                try:
+                    self.con.execute(f"CREATE TABLE {table} (source VARCHAR, next_position BIGINT)")
+                except duckdb.CatalogException:  # ("already exists": another writer's, made meanwhile)
+                    raise duckdb.TransactionException(
+                        f"conflict: {table} was made by another writer during this transaction"
+                    ) from None
             self.con.execute(f"INSERT INTO {table} VALUES (?, ?)", [source, new])
         if stale:
             raise _Stale(stale)

@@ -58,6 +58,7 @@ from runledger.ledger.lake import (
 )
 from runledger.ledger.lake import COMMITS as LAKE_COMMITS
 from runledger.ledger.lake import STATE as LAKE_STATE
+from runledger.ledger.lazy_views import LazyViews
 from runledger.ledger.lineage import (
     CLAIMS_QUERY,
     LINE_QUERY,
@@ -163,6 +164,7 @@ class Reader:
         self._ledger: Ledger | None = None  # a published copy only
         self._lake: LakeFolder | None = None  # a lake only
         self._head: RecordHead | None = None  # read when first asked for (a lake: ~20 ms)
+        self._views: LazyViews | None = None  # a lake's views not made yet (None: all are made)
         self.limits = limits if limits is not None else QueryLimits()
         try:
             lake = LakeFolder.read(self.root)
@@ -180,11 +182,11 @@ class Reader:
         heads = self._ledger.stream_heads()  # (loads the newest record: ``last_commit`` is that one's)
         self._head = RecordHead(self._ledger.ledger_id, self._ledger.last_commit, heads)
         self._spill = spill_folder(self.root / SPILL_AREA)
-        self.con = connect(self.root)
+        self._con = connect(self.root)
         # DuckDB itself refuses to reach outside the ledger's tables, and nothing can undo that
         # (``runledger.ledger.sql_guard``); the statement check in ``_run`` is the second wall.
         lock_connection(
-            self.con,
+            self._con,
             [self.root / name for name in tables_of(self.root)],
             limits=self.limits,
             spill=self._spill.path,
@@ -216,21 +218,17 @@ class Reader:
         # -- end issue 41
         self._lake = lake
         self._spill = spill_folder(self.root / SPILL_AREA)
-        self.con = _plain_connection(lake.data_path)
-        self.con.execute("SET TimeZone = 'UTC'")
-        self.con.execute("SET parquet_metadata_cache = true")  # (as over part files: names never reused)
-        try:  # (a listed file missing or not Parquet fails here: binding a view opens its files)
-            self.con.execute(views)
-        except duckdb.Error as exc:
-            self.con.close()
-            self._spill.remove()
-            raise QueryError(f"lake snapshot {self.snapshot}: {str(exc).strip().splitlines()[0]}") from None
+        self._con = _plain_connection(lake.data_path)
+        self._con.execute("SET TimeZone = 'UTC'")
+        self._con.execute("SET parquet_metadata_cache = true")  # (as over part files: names never reused)
+        # Each view is made when a statement first needs it (issue 41: binding all ~60 is ~70 ms).
+        self._views = LazyViews(views)
         # Only the data files.
         if is_s3(lake.data_path):
-            self.con.execute(_s3_lock_sql(lake.data_path, self.limits, self._spill.path))
+            self._con.execute(_s3_lock_sql(lake.data_path, self.limits, self._spill.path))
         else:
             lock_connection(
-                self.con,
+                self._con,
                 [Path(lake.data_path)] if "://" not in lake.data_path else [],
                 limits=self.limits,
                 spill=self._spill.path,
@@ -266,9 +264,30 @@ class Reader:
             pinned.close()
         return views
 
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        """The reader's connection with every view made (for a caller that runs SQL on it directly:
+        the shell's parsing; the reader's own statements make only the views they name)."""
+        if self._views is not None:
+            self._make_views(self._views.make_all)
+        return self._con
+
+    def _make_views(self, make: Callable[[duckdb.DuckDBPyConnection], object]) -> None:
+        """``make(connection)``; a view that cannot be made (a listed file missing, or not Parquet:
+        binding a view opens its files) is this snapshot's error, in one line."""
+        try:
+            make(self._con)
+        except duckdb.Error as exc:
+            raise QueryError(f"lake snapshot {self.snapshot}: {str(exc).strip().splitlines()[0]}") from None
+
+    def _views_for(self, statement: str) -> None:
+        if self._views is not None:
+            views = self._views
+            self._make_views(lambda con: views.make_for(con, statement))
+
     def close(self) -> None:
         """Let go of the connection, and of its spill folder."""
-        self.con.close()
+        self._con.close()
         self._spill.remove()
 
     @property
@@ -301,7 +320,7 @@ class Reader:
         """
 
         def rows(query: str, params: Sequence[Any] | None) -> Result:
-            rel = self.con.execute(query, params) if params else self.con.execute(query)
+            rel = self._con.execute(query, params) if params else self._con.execute(query)
             return Result([d[0] for d in rel.description or []], rel.fetchall())
 
         return self._run(statement, params, rows)
@@ -311,7 +330,7 @@ class Reader:
         (390,000 points: ~40 ms, against ~115 ms as tuples)."""
 
         def table(query: str, params: Sequence[Any] | None) -> pa.Table:
-            return self.con.sql(query, params=params or None).to_arrow_table()
+            return self._con.sql(query, params=params or None).to_arrow_table()
 
         return self._run(statement, params, table)
 
@@ -319,14 +338,15 @@ class Reader:
         self, statement: str, params: Sequence[Any] | None, fetch: Callable[[str, Sequence[Any] | None], _T]
     ) -> _T:
         """One read-only statement, answered by ``fetch(query, params)`` under the reader's limits."""
+        self._views_for(statement)  # (before the check: it knows the views' macros by the connection)
         try:
-            query = read_only_statement(self.con, statement)
+            query = read_only_statement(self._con, statement)
         except RefusedStatement as exc:
             raise QueryError(str(exc)) from None
 
         def bounded(query: str, params: Sequence[Any] | None) -> _T:
             try:
-                return run_limited(self.con, self.limits.timeout_s, lambda: fetch(query, params))
+                return run_limited(self._con, self.limits.timeout_s, lambda: fetch(query, params))
             finally:
                 self._spill.clear()  # (DuckDB deleted its spill files; nothing of a statement stays)
 
@@ -339,9 +359,16 @@ class Reader:
         self, query: str, params: Sequence[Any] | None, fetch: Callable[[str, Sequence[Any] | None], _T]
     ) -> _T:
         if self._ledger is None:  # a lake snapshot: nothing moves under it
+            self._views_for(query)
             try:
                 with self._maintenance.shared():
                     return retry_locked(lambda: fetch(query, params))
+            except duckdb.CatalogException as exc:
+                # A name the statement's words did not show (or a mistyped one): again with every
+                # view made, so it answers, or DuckDB's "did you mean" is told from all of them.
+                if self._views is None or not self._views.make_all(self._con):
+                    raise QueryError(_duckdb_error(exc, self.limits)) from None
+                return self._answer(query, params, fetch)
             except duckdb.Error as exc:
                 raise QueryError(_duckdb_error(exc, self.limits)) from None
             except (OSError, LakeError) as exc:  # the lock beside the catalog (a folder moved away)
@@ -490,7 +517,7 @@ class Reader:
             return cache[run_id]
 
         def rows(query: str, params: Sequence[Any] | None) -> list[Any]:
-            return self.con.execute(query, params).fetchall()
+            return self._con.execute(query, params).fetchall()
 
         # Most runs name no parent and none names them: one scan of the launches says so, and the
         # line is the run alone (the family walk is for the runs that have a family).

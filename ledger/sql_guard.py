@@ -48,6 +48,7 @@ and spills to a folder of the reader's own (``SpillFolder``) bounded by ``max_te
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -408,7 +409,7 @@ def _check(con: duckdb.DuckDBPyConnection, st: duckdb.Statement, depth: int) -> 
 
 def _check_tree(con: duckdb.DuckDBPyConnection, query: str) -> None:
     """Every table function, function and table a SELECT names is one it may (its parse tree)."""
-    tree = _serialized(query)
+    tree = _serialized(con, query)
     if tree.get("error"):
         raise RefusedStatement(
             f"refused: DuckDB could not show this statement's parts ({tree.get('error_message')})"
@@ -419,21 +420,29 @@ def _check_tree(con: duckdb.DuckDBPyConnection, query: str) -> None:
             raise RefusedStatement(f"refused: {reason}")
 
 
-def _serialized(query: str) -> dict[str, Any]:
-    """DuckDB's parse tree of ``query`` (``json_serialize_sql``), on a plain, locked connection of
-    this process (the user's may be busy). The text goes in as a literal (a prepared parameter costs
-    ~0.2 ms more), and a text checked before is not parsed again (the folds ask the same ones)."""
-    parsed: dict[str, Any] = json.loads(_serialized_text(query))
+def _serialized(con: duckdb.DuckDBPyConnection, query: str) -> dict[str, Any]:
+    """DuckDB's parse tree of ``query`` (``json_serialize_sql``), on a cursor of ``con`` (a connection
+    of its own, so a busy ``con`` does not matter; a new database would cost ~7 ms). The text goes in
+    as a literal (a prepared parameter costs ~0.2 ms more), and a text checked before is not parsed
+    again (the folds ask the same ones)."""
+    text = _TREES.get(query)
+    if text is None:
+        with contextlib.closing(con.cursor()) as cursor:
+            row = cursor.execute(f"SELECT json_serialize_sql({_literal(query)})").fetchone()
+        if row is None:
+            raise RefusedStatement("refused: DuckDB gave no parse tree for this statement")
+        text = str(row[0])
+        with _TREES_LOCK:
+            if len(_TREES) >= _TREES_KEPT:
+                _TREES.pop(next(iter(_TREES)), None)
+            _TREES[query] = text
+    parsed: dict[str, Any] = json.loads(text)
     return parsed
 
 
-@lru_cache(maxsize=512)
-def _serialized_text(query: str) -> str:
-    with _PARSER_LOCK:
-        row = _parser().execute(f"SELECT json_serialize_sql({_literal(query)})").fetchone()
-    if row is None:
-        raise RefusedStatement("refused: DuckDB gave no parse tree for this statement")
-    return str(row[0])
+_TREES: dict[str, str] = {}  # statement text -> its parse tree's JSON, the newest ``_TREES_KEPT``
+_TREES_KEPT = 512
+_TREES_LOCK = threading.Lock()
 
 
 def _named_parts(tree: Any) -> Iterator[tuple[str, str, str]]:
@@ -550,31 +559,23 @@ def _explained(query: str) -> str | None:
 @lru_cache(maxsize=1)
 def _builtin_functions() -> frozenset[str]:
     """The scalar, aggregate and macro functions of a plain DuckDB (no extension loaded) but the
-    acting ones: derived once per process."""
-    with _PARSER_LOCK:
-        rows = (
-            _parser()
-            .execute(
-                "SELECT DISTINCT lower(function_name) FROM duckdb_functions() "
-                "WHERE function_type IN ('scalar', 'aggregate', 'macro')"
-            )
-            .fetchall()
-        )
-    return (frozenset(name for (name,) in rows) | _SPECIAL_FUNCTIONS) - ACTING_FUNCTIONS
+    acting ones."""
+    return (_duckdb_names()[0] | _SPECIAL_FUNCTIONS) - ACTING_FUNCTIONS
+
+
+def _builtin_table_functions() -> frozenset[str]:
+    return _duckdb_names()[1]
 
 
 @lru_cache(maxsize=1)
-def _builtin_table_functions() -> frozenset[str]:
-    with _PARSER_LOCK:
-        rows = (
-            _parser()
-            .execute(
-                "SELECT DISTINCT lower(function_name) FROM duckdb_functions() "
-                "WHERE function_type IN ('table', 'table_macro', 'pragma')"
-            )
-            .fetchall()
-        )
-    return frozenset(name for (name,) in rows)
+def _duckdb_names() -> tuple[frozenset[str], frozenset[str]]:
+    """DuckDB's own (functions, table functions): kept for the pinned version (asking DuckDB costs
+    ~15 ms a process), asked of any other once per process."""
+    from runledger.ledger import duckdb_names
+
+    if duckdb.__version__ == duckdb_names.DUCKDB_VERSION:
+        return duckdb_names.FUNCTIONS, duckdb_names.TABLE_FUNCTIONS
+    return duckdb_names.derived()
 
 
 def _view_macros(con: duckdb.DuckDBPyConnection) -> frozenset[str]:
@@ -585,19 +586,6 @@ def _view_macros(con: duckdb.DuckDBPyConnection) -> frozenset[str]:
         "AND function_type IN ('macro', 'table_macro') AND database_name IN ('memory', 'temp', 'system')"
     ).fetchall()
     return frozenset(name for (name,) in rows)
-
-
-_PARSER_LOCK = threading.Lock()
-
-
-@lru_cache(maxsize=1)
-def _parser() -> duckdb.DuckDBPyConnection:
-    """A plain in-memory connection of this process, for parse trees and DuckDB's own function list."""
-    con = duckdb.connect(
-        ":memory:", config={"autoload_known_extensions": False, "autoinstall_known_extensions": False}
-    )
-    con.execute(lock_sql([]))  # it runs only json_serialize_sql and reads DuckDB's catalogue
-    return con
 
 
 def _skip_comments(text: str) -> str:

@@ -37,7 +37,7 @@ from runledger.cli.shell_cmd import init_sql
 from runledger.ledger.lake import Catalog, LakeFolder, connect_data
 from runledger.ledger.query import SPILL_AREA, QueryError, Reader
 from runledger.ledger.remote import RemoteCopy, fetch_copy
-from runledger.ledger.sql_guard import QueryLimits, read_only_statement, remove_dead_spills
+from runledger.ledger.sql_guard import QueryLimits, RefusedStatement, read_only_statement, remove_dead_spills
 from runledger.ledger.store import Ledger, SourceRecord
 from tests.support.factory import RunBuilder
 
@@ -704,10 +704,15 @@ def test_the_duckdb_shell_init_file_sets_the_limits_before_its_lock(
 def test_a_statement_seen_before_is_not_parsed_again(reader: Reader) -> None:
     """The folds ask the same statements again and again: DuckDB's parse tree of a text checked
     before is reused (the cost of each is measured by bench/bench_query_lock.py)."""
-    from runledger.ledger.sql_guard import _serialized_text
+    from runledger.ledger import sql_guard
 
     text = "SELECT count(*) FROM metrics WHERE step > 3 -- asked twice"
     assert read_only_statement(reader.con, text) == text
-    hits = _serialized_text.cache_info().hits
+    assert text in sql_guard._TREES
+    sql_guard._TREES[text] = sql_guard._TREES[text].replace('"metrics"', '"a_kept_tree"')
+    # the kept tree is the one checked: a table by that name is no refusal, a path would be
     assert read_only_statement(reader.con, text) == text
-    assert _serialized_text.cache_info().hits == hits + 1
+    sql_guard._TREES[text] = sql_guard._TREES[text].replace('"a_kept_tree"', '"/etc/passwd"')
+    with pytest.raises(RefusedStatement, match="passwd"):
+        read_only_statement(reader.con, text)
+    sql_guard._TREES.pop(text)
