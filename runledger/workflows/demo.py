@@ -394,7 +394,7 @@ def _conclude(result: DemoResult, *, change_at: int, crash_at: int) -> None:
             result.report, _ = write_report(
                 ledger_dir, [result.run_id], result.workdir / "report.html", public_key_path=result.public_key
             )
-    except Exception as exc:  # Interrupted, or DuckDB's error for the raise it caught
+    except (Interrupted, Exception) as exc:  # (or DuckDB's error for the raise it caught in a query)
         signum = signals.taken_for(exc)
         if signum is None:
             raise

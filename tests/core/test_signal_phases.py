@@ -249,3 +249,54 @@ def test_the_trainer_takes_over_a_signal_of_its_set_up_and_hands_back_one_after_
         again = tiny_config(tmp_path / "again", "run.steps=3", "checkpoint.final=false")
         second = train(again, ListSink(), progress=at_the_last_step)
         assert second.status == "completed" and signals.take() == signal.SIGINT
+
+
+def test_a_signal_recorded_while_the_demo_signs_stops_it_at_the_signing_with_its_name(tmp_path: Path) -> None:
+    """The demo's end, without timing: a signal recorded during the signing (deferred) is honoured
+    right after it, by name and phase; one that DuckDB turned into its own error in a question is
+    still that signal, at its phase (the CI saw both as a bare "interrupted by SIGTERM")."""
+    import gc
+
+    from runledger.ledger.store import Ledger, SourceRecord
+    from runledger.workflows import demo
+    from tests.support.factory import RunBuilder
+
+    run = RunBuilder()
+    run.start()
+    for step in range(1, 4):
+        run.step(step, loss=3.0)
+
+    def conclude(name: str) -> demo.DemoStop | None:
+        """``_conclude`` of a demo whose fold made a ledger of the run (its own folder)."""
+        ledger = tmp_path / name / "ledger"
+        made = Ledger.create(ledger)
+        made.commit([SourceRecord("spool:t", i, raw) for i, raw in enumerate(run.events)])
+        made.close()
+        del made
+        gc.collect()
+        result = demo.DemoResult(run.run_id, tmp_path / name, ledger)
+        demo._conclude(result, change_at=1, crash_at=2)
+        return result.stop
+
+    signing = demo._sign
+    with signals.listening():
+        demo._sign = lambda folder: (signals.note(signal.SIGTERM), signing(folder))[1]  # type: ignore[assignment]
+        try:
+            stop = conclude("signing")
+        finally:
+            demo._sign = signing  # type: ignore[assignment]
+        assert stop is not None and (stop.signum, stop.where) == (signal.SIGTERM, "the signing")
+        assert signals.pending() is None  # acted on
+
+        asking = demo._ask
+
+        def interrupted_in_a_query(*args: object, **kwargs: object) -> None:
+            signals.note(signal.SIGINT)  # what the handler records before DuckDB swallows its raise
+            raise RuntimeError("Query interrupted")
+
+        demo._ask = interrupted_in_a_query  # type: ignore[assignment]
+        try:
+            stop = conclude("questions")
+        finally:
+            demo._ask = asking  # type: ignore[assignment]
+        assert stop is not None and (stop.signum, stop.where) == (signal.SIGINT, "the questions")
