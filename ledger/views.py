@@ -551,7 +551,8 @@ def _sql_text(text: str) -> str:
 # The phases: each incident's typed row (``typed``: the ``ingest_incidents`` table's columns, or on a
 # ledger made before it, each ``state_events``/``events`` row's JSON parsed once); one range per source
 # (``per_source``); the sources of a kind ranked by incidents, those past ``SOURCES_APART - 1`` sharing
-# the last place (``ranked``); one row per place.
+# the last place (``ranked``); one row per place. Times are grouped as microseconds (DuckDB 1.5's
+# min/max of a TIMESTAMPTZ in a GROUP BY cost ~2x the rest of it at 30,000 incidents).
 _INCIDENT_COLUMNS = "attempt, step, time, stream_seq, kind, source, expected_seq, got_seq, missing"
 _INCIDENT_FIELDS = (
     "['$.data.kind', '$.data.source', '$.data.expected_seq', '$.data.got_seq', '$.data.missing']"
@@ -570,7 +571,7 @@ WITH typed AS ({typed}), per_source AS (
          min(CASE WHEN kind = 'gap' THEN expected_seq ELSE got_seq END) AS first_seq,
          max(CASE WHEN kind = 'gap' THEN got_seq - 1 ELSE got_seq END) AS last_seq,
          min(step) AS first_step, max(step) AS last_step,
-         min(time) AS first_time, max(time) AS last_time, min(stream_seq) AS first_stream_seq,
+         min(epoch_us(time)) AS first_us, max(epoch_us(time)) AS last_us, min(stream_seq) AS first_stream_seq,
          min(expected_seq) AS expected_seq
   FROM typed
   GROUP BY kind, source
@@ -583,7 +584,7 @@ SELECT kind, min(source) AS source, max(source) AS last_source, count(*) AS sour
        min(attempt) AS attempt, sum(incidents) AS incidents, sum(count) AS count,
        min(first_seq) AS first_seq, max(last_seq) AS last_seq,
        min(first_step) AS first_step, max(last_step) AS last_step,
-       min(first_time) AS first_time, max(last_time) AS last_time,
+       make_timestamptz(min(first_us)) AS first_time, make_timestamptz(max(last_us)) AS last_time,
        min(first_stream_seq) AS first_stream_seq,
        CASE WHEN sum(incidents) = 1 THEN min(expected_seq) END AS expected_seq
 FROM ranked
