@@ -128,8 +128,8 @@ def _chosen_key(opened: Ledger, found: list[LogKey], keys: Path, name: str | Non
     """The log key of a ledger whose lake records none, chosen without guessing: a key file is named
     after its key (``NAME.key``), producer keys of the ledger are never it, and among several the one
     that signed the ledger's checkpoints so far (or ``--name``) is; otherwise a one-line error."""
-    from runledger.ledger.integrity import CHECKPOINTS
     from runledger.ledger.log_checkpoint import note_signers
+    from runledger.ledger.stream_checkpoints import CHECKPOINTS
 
     if not found:
         raise fail(f"no .key key in {keys} (create one with `ledger keys init` or `ledger init`)")
@@ -228,7 +228,7 @@ def checkpoint(
     The key is the ledger's log key (its lake records it), from --keys (default: LEDGER/.keys).
     Example: ledger checkpoint
     """
-    from runledger.ledger.integrity import sign_checkpoints
+    from runledger.ledger.stream_checkpoints import sign_checkpoints
 
     with user_errors(ledger):
         written = sign_checkpoints(ledger, _log_signing_key(ledger, key_dir(keys, ledger), name))
@@ -294,7 +294,8 @@ def verify(
     if remote is not None:
         _verify_remote(remote, log_key, witness or [], quorum, state, fetch_timeout_s(fetch_timeout))
         return
-    from runledger.ledger.integrity import CHECKPOINTS, verify_ledger
+    from runledger.ledger.integrity import verify_ledger
+    from runledger.ledger.stream_checkpoints import CHECKPOINTS
 
     with user_errors(ledger), progress("verify", "events") as shown:
         if public_key is not None:

@@ -54,21 +54,19 @@ from runledger.ledger.admission import (
     load_state,
 )
 from runledger.ledger.anomaly_check import AnomalyCheck, detection_since
-from runledger.ledger.log_checkpoint import note_signers, parse_and_verify_checkpoint, sign_checkpoint
+from runledger.ledger.log_checkpoint import note_signers, parse_and_verify_checkpoint
 from runledger.ledger.merkle import CompactRange, MerkleTree, leaf_hash, root_from_leaf_hashes
 from runledger.ledger.parquet_schemas import ADDED_COLUMNS, TABLES
 from runledger.ledger.projectors import FoldState, RowBuffer, rows_for_event
 from runledger.ledger.redaction import is_redacted, read_marker
 from runledger.ledger.store import SALTS, Ledger, LedgerError
 from runledger.ledger.stored_files import StoredFile, StoredFiles
+from runledger.ledger.stream_checkpoints import checkpoint_path, origin_of
 from runledger.schemas import Event, decode_event
 from runledger.schemas.catalogue import LEDGER_INCIDENT, LEDGER_REDACTION
 from runledger.schemas.codec import CONFLICT
-from runledger.schemas.durable import write_durably
-from runledger.schemas.note import NoteVerifier, parse_private_key, parse_public_key
+from runledger.schemas.note import NoteVerifier, parse_public_key
 from runledger.schemas.signing import SignatureError, key_id_of, verify_canonical
-
-CHECKPOINTS = "_checkpoints"
 
 
 @dataclass(frozen=True)
@@ -141,14 +139,6 @@ class RecordedIds:
         path, stream = self._where[run]
         source, ident = json.loads(path.read_bytes())["appended"][stream]["ids"][index - self._starts[run]]
         return source, ident
-
-
-def origin_of(ledger: Ledger, stream: str) -> str:
-    return f"runledger/{ledger.ledger_id}/{stream}"
-
-
-def checkpoint_path(root: Path, stream: str) -> Path:
-    return root / CHECKPOINTS / (stream.replace("/", "~") + ".txt")
 
 
 def recorded_streams(ledger: Ledger, report: Report | None = None) -> dict[str, RecordedStream]:
@@ -1037,23 +1027,6 @@ def _hashable(value: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- checkpoints and proofs
-
-
-def sign_checkpoints(root: str | Path, private_key: str) -> list[Path]:
-    """Sign each stream's current (size, root); write the latest and keep every one signed."""
-    with Ledger.open(root) as ledger:
-        heads = sorted(ledger.stream_heads().items())
-    signer = parse_private_key(private_key)
-    written = []
-    for stream, head in heads:
-        text = sign_checkpoint(origin_of(ledger, stream), head.size, head.tree.root(), signer)
-        latest = checkpoint_path(ledger.root, stream)
-        history = latest.with_suffix("") / f"{head.size:012d}.txt"
-        history.parent.mkdir(parents=True, exist_ok=True)
-        write_durably(history, text)
-        write_durably(latest, text)
-        written.append(latest)
-    return written
 
 
 def _stream_tree(ledger: Ledger, stream: str) -> MerkleTree:

@@ -33,7 +33,6 @@ import duckdb
 import pyarrow as pa
 
 from runledger.ledger.duck import connect
-from runledger.ledger.integrity import CHECKPOINTS
 from runledger.ledger.lake import (
     COMMIT_FENCE,
     EMBEDDED_CATALOG,
@@ -53,6 +52,7 @@ from runledger.ledger.parquet_schemas import SALTS, TABLES, tables_of
 from runledger.ledger.projectors import FoldState, RowBuffer, rows_for_event
 from runledger.ledger.redaction import REDACTED_PREFIX
 from runledger.ledger.store import COMMITS
+from runledger.ledger.stream_checkpoints import CHECKPOINTS
 from runledger.schemas import catalogue as c
 from runledger.schemas.codec import Event, decode_event
 

@@ -54,7 +54,6 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from runledger.ledger.history import config_after, history_item
-from runledger.ledger.integrity import checkpoint_path
 from runledger.ledger.lake import LAKE_MARKER, Catalog, LakeError, LakeFolder, open_snapshot
 from runledger.ledger.log_checkpoint import parse_and_verify_checkpoint, parse_checkpoint
 from runledger.ledger.monitor import DEFAULT_DEADLINE_S, MonitorError, check_quorum
@@ -71,6 +70,7 @@ from runledger.ledger.run_search import (
     search_runs,
 )
 from runledger.ledger.store import COMMITS
+from runledger.ledger.stream_checkpoints import checkpoint_path
 from runledger.ledger.witness import parse_cosignature_key, verify_cosignatures
 from runledger.schemas import Envelope, decode_event
 from runledger.schemas import catalogue as c

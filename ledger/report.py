@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from runledger.ledger.history import github_item
-from runledger.ledger.integrity import checkpoint_path
 from runledger.ledger.log_checkpoint import parse_and_verify_checkpoint, parse_checkpoint
 from runledger.ledger.query import QueryError, Reader
 from runledger.ledger.store import StreamHead
+from runledger.ledger.stream_checkpoints import checkpoint_path
 from runledger.schemas.durable import write_durably
 
 # The curves drawn against step, in page order: (metric name in the `metrics` view, label).

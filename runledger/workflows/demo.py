@@ -265,9 +265,9 @@ def _fold(workdir: Path, producer_pub: Path, run_id: str) -> IngestStats:
 def _sign(ledger_dir: Path) -> Path:
     """Every stream's checkpoint signed with a fresh log key, kept with the ledger and recorded as its
     log key; its public key."""
-    from runledger.ledger.integrity import sign_checkpoints
     from runledger.ledger.log_key import default_keys, record_log_key
     from runledger.ledger.store import Ledger
+    from runledger.ledger.stream_checkpoints import sign_checkpoints
     from runledger.schemas.note import write_keypair
 
     # The log key lives with the ledger (``<ledger>/.keys``), where a plain `ledger checkpoint`,

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from runledger.ledger.integrity import checkpoint_path, sign_checkpoints, verify_ledger
+from runledger.ledger.integrity import verify_ledger
 from runledger.ledger.store import Ledger, LedgerError, SourceRecord
+from runledger.ledger.stream_checkpoints import checkpoint_path, sign_checkpoints
 from runledger.schemas.note import write_keypair
 from tests.support.factory import RunBuilder
 

@@ -22,10 +22,11 @@ import pytest
 from typer.testing import CliRunner
 
 from runledger.cli.main import app
-from runledger.ledger.integrity import SPILL_PREFIX, sign_checkpoints
+from runledger.ledger.integrity import SPILL_PREFIX
 from runledger.ledger.log_checkpoint import note_signers
 from runledger.ledger.registry import register_producer
 from runledger.ledger.store import Ledger, SourceRecord
+from runledger.ledger.stream_checkpoints import sign_checkpoints
 from runledger.schemas.note import write_keypair
 from runledger.schemas.payloads import ProducerScope
 from tests.support.factory import RunBuilder

@@ -44,9 +44,10 @@ from hypothesis import event as note_event
 from hypothesis import strategies as st
 
 from runledger.ingest import github_events as gh
-from runledger.ledger.integrity import Report, sign_checkpoints, verify_ledger
+from runledger.ledger.integrity import Report, verify_ledger
 from runledger.ledger.parquet_schemas import TABLES
 from runledger.ledger.store import Ledger, SourceRecord
+from runledger.ledger.stream_checkpoints import sign_checkpoints
 from runledger.schemas import CATALOGUE, Envelope, Event, config_hash, decode_event, encode_event, make_event
 from runledger.schemas import catalogue as c
 from runledger.schemas import payloads as p

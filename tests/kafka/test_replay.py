@@ -12,8 +12,9 @@ from pathlib import Path
 from kafka import KafkaProducer
 
 from runledger.ingest.kafka_ingester import run_ingester
-from runledger.ledger.integrity import prove_inclusion, sign_checkpoints
+from runledger.ledger.integrity import prove_inclusion
 from runledger.ledger.store import Ledger
+from runledger.ledger.stream_checkpoints import sign_checkpoints
 from runledger.schemas import encode_event
 from runledger.schemas.note import write_keypair
 from tests.support.kafka_clients import (

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from runledger.ingest.kafka_ingester import run_ingester
 from runledger.ledger import registry
-from runledger.ledger.integrity import sign_checkpoints
 from runledger.ledger.lake import LAKE_MARKER
 from runledger.ledger.query import Reader
 from runledger.ledger.store import Ledger
+from runledger.ledger.stream_checkpoints import sign_checkpoints
 from runledger.schemas import make_event
 from runledger.schemas.note import write_keypair
 from runledger.schemas.payloads import Annotation, PolicyChanged, ProducerRevoked, ProducerScope, StepMetrics

@@ -20,12 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from runledger.ledger.integrity import prove_inclusion, sign_checkpoints, verify_ledger
+from runledger.ledger.integrity import prove_inclusion, verify_ledger
 from runledger.ledger.lake import ALIAS, LakeTables
 from runledger.ledger.publish import publish
 from runledger.ledger.query import QueryError, Reader
 from runledger.ledger.redaction import is_redacted, redact, salt_of
 from runledger.ledger.store import Ledger, SourceRecord
+from runledger.ledger.stream_checkpoints import sign_checkpoints
 from runledger.schemas.note import write_keypair
 from tests.lake.conftest import Backend
 from tests.merkle.test_redaction import SECRET, _config_story, _story, _strings_in, app, invoke

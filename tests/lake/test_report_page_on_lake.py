@@ -16,10 +16,10 @@ import pytest
 from typer.testing import CliRunner
 
 from runledger.cli.main import app
-from runledger.ledger.integrity import sign_checkpoints
 from runledger.ledger.query import Reader
 from runledger.ledger.report import record_status
 from runledger.ledger.store import Ledger, SourceRecord
+from runledger.ledger.stream_checkpoints import sign_checkpoints
 from runledger.schemas.note import write_keypair
 from tests.lake.conftest import Backend
 from tests.support.factory import RunBuilder

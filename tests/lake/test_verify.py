@@ -15,8 +15,9 @@ import pytest
 from typer.testing import CliRunner
 
 from runledger.cli.main import app
-from runledger.ledger.integrity import sign_checkpoints, verify_ledger
+from runledger.ledger.integrity import verify_ledger
 from runledger.ledger.lake import LakeFolder, LakeTables
+from runledger.ledger.stream_checkpoints import sign_checkpoints
 from runledger.schemas.note import generate_keypair
 
 runner = CliRunner()

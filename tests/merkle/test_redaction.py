@@ -27,12 +27,13 @@ from runledger.cli import ledger_cmd, merkle_cmd, redact_cmd
 from runledger.ingest.spool import SpoolWriter
 from runledger.ledger import verifier
 from runledger.ledger.duck import connect
-from runledger.ledger.integrity import prove_consistency, prove_inclusion, sign_checkpoints, verify_ledger
+from runledger.ledger.integrity import prove_consistency, prove_inclusion, verify_ledger
 from runledger.ledger.publish import publish
 from runledger.ledger.query import QueryError, Reader
 from runledger.ledger.redaction import entry_digest, entry_matches, is_redacted, redact
 from runledger.ledger.store import Ledger, LedgerError, SourceRecord
 from runledger.ledger.stored_files import lake_file_list
+from runledger.ledger.stream_checkpoints import sign_checkpoints
 from runledger.ledger.tiles import entries_path, tile_path, walk_entries
 from runledger.schemas import payloads as p
 from runledger.schemas.canonical import config_hash

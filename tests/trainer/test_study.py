@@ -13,11 +13,12 @@ import pytest
 from typer.testing import CliRunner
 
 from runledger.cli.main import app
-from runledger.ledger.integrity import checkpoint_path, prove_consistency, verify_ledger
+from runledger.ledger.integrity import prove_consistency, verify_ledger
 from runledger.ledger.log_checkpoint import parse_and_verify_checkpoint
 from runledger.ledger.log_key import recorded_log_key
 from runledger.ledger.query import Reader
 from runledger.ledger.store import Ledger
+from runledger.ledger.stream_checkpoints import checkpoint_path
 from runledger.ledger.verifier import verify_consistency
 from runledger.workflows import study
 from runledger.workflows.study import Policy, StudyError, StudyOptions

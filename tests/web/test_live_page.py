@@ -26,9 +26,9 @@ from starlette.testclient import TestClient
 
 import runledger
 from runledger.ingest.spool_ingester import ingest_spool
-from runledger.ledger.integrity import sign_checkpoints
 from runledger.ledger.live_page import LivePage, create_app
 from runledger.ledger.store import Ledger, SourceRecord
+from runledger.ledger.stream_checkpoints import sign_checkpoints
 from runledger.schemas import encode_event, make_event
 from runledger.schemas import payloads as p
 from runledger.schemas.github import GitHubPullRequest

@@ -18,7 +18,6 @@ import pytest
 from typer.testing import CliRunner
 
 from runledger.cli.main import app
-from runledger.ledger.integrity import sign_checkpoints
 from runledger.ledger.query import Reader
 from runledger.ledger.report import (
     HEATMAP_BUCKETS,
@@ -31,6 +30,7 @@ from runledger.ledger.report import (
     run_markers,
 )
 from runledger.ledger.store import Ledger, SourceRecord
+from runledger.ledger.stream_checkpoints import sign_checkpoints
 from runledger.schemas import encode_event, make_event
 from runledger.schemas import payloads as p
 from runledger.schemas.github import GitHubPullRequest, GitHubPush

@@ -150,7 +150,7 @@ class _Study:
     def fold_and_sign(self) -> None:
         """What the spool holds into the ledger, then every stream's checkpoint signed."""
         from runledger.ingest.spool_ingester import ingest_spool
-        from runledger.ledger.integrity import sign_checkpoints
+        from runledger.ledger.stream_checkpoints import sign_checkpoints
 
         ingest_spool(self.ledger, self.spool)
         sign_checkpoints(self.ledger_dir, self.log_key.read_text().strip())
@@ -211,8 +211,8 @@ def _open_study(options: StudyOptions) -> _Study:
 
 def _preregister(study: _Study, say: Say) -> _Preregistration:
     """1. Predictions and claims, ingested and signed before any training."""
-    from runledger.ledger.integrity import checkpoint_path
     from runledger.ledger.store import Ledger
+    from runledger.ledger.stream_checkpoints import checkpoint_path
 
     options, events, stream = study.options, study.events, study.stream
     say(f"study {study.study_id}: predicting {len(study.policies)} policies (balanced-router Monte Carlo)")
