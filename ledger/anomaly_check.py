@@ -41,13 +41,16 @@ class AnomalyProblem:
     seq: int | None  # the stored anomaly's stream_seq (None: missing, so never stored)
     event_id: str
     detail: str
+    since_seq: int  # where in its stream the re-derivation differs: the stored anomaly, or the cause
 
 
 @dataclass
 class _StreamAnomalies:
     """One stream's anomaly events: as re-derived (id -> bytes, and what to call each) and as stored."""
 
-    expected: dict[str, tuple[str, str]] = field(default_factory=dict)  # id -> (canonical, description)
+    expected: dict[str, tuple[str, str, int]] = field(
+        default_factory=dict
+    )  # id -> (canonical, description, its cause's seq)
     stored: dict[str, tuple[str, int, str]] = field(
         default_factory=dict
     )  # id -> (canonical, seq, description)
@@ -126,7 +129,11 @@ class AnomalyCheck:
             made = anomaly_event(finding, env)
             if self.since is not None and commit >= self.since:
                 # Compared as the store keeps it: the canonical bytes (sorted keys, as verify reads them).
-                found.expected[made.id] = (canonicalize_json(encode_event(made)).decode(), _describe(made))
+                found.expected[made.id] = (
+                    canonicalize_json(encode_event(made)).decode(),
+                    _describe(made),
+                    seq,
+                )
 
 
 def _describe(env: Envelope) -> str:
@@ -136,14 +143,14 @@ def _describe(env: Envelope) -> str:
 
 def _compare(stream: str, found: _StreamAnomalies, redacted_ids: set[str]) -> list[AnomalyProblem]:
     out = []
-    for ident, (text, what) in found.expected.items():
+    for ident, (text, what, cause_seq) in found.expected.items():
         stored = found.stored.get(ident)
         if stored is None:
             detail = f"missing: {what} (re-derived from the log, not recorded)"
-            out.append(AnomalyProblem(stream, None, ident, detail))
+            out.append(AnomalyProblem(stream, None, ident, detail, cause_seq))
         elif stored[0] != text:
             detail = f"altered: {stored[2]} (re-derived from the log: {what}, with other bytes)"
-            out.append(AnomalyProblem(stream, stored[1], ident, detail))
+            out.append(AnomalyProblem(stream, stored[1], ident, detail, stored[1]))
     for ident, (text, seq, what) in found.stored.items():
         if ident in found.expected:
             continue
@@ -151,7 +158,7 @@ def _compare(stream: str, found: _StreamAnomalies, redacted_ids: set[str]) -> li
         if cause in redacted_ids:
             continue  # its cause's payload was erased: nothing to re-derive it from
         detail = f"extra: {what} (the log's detectors do not find it)"
-        out.append(AnomalyProblem(stream, seq, ident, detail))
+        out.append(AnomalyProblem(stream, seq, ident, detail, seq))
     return sorted(out, key=lambda p: (p.seq if p.seq is not None else -1, p.event_id))
 
 

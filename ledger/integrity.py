@@ -369,13 +369,20 @@ def _newest_record(ledger: Ledger) -> dict[str, Any] | None:
 def _check_anomalies(anomalies: AnomalyCheck, checks: dict[str, _StreamCheck], report: Report) -> None:
     """Every anomaly event re-derived from the log (``runledger.ledger.anomaly_check``): a missing,
     extra or altered one is an ``anomaly`` problem naming it, unless its row is named already (an
-    edited or removed anomaly event is one problem, not two)."""
+    edited or removed anomaly event is one problem, not two), or its stream is named broken before
+    it: an event of the stream that fails its check is not seen by the detectors, so what they make
+    of the rest of the stream (the windows) is not the log's; that first problem is the one to fix."""
     redacted = {check.rec.ids[seq][1] for check in checks.values() for seq in check.redacted}
-    named = {p.event_id for p in report.problems if p.event_id is not None}
-    named |= {p.event_id for check in checks.values() for p in check.edited if p.event_id is not None}
+    rows = [*report.problems, *(p for check in checks.values() for p in check.edited)]
+    named = {p.event_id for p in rows if p.event_id is not None}
+    broken_from: dict[str, int] = {}
+    for p in rows:
+        if p.stream_seq is not None:
+            broken_from[p.stream] = min(p.stream_seq, broken_from.get(p.stream, p.stream_seq))
     for found in anomalies.problems(redacted):
-        if found.event_id not in named:
-            report.problems.append(Problem(found.stream, "anomaly", found.detail, found.seq, found.event_id))
+        if found.event_id in named or found.since_seq >= broken_from.get(found.stream, found.since_seq + 1):
+            continue
+        report.problems.append(Problem(found.stream, "anomaly", found.detail, found.seq, found.event_id))
 
 
 def _report_lake_files(stored: StoredFiles, report: Report) -> None:

@@ -317,6 +317,44 @@ def test_verify_names_an_anomaly_row_deleted_from_the_lake_files(tmp_path: Path)
     assert [pr for pr in report.problems if pr.kind == "anomaly"] == []
 
 
+def test_verify_names_an_edited_cause_once_not_again_as_its_anomalies(tmp_path: Path) -> None:
+    """The loss spike's cause edited in the data file (its bytes, as another program would): one
+    "modified" problem naming it, not also "extra" for the anomaly it caused, nor "missing"/"altered"
+    for those after it, whose windows no longer hold its value (the hypothesis property test found
+    this: a NaN scalar's event edited, its non-finite anomaly then named "extra")."""
+    root = tmp_path / "l"
+    Ledger.create(root).commit(_records(_story()))
+    (path,) = sorted((root / "data" / "main" / "events").rglob("*.parquet"))
+    table = pq.read_table(path)
+    cause = pc.and_(pc.equal(table["type"], "runledger.step.metrics"), pc.equal(table["step"], 30))
+    assert pc.sum(cause.cast("int8")).as_py() == 1
+    edited = pc.if_else(
+        cause, pc.replace_substring(table["canonical"], '"loss":9.0', '"loss":2.0'), table["canonical"]
+    )
+    assert edited != table["canonical"]
+    forged = path.with_name("forged.tmp")
+    pq.write_table(table.set_column(table.schema.get_field_index("canonical"), "canonical", edited), forged)
+    forged.replace(path)
+    report = verify_ledger(root)
+    lines = [pr.line() for pr in report.problems]
+    cause_id = f"spiky-{_cause_index(30)}"
+    assert [pr.event_id for pr in report.problems if pr.kind == "modified" and pr.event_id] == [cause_id], (
+        lines
+    )
+    # (besides it: the data file's bytes, and the event's own metrics rows)
+    assert {pr.kind for pr in report.problems} == {"modified", "table-mismatch"}, lines
+
+
+def _cause_index(step: int) -> int:
+    """The index in ``_story`` of the step-metrics event of ``step`` (its event id's number)."""
+    for index, raw in enumerate(_story()):
+        decoded = decode_event(raw)
+        assert isinstance(decoded, Event)
+        if decoded.envelope.type == "runledger.step.metrics" and decoded.envelope.step == step:
+            return index
+    raise AssertionError(step)
+
+
 # ----------------------------------------------------------------------------------- the story
 def _env(
     payload: Any, step: int | None, *, seq: int, attempt: int = 1, source: str = "", index: int | None = None
