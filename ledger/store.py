@@ -111,7 +111,7 @@ from runledger.schemas.codec import (
     refused_event,
     stream_run_mismatch,
 )
-from runledger.schemas.durable import write_durably
+from runledger.schemas.durable import remove_dead_temporaries, write_durably
 
 log = logging.getLogger(__name__)
 
@@ -361,6 +361,8 @@ class Ledger:
         after its records). Returns how many."""
         with open(self.root / ".writer.lock", "a+b") as handle:
             _wait_for_writer(handle, self.root)
+            # A record write a kill cut short left its temporary file (its record is copied below).
+            remove_dead_temporaries(self.root / COMMITS)
             return self._sync_records()
 
     def _sync_records(self) -> int:

@@ -10,6 +10,9 @@ create-if-absent, ``FileExistsError`` otherwise), so two racing creators agree o
 ``fsync_dir(path)``: make a directory's entries (files created, renamed, removed) durable; also for
 code that appends to its own files and fsyncs them itself.
 
+``remove_dead_temporaries(folder)``: the temporary files of writes whose process was killed before
+its rename (SIGKILL, power loss) are left behind; a later writer of the folder removes them.
+
 Standard library only: imported by the catalogue (key files), the client, the trainer, the bus and the
 ledger alike, so it sits at the bottom of the house, beside the catalogue (docs/architecture.md).
 """
@@ -18,10 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 from pathlib import Path
 
-__all__ = ["fsync_dir", "write_durably"]
+__all__ = ["fsync_dir", "remove_dead_temporaries", "write_durably"]
+
+# ``write_durably``'s temporary name: ``.<name>.<pid>.<8 hex>.tmp``.
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp")
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -72,3 +79,30 @@ def write_durably(
         raise
     fsync_dir(target.parent)
     return target
+
+
+def remove_dead_temporaries(folder: str | os.PathLike[str]) -> list[Path]:
+    """Remove ``write_durably``'s temporary files in ``folder`` whose writing process no longer runs
+    (this host's process ids: a folder is written by processes of one host). Another file, or one
+    of a live process (or of a process id taken again since), is left alone. The files removed."""
+    removed = []
+    for path in Path(folder).glob(".*.tmp"):
+        found = _TEMPORARY.fullmatch(path.name)
+        if found is None or _running(int(found["pid"])):
+            continue
+        with contextlib.suppress(FileNotFoundError):  # (another writer may be removing it too)
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # another user's process; a number no process has
+        return True
+    return True

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ import pytest
 from runledger.ledger.projectors import PROJECTORS
 from runledger.schemas import CATALOGUE
 from runledger.schemas.config_patch import ConfigPatchError, apply_config_patch
-from runledger.schemas.durable import fsync_dir, write_durably
+from runledger.schemas.durable import fsync_dir, remove_dead_temporaries, write_durably
 from runledger.schemas.payloads import PatchOp
 
 # --------------------------------------------------------------------------- write_durably
@@ -82,6 +84,33 @@ def test_fsync_dir(tmp_path: Path) -> None:
 
 
 CONFIG = {"moe": {"capacity_factor": 1.0, "top_k": 2}, "optimizer": {"lr": 0.001}}
+
+
+def test_the_temporaries_of_dead_writers_are_removed_and_no_other_file(tmp_path: Path) -> None:
+    """A write killed before its rename leaves ``.<name>.<pid>.<hex>.tmp``: removed once its process
+    is gone; a live process's (this one's), another program's file, and the targets stay."""
+    child = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead = int(child.stdout)  # (ended: its id names no process now, unless the system gave it again)
+    for name in (
+        f".0000000005.json.{dead}.190bf850.tmp",
+        f".0000000006.json.{os.getpid()}.0123abcd.tmp",
+        ".notes.tmp",
+        f".0000000007.json.{dead}.xyz.tmp",
+        "0000000004.json",
+    ):
+        (tmp_path / name).write_text("{}")
+    removed = remove_dead_temporaries(tmp_path)
+    assert [p.name for p in removed] == [f".0000000005.json.{dead}.190bf850.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [
+            f".0000000006.json.{os.getpid()}.0123abcd.tmp",
+            ".notes.tmp",
+            f".0000000007.json.{dead}.xyz.tmp",
+            "0000000004.json",
+        ]
+    )
 
 
 def test_patch_applies_without_touching_the_input() -> None:

@@ -58,3 +58,26 @@ def test_sigkill_at_random_points_loses_and_duplicates_nothing(tmp_path: Path) -
     ).rows == [(n, n, 0, n - 1)]
     assert reader.sql("SELECT count(*) FROM metrics WHERE name = 'loss'").rows == [(40000,)]
     assert not list(ledger.rglob("*.tmp"))
+
+
+def test_a_commit_record_write_cut_short_leaves_nothing_once_a_writer_opens(tmp_path: Path) -> None:
+    """A kill between a commit record's temporary file and its rename (the random kills above hit it
+    about once in 20 runs) leaves ``_commits/.<n>.json.<pid>.<hex>.tmp``: the next writer to open the
+    ledger removes it (and copies the record from the lake, as after any kill past the commit point)."""
+    from runledger.ledger.store import Ledger, SourceRecord
+
+    run = RunBuilder()
+    run.start()
+    run.step(1, loss=2.0)
+    root = tmp_path / "ledger"
+    made = Ledger.create(root)
+    made.commit([SourceRecord("spool:t", i, raw) for i, raw in enumerate(run.events)])
+    made.close()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    left = root / "_commits" / f".0000000005.json.{int(dead.stdout)}.190bf850.tmp"
+    left.write_text('{"half": ')
+    with Ledger.open(root) as opened:
+        assert opened.stream_heads()
+    assert not list(root.rglob("*.tmp"))
