@@ -51,6 +51,7 @@ import duckdb
 from runledger.ledger.compaction import SORTED_TABLES, conform
 from runledger.ledger.duck import column_type, connect
 from runledger.ledger.file_writes import write_all
+from runledger.ledger.lake_stats import tables_at_risk, widen_bounds
 from runledger.ledger.parquet_schemas import SIDE_TABLES, TABLES, Table
 from runledger.schemas.durable import fsync_dir
 
@@ -988,6 +989,7 @@ class LakeTables:
         # (snapshot, source -> next position): the fences as this writer's last commit left them
         self._fences_at: tuple[int, dict[str, int]] | None = None
         self._folders: dict[str, Path] = {}  # table -> its data folder (``_table_folder``)
+        self._bounds_at_risk: set[str] = set()  # tables the last transaction may leave short bounds
         self.name_new = name_new  # the ledger id a new lake is named in its creating transaction
         # (ledger commit n, snapshot s): no commit record above n existed at s (``records_after``)
         self._records_seen: tuple[int, int] | None = None
@@ -1007,6 +1009,7 @@ class LakeTables:
             if create:
                 self._retry(self._create_tables)
                 self._retry(self._add_columns)
+                self._retry(self._widen_bounds)  # (a crash after a commit, before its widening)
         except BaseException:  # (a damaged catalog attaches, then fails here): let go of its file now
             self.con.close()
             raise
@@ -1318,8 +1321,16 @@ class LakeTables:
         ):
             self._records_seen = (number, snapshot)  # (the fence: no record above ``number`` at it)
         if snapshot is not None:
+            at_risk = self._bounds_at_risk
+            if at_risk:
+                self._retry(lambda: self._widen_bounds(at_risk))
             result.files = self._retry(lambda: self.added_files(snapshot))
         return result
+
+    def _widen_bounds(self, tables: set[str] | None = None) -> int:
+        """DuckLake 1.5.5 can leave a table's column bounds short of its data (``lake_stats``)."""
+        with self.turns.turn():
+            return widen_bounds(self.con, ALIAS, tables)
 
     def _commit_once(
         self,
@@ -1390,6 +1401,7 @@ class LakeTables:
             ],
         )
         con.execute(f"CALL {ALIAS}.set_commit_message(?, ?)", [writer, commit_id])
+        self._bounds_at_risk = tables_at_risk(con, ALIAS, tables)
         con.execute("COMMIT")
         self._inlined |= inlined
         (snapshot,) = con.execute(f"FROM ducklake_last_committed_snapshot('{ALIAS}')").fetchone() or (None,)

@@ -1,0 +1,164 @@
+"""Each lake table's column bounds kept covering its data files (a DuckLake 1.5.5 bug, worked around).
+
+DuckDB trusts a DuckLake table's column bounds (``ducklake_table_column_stats``): it drops filters
+they rule out, answers from them and packs values into the narrowest type they allow. DuckLake 1.5.5
+leaves a column's bounds empty when a table's first commit adds several files and the first of them
+holds the column all NULL; the next commit then sets them to its own rows' bounds alone. Found by the
+verify property test: metrics of two runs in one first commit (one run's rows without a step), then
+a step-1 commit: ``max(step)`` answered 1 over rows up to 183,998, ``WHERE step > 100`` answered
+nothing, and ``ducklake_merge_adjacent_files`` stored step 183,998 as 190 (183,997 mod 256, plus 1).
+
+The writer sets the bounds to those of the table's live files (which DuckLake records right) after
+a commit that could have met the bug, and once when it opens a lake (a crash between a commit and
+this; a lake written before it). Each write is a compare-and-set on the bounds it read, so a commit
+landing in between (which only ever extends them) is read again, never overwritten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import duckdb
+    import pyarrow as pa
+
+# DuckLake's column types whose bounds are compared as DuckDB values (BLOB, nested types: not widened;
+# a list's or struct's own fields are columns of their own, widened by their type).
+_DUCKDB_TYPES = {
+    "int8": "TINYINT",
+    "int16": "SMALLINT",
+    "int32": "INTEGER",
+    "int64": "BIGINT",
+    "uint8": "UTINYINT",
+    "uint16": "USMALLINT",
+    "uint32": "UINTEGER",
+    "uint64": "UBIGINT",
+    "float32": "FLOAT",
+    "float64": "DOUBLE",
+    "varchar": "VARCHAR",
+    "boolean": "BOOLEAN",
+    "date": "DATE",
+    "timestamp": "TIMESTAMP",
+    "timestamptz": "TIMESTAMPTZ",
+}
+_CAS_TRIES = 5  # a compare-and-set that lost to another writer's commit reads the bounds again
+
+
+@dataclass(frozen=True)
+class Widening:
+    """One column's bounds as stored (``old_*``) and as its live files hold them (``new_*``)."""
+
+    table: str
+    table_id: int
+    column_id: int
+    old_min: str | None
+    old_max: str | None
+    new_min: str | None
+    new_max: str | None
+
+
+def _meta(alias: str) -> str:
+    return f"__ducklake_metadata_{alias}"
+
+
+def _names(tables: Collection[str]) -> str:
+    return ", ".join("'" + name.replace("'", "''") + "'" for name in sorted(tables))
+
+
+def tables_at_risk(con: duckdb.DuckDBPyConnection, alias: str, rows: Mapping[str, pa.Table]) -> set[str]:
+    """Of the tables this commit adds ``rows`` to, those whose bounds it could leave short (read in
+    its transaction, before the COMMIT): a table without bounds yet (its first commit) and one with
+    a column that has no bounds (every row NULL so far) that this commit gives a value."""
+    touched = {name for name, table in rows.items() if table.num_rows}
+    if not touched:
+        return set()
+    meta = _meta(alias)
+    found = con.execute(
+        f"SELECT t.table_name, c.column_name, s.min_value IS NULL "
+        f"FROM {meta}.ducklake_table t "
+        f"JOIN {meta}.ducklake_column c ON c.table_id = t.table_id AND c.end_snapshot IS NULL "
+        f"LEFT JOIN {meta}.ducklake_table_column_stats s ON s.table_id = t.table_id AND s.column_id = c.column_id "
+        f"WHERE t.end_snapshot IS NULL AND c.parent_column IS NULL AND t.table_name IN ({_names(touched)})"
+    ).fetchall()
+    unbounded: dict[str, set[str]] = {name: set() for name in touched}
+    for table, column, empty in found:
+        if empty:
+            unbounded[str(table)].add(str(column))
+    at_risk = set()
+    for name, columns in unbounded.items():
+        table = rows[name]
+        given = {
+            c for c in columns if c in table.column_names and table.column(c).null_count < table.num_rows
+        }
+        if given:
+            at_risk.add(name)
+    return at_risk
+
+
+def short_bounds(
+    con: duckdb.DuckDBPyConnection, alias: str, tables: Collection[str] | None = None
+) -> list[Widening]:
+    """Every column (of ``tables``; None: of every table) whose stored bounds are not the bounds of
+    its table's live files, with the bounds that are. DuckDB takes them as exact (``max(step)`` is
+    answered from them), so they are set to what the files hold, no wider. Each new bound is one of
+    the strings DuckLake wrote for a file, chosen by comparing them as values of the column's type."""
+    if tables is not None and not tables:
+        return []
+    meta = _meta(alias)
+    where = "" if tables is None else f" AND t.table_name IN ({_names(tables)})"
+    out: list[Widening] = []
+    for lake_type, sql_type in _DUCKDB_TYPES.items():
+        lo, hi = f"TRY_CAST(b.lo AS {sql_type})", f"TRY_CAST(b.hi AS {sql_type})"
+        usable_lo, usable_hi = f"{lo} IS NOT NULL", f"{hi} IS NOT NULL"
+        if sql_type in ("FLOAT", "DOUBLE"):  # NaN is DuckLake's contains_nan, never a bound
+            usable_lo += f" AND NOT isnan({lo})"
+            usable_hi += f" AND NOT isnan({hi})"
+        rows = con.execute(
+            f"WITH cols AS (SELECT t.table_id, t.table_name, c.column_id FROM {meta}.ducklake_table t "
+            f"JOIN {meta}.ducklake_column c ON c.table_id = t.table_id AND c.end_snapshot IS NULL "
+            f"WHERE t.end_snapshot IS NULL AND c.column_type = ?{where} "
+            # (rows inlined in the catalog have no file stats: their table's bounds are DuckLake's)
+            f"AND t.table_id NOT IN (SELECT table_id FROM {meta}.ducklake_inlined_data_tables)), "
+            f"stored AS (SELECT s.table_id, s.column_id, s.min_value, s.max_value, cols.table_name "
+            f"FROM {meta}.ducklake_table_column_stats s JOIN cols USING (table_id, column_id)), "
+            f"b AS (SELECT fs.table_id, fs.column_id, fs.min_value AS lo, fs.max_value AS hi "
+            f"FROM {meta}.ducklake_file_column_stats fs "
+            f"JOIN {meta}.ducklake_data_file f ON f.data_file_id = fs.data_file_id AND f.end_snapshot IS NULL "
+            f"SEMI JOIN cols ON cols.table_id = fs.table_id AND cols.column_id = fs.column_id), "
+            f"files AS (SELECT b.table_id, b.column_id, "
+            f"arg_min(b.lo, {lo}) FILTER ({usable_lo}) AS lo, arg_max(b.hi, {hi}) FILTER ({usable_hi}) AS hi "
+            f"FROM b GROUP BY ALL) "
+            f"SELECT s.table_name, s.table_id, s.column_id, s.min_value, s.max_value, f.lo, f.hi "
+            f"FROM stored s LEFT JOIN files f USING (table_id, column_id) "
+            f"WHERE TRY_CAST(f.lo AS {sql_type}) IS DISTINCT FROM TRY_CAST(s.min_value AS {sql_type}) "
+            f"OR TRY_CAST(f.hi AS {sql_type}) IS DISTINCT FROM TRY_CAST(s.max_value AS {sql_type})",
+            [lake_type],
+        ).fetchall()
+        for name, table_id, column_id, old_min, old_max, new_min, new_max in rows:
+            out.append(Widening(str(name), int(table_id), int(column_id), old_min, old_max, new_min, new_max))
+    return out
+
+
+def widen_bounds(con: duckdb.DuckDBPyConnection, alias: str, tables: Collection[str] | None = None) -> int:
+    """Set the bounds of ``tables`` (None: every table) that are not their live files' to theirs; the
+    number of columns set. Each write sets the bounds only where they are still those read; one that
+    another commit changed first is read again (bounded)."""
+    widened = 0  # (the name of the usual case: short bounds made whole)
+    for _ in range(_CAS_TRIES):
+        lost = False
+        for w in short_bounds(con, alias, tables):
+            row = con.execute(
+                f"UPDATE {_meta(alias)}.ducklake_table_column_stats SET min_value = ?, max_value = ? "
+                "WHERE table_id = ? AND column_id = ? "
+                "AND min_value IS NOT DISTINCT FROM ? AND max_value IS NOT DISTINCT FROM ?",
+                [w.new_min, w.new_max, w.table_id, w.column_id, w.old_min, w.old_max],
+            ).fetchone()
+            if row and int(row[0]) == 1:
+                widened += 1
+            else:
+                lost = True
+        if not lost:
+            return widened
+    return widened
