@@ -65,6 +65,7 @@ from runledger.ledger.stream_checkpoints import checkpoint_path, origin_of
 from runledger.schemas import Event, decode_event
 from runledger.schemas.catalogue import LEDGER_INCIDENT, LEDGER_REDACTION
 from runledger.schemas.codec import CONFLICT
+from runledger.schemas.durable import process_running
 from runledger.schemas.note import NoteVerifier, parse_public_key
 from runledger.schemas.signing import SignatureError, key_id_of, verify_canonical
 
@@ -425,7 +426,7 @@ def sweep_dead_spills(directory: Path) -> list[Path]:
     removed = []
     for path in directory.glob(f"{SPILL_PREFIX}*-*"):
         pid = path.name[len(SPILL_PREFIX) :].split("-", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or process_running(int(pid)):
             continue
         try:
             if not path.is_dir() or path.is_symlink() or path.stat().st_uid != os.getuid():
@@ -435,18 +436,6 @@ def sweep_dead_spills(directory: Path) -> list[Path]:
         shutil.rmtree(path, ignore_errors=True)  # another verify may be sweeping it too
         removed.append(path)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
 
 
 def _check_row(check: _StreamCheck, stream: str, row: EventRow) -> Event | None:

@@ -63,6 +63,8 @@ from typing import Any, TypeVar
 
 import duckdb
 
+from runledger.schemas.durable import process_running
+
 _T = TypeVar("_T")
 
 _PIVOT = re.compile(r"(PIVOT|PIVOT_WIDER)\b", re.IGNORECASE)
@@ -272,20 +274,10 @@ def remove_dead_spills(area: Path) -> list[Path]:
     removed = []
     for folder in area.glob("spill-*-*"):
         pid = folder.name.split("-")[1]
-        if pid.isdecimal() and not _alive(int(pid)):
+        if pid.isdecimal() and not process_running(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
 
 
 def run_limited(con: duckdb.DuckDBPyConnection, timeout_s: float | None, statement: Callable[[], _T]) -> _T:

@@ -88,7 +88,7 @@ def remove_dead_temporaries(folder: str | os.PathLike[str]) -> list[Path]:
     removed = []
     for path in Path(folder).glob(".*.tmp"):
         found = _TEMPORARY.fullmatch(path.name)
-        if found is None or _running(int(found["pid"])):
+        if found is None or process_running(int(found["pid"])):
             continue
         with contextlib.suppress(FileNotFoundError):  # (another writer may be removing it too)
             path.unlink()
@@ -96,7 +96,8 @@ def remove_dead_temporaries(folder: str | os.PathLike[str]) -> list[Path]:
     return removed
 
 
-def _running(pid: int) -> bool:
+def process_running(pid: int) -> bool:
+    """Whether a process with id ``pid`` runs on this host (another user's counts; this one does)."""
     if pid == os.getpid():
         return True
     try:
