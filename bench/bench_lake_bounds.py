@@ -70,7 +70,7 @@ def measure(runs: int, repeats: int) -> dict[str, Any]:
             lake = ledger.lake
             assert lake is not None
             tables = {
-                name: lake.con.execute(f"SELECT * FROM {ALIAS}.{name} LIMIT 100").fetch_arrow_table()
+                name: lake.con.execute(f"SELECT * FROM {ALIAS}.{name} LIMIT 100").to_arrow_table()
                 for name in ("metrics", "events")
             }
             at_risk_s.append(best_of(repeats, lambda: tables_at_risk(lake.con, ALIAS, tables)))

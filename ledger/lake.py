@@ -40,7 +40,7 @@ import sys
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -51,7 +51,7 @@ import duckdb
 from runledger.ledger.compaction import SORTED_TABLES, conform
 from runledger.ledger.duck import column_type, connect
 from runledger.ledger.file_writes import write_all
-from runledger.ledger.lake_stats import tables_at_risk, widen_bounds
+from runledger.ledger.lake_stats import LEDGER_TABLES, tables_at_risk, widen_bounds
 from runledger.ledger.parquet_schemas import SIDE_TABLES, TABLES, Table
 from runledger.schemas.durable import fsync_dir
 
@@ -88,6 +88,9 @@ COMMIT_FENCE = "ledger/commit"
 ID_FENCE = "ledger/id"  # moved once, by the commit that names the ledger the lake holds
 ID_KEY = "ledger_id"  # the state key of that name
 ID_OPTION = "runledger_ledger_id"  # ... and its row in the catalog's own ``ducklake_metadata``
+# Its row there once every table's column bounds were checked (``lake_stats``): every writer since
+# sets them right after each commit that may leave them wrong, so a lake needs the whole check once.
+BOUNDS_OPTION = "runledger_bounds_checked"
 _PSEUDO_SOURCES = "ledger/%"  # fences of the ledger's own, not sources: read_positions leaves them out
 # SQLite catalog: "database is locked" under concurrency (duckdb/ducklake#128). Bounded retries.
 LOCKED_RETRIES = 60
@@ -1009,7 +1012,7 @@ class LakeTables:
             if create:
                 self._retry(self._create_tables)
                 self._retry(self._add_columns)
-                self._retry(self._widen_bounds)  # (a crash after a commit, before its widening)
+                self._retry(self._check_bounds_once)
         except BaseException:  # (a damaged catalog attaches, then fails here): let go of its file now
             self.con.close()
             raise
@@ -1327,10 +1330,28 @@ class LakeTables:
             result.files = self._retry(lambda: self.added_files(snapshot))
         return result
 
-    def _widen_bounds(self, tables: set[str] | None = None) -> int:
+    def _widen_bounds(
+        self, tables: Collection[str] | None = None, con: duckdb.DuckDBPyConnection | None = None
+    ) -> int:
         """DuckLake 1.5.5 can leave a table's column bounds short of its data (``lake_stats``)."""
         with self.turns.turn():
-            return widen_bounds(self.con, ALIAS, tables)
+            return widen_bounds(con or self.con, ALIAS, LEDGER_TABLES if tables is None else tables)
+
+    def _check_bounds_once(self) -> None:
+        """Every table's bounds checked, once per lake (one written before writers kept them)."""
+        meta = f"__ducklake_metadata_{ALIAS}"
+        done = self.con.execute(
+            f"SELECT 1 FROM {meta}.ducklake_metadata WHERE key = ?", [BOUNDS_OPTION]
+        ).fetchone()
+        if done is not None:
+            return
+        self._widen_bounds()
+        with self.turns.turn():
+            self.con.execute(
+                f"INSERT INTO {meta}.ducklake_metadata (key, value) SELECT ?, '1' WHERE NOT EXISTS "
+                f"(SELECT 1 FROM {meta}.ducklake_metadata WHERE key = ?)",
+                [BOUNDS_OPTION, BOUNDS_OPTION],
+            )
 
     def _commit_once(
         self,
@@ -1941,9 +1962,13 @@ class LakeTables:
                 return len(cur.execute(sql).fetchall())
 
             self._retry(lambda: self._file_layout(cur), con=cur)
+            # The merge packs values into the narrowest type the bounds allow: wrong ones corrupt them.
+            self._retry(lambda: self._widen_bounds(con=cur), con=cur)
             # (Not `SET threads = 1`, which halved the merge's memory again: it is global, and on a
             # DuckDB-file catalog it deadlocked against a commit running in another thread.)
             merged = self._retry(lambda: _merge(cur), on_conflict=True, con=cur)
+            # (and after it: a merged file's text bounds are cut anew, a shorter prefix for its min)
+            self._retry(lambda: self._widen_bounds(con=cur), con=cur)
             expired = self._retry(lambda: _expire(cur, keep_s), on_conflict=True, con=cur)
             cleaned = self._retry(
                 lambda: call(f"CALL ducklake_cleanup_old_files('{ALIAS}', older_than => {older})"), con=cur

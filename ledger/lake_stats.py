@@ -20,6 +20,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from runledger.ledger.parquet_schemas import SIDE_TABLES, TABLES
+
 if TYPE_CHECKING:
     import duckdb
     import pyarrow as pa
@@ -43,6 +45,10 @@ _DUCKDB_TYPES = {
     "timestamp": "TIMESTAMP",
     "timestamptz": "TIMESTAMPTZ",
 }
+# The ledger's tables: rows only ever added by commits (and taken by a redaction). Not the writer's
+# own: their fences delete rows every commit, which DuckLake's bounds never shrink for (nothing asks
+# them a bound), and on SQLite their rows are inlined in the catalog, where files hold no bounds.
+LEDGER_TABLES = frozenset(TABLES) | frozenset(SIDE_TABLES)
 _CAS_TRIES = 5  # a compare-and-set that lost to another writer's commit reads the bounds again
 
 
@@ -98,51 +104,67 @@ def tables_at_risk(con: duckdb.DuckDBPyConnection, alias: str, rows: Mapping[str
 
 
 def short_bounds(
-    con: duckdb.DuckDBPyConnection, alias: str, tables: Collection[str] | None = None
+    con: duckdb.DuckDBPyConnection, alias: str, tables: Collection[str] = LEDGER_TABLES
 ) -> list[Widening]:
-    """Every column (of ``tables``; None: of every table) whose stored bounds are not the bounds of
+    """Every column (of ``tables``, default the ledger's) whose stored bounds are not the bounds of
     its table's live files, with the bounds that are. DuckDB takes them as exact (``max(step)`` is
     answered from them), so they are set to what the files hold, no wider. Each new bound is one of
     the strings DuckLake wrote for a file, chosen by comparing them as values of the column's type."""
-    if tables is not None and not tables:
+    if not tables:
         return []
     meta = _meta(alias)
-    where = "" if tables is None else f" AND t.table_name IN ({_names(tables)})"
-    out: list[Widening] = []
+    where = f" AND t.table_name IN ({_names(tables)})"
+    known = ", ".join(f"'{name}'" for name in _DUCKDB_TYPES)
+    # The catalog's three tables are read once (MATERIALIZED: a SQLite or PostgreSQL catalog is
+    # scanned whole by every reference), then each type's columns compared as that type.
+    per_type = []
     for lake_type, sql_type in _DUCKDB_TYPES.items():
         lo, hi = f"TRY_CAST(b.lo AS {sql_type})", f"TRY_CAST(b.hi AS {sql_type})"
         usable_lo, usable_hi = f"{lo} IS NOT NULL", f"{hi} IS NOT NULL"
         if sql_type in ("FLOAT", "DOUBLE"):  # NaN is DuckLake's contains_nan, never a bound
             usable_lo += f" AND NOT isnan({lo})"
             usable_hi += f" AND NOT isnan({hi})"
-        rows = con.execute(
-            f"WITH cols AS (SELECT t.table_id, t.table_name, c.column_id FROM {meta}.ducklake_table t "
-            f"JOIN {meta}.ducklake_column c ON c.table_id = t.table_id AND c.end_snapshot IS NULL "
-            f"WHERE t.end_snapshot IS NULL AND c.column_type = ?{where} "
-            # (rows inlined in the catalog have no file stats: their table's bounds are DuckLake's)
-            f"AND t.table_id NOT IN (SELECT table_id FROM {meta}.ducklake_inlined_data_tables)), "
-            f"stored AS (SELECT s.table_id, s.column_id, s.min_value, s.max_value, cols.table_name "
-            f"FROM {meta}.ducklake_table_column_stats s JOIN cols USING (table_id, column_id)), "
-            f"b AS (SELECT fs.table_id, fs.column_id, fs.min_value AS lo, fs.max_value AS hi "
-            f"FROM {meta}.ducklake_file_column_stats fs "
-            f"JOIN {meta}.ducklake_data_file f ON f.data_file_id = fs.data_file_id AND f.end_snapshot IS NULL "
-            f"SEMI JOIN cols ON cols.table_id = fs.table_id AND cols.column_id = fs.column_id), "
-            f"files AS (SELECT b.table_id, b.column_id, "
-            f"arg_min(b.lo, {lo}) FILTER ({usable_lo}) AS lo, arg_max(b.hi, {hi}) FILTER ({usable_hi}) AS hi "
-            f"FROM b GROUP BY ALL) "
+        bounds = f"(SELECT * FROM b WHERE column_type = '{lake_type}')"
+        if sql_type == "VARCHAR":
+            # A long text's bounds are a prefix (min) and a prefix made larger (max), cut anew by
+            # each file and merge: never exact, so only widened, as DuckLake's own commits do.
+            bounds = (
+                "(SELECT * FROM b WHERE column_type = 'varchar' UNION ALL SELECT table_id, column_id, "
+                "min_value, max_value, column_type FROM stored WHERE column_type = 'varchar')"
+            )
+        per_type.append(
             f"SELECT s.table_name, s.table_id, s.column_id, s.min_value, s.max_value, f.lo, f.hi "
-            f"FROM stored s LEFT JOIN files f USING (table_id, column_id) "
+            f"FROM (SELECT * FROM stored WHERE column_type = '{lake_type}') s LEFT JOIN "
+            f"(SELECT b.table_id, b.column_id, arg_min(b.lo, {lo}) FILTER ({usable_lo}) AS lo, "
+            f"arg_max(b.hi, {hi}) FILTER ({usable_hi}) AS hi FROM {bounds} b "
+            f"GROUP BY ALL) f USING (table_id, column_id) "
             f"WHERE TRY_CAST(f.lo AS {sql_type}) IS DISTINCT FROM TRY_CAST(s.min_value AS {sql_type}) "
-            f"OR TRY_CAST(f.hi AS {sql_type}) IS DISTINCT FROM TRY_CAST(s.max_value AS {sql_type})",
-            [lake_type],
-        ).fetchall()
-        for name, table_id, column_id, old_min, old_max, new_min, new_max in rows:
-            out.append(Widening(str(name), int(table_id), int(column_id), old_min, old_max, new_min, new_max))
-    return out
+            f"OR TRY_CAST(f.hi AS {sql_type}) IS DISTINCT FROM TRY_CAST(s.max_value AS {sql_type})"
+        )
+    rows = con.execute(
+        f"WITH cols AS MATERIALIZED (SELECT t.table_id, t.table_name, c.column_id, c.column_type "
+        f"FROM {meta}.ducklake_table t "
+        f"JOIN {meta}.ducklake_column c ON c.table_id = t.table_id AND c.end_snapshot IS NULL "
+        f"WHERE t.end_snapshot IS NULL AND c.column_type IN ({known}){where} "
+        # (rows inlined in the catalog have no file stats: their table's bounds are DuckLake's)
+        f"AND t.table_id NOT IN (SELECT table_id FROM {meta}.ducklake_inlined_data_tables)), "
+        f"stored AS MATERIALIZED (SELECT s.table_id, s.column_id, s.min_value, s.max_value, "
+        f"cols.table_name, cols.column_type "
+        f"FROM {meta}.ducklake_table_column_stats s JOIN cols USING (table_id, column_id)), "
+        f"b AS MATERIALIZED (SELECT fs.table_id, fs.column_id, fs.min_value AS lo, fs.max_value AS hi, "
+        f"cols.column_type FROM {meta}.ducklake_file_column_stats fs "
+        f"JOIN {meta}.ducklake_data_file f ON f.data_file_id = fs.data_file_id AND f.end_snapshot IS NULL "
+        f"JOIN cols ON cols.table_id = fs.table_id AND cols.column_id = fs.column_id) "
+        + " UNION ALL ".join(per_type)
+    ).fetchall()
+    return [
+        Widening(str(name), int(table_id), int(column_id), old_min, old_max, new_min, new_max)
+        for name, table_id, column_id, old_min, old_max, new_min, new_max in rows
+    ]
 
 
-def widen_bounds(con: duckdb.DuckDBPyConnection, alias: str, tables: Collection[str] | None = None) -> int:
-    """Set the bounds of ``tables`` (None: every table) that are not their live files' to theirs; the
+def widen_bounds(con: duckdb.DuckDBPyConnection, alias: str, tables: Collection[str] = LEDGER_TABLES) -> int:
+    """Set the bounds of ``tables`` (default the ledger's) that are not their live files' to theirs; the
     number of columns set. Each write sets the bounds only where they are still those read; one that
     another commit changed first is read again (bounded)."""
     widened = 0  # (the name of the usual case: short bounds made whole)

@@ -11,8 +11,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
 from runledger.ledger.integrity import verify_ledger
-from runledger.ledger.lake import ALIAS, LakeFolder, LakeTables
+from runledger.ledger.lake import ALIAS, BOUNDS_OPTION, LakeFolder, LakeTables
 from runledger.ledger.lake_stats import short_bounds, widen_bounds
 from runledger.ledger.query import Reader
 from runledger.ledger.store import Ledger, SourceRecord
@@ -95,36 +97,45 @@ def test_a_first_commit_with_an_all_null_file_first_keeps_true_answers(
     assert verify_ledger(root).ok
 
 
-def test_short_bounds_left_by_a_crash_are_widened_when_a_writer_opens(
-    backend: Backend, tmp_path: Path
+def _break_step_bounds(lake: LakeTables) -> None:
+    """``metrics.step``'s bounds as DuckLake 1.5.5 left them: the second commit's alone."""
+    meta = f"__ducklake_metadata_{ALIAS}"
+    lake.con.execute(
+        f"UPDATE {meta}.ducklake_table_column_stats SET min_value = '1', max_value = '1' "
+        f"WHERE (table_id, column_id) IN (SELECT t.table_id, c.column_id FROM {meta}.ducklake_table t "
+        f"JOIN {meta}.ducklake_column c USING (table_id) WHERE t.table_name = 'metrics' "
+        "AND c.column_name = 'step' AND t.end_snapshot IS NULL AND c.end_snapshot IS NULL)"
+    )
+
+
+@pytest.mark.parametrize("old_lake", [True, False], ids=["written-before-the-fix", "checked"])
+def test_short_bounds_are_found_and_set_before_a_merge_and_once_on_an_older_lake(
+    backend: Backend, tmp_path: Path, old_lake: bool
 ) -> None:
-    """The bounds as DuckLake 1.5.5 leaves them (the writer killed before its widening) are found,
-    widened when the next writer opens the lake, and found no more."""
+    """Short bounds (as a lake written before this fix may hold them) are found; a lake never
+    checked is checked when a writer first opens it; ``ledger compact`` checks before it merges."""
     root = tmp_path / "l"
     _ledger(backend, root).close()
     folder = LakeFolder.read(root)
     assert folder is not None
-    meta = f"__ducklake_metadata_{ALIAS}"
     with LakeTables(folder.catalog, folder.data_path, new_catalog=False) as lake:
-        (table_id, column_id) = lake.con.execute(
-            f"SELECT t.table_id, c.column_id FROM {meta}.ducklake_table t JOIN {meta}.ducklake_column c "
-            "USING (table_id) WHERE t.table_name = 'metrics' AND c.column_name = 'step' "
-            "AND t.end_snapshot IS NULL AND c.end_snapshot IS NULL"
-        ).fetchone() or (None, None)
-        lake.con.execute(
-            f"UPDATE {meta}.ducklake_table_column_stats SET min_value = '1', max_value = '1' "
-            "WHERE table_id = ? AND column_id = ?",
-            [table_id, column_id],
-        )
+        _break_step_bounds(lake)
         short = short_bounds(lake.con, ALIAS)
         assert [(w.table, w.old_min, w.old_max, w.new_min, w.new_max) for w in short] == [
             ("metrics", "1", "1", "1", "183998")
         ]
-        assert _answers(root) == (1, 0)  # what DuckDB answers from bounds short of the data
+        if old_lake:
+            meta = f"__ducklake_metadata_{ALIAS}"
+            lake.con.execute(f"DELETE FROM {meta}.ducklake_metadata WHERE key = ?", [BOUNDS_OPTION])
+    with LakeTables(folder.catalog, folder.data_path, new_catalog=False) as lake:  # a writer opens it
+        assert len(short_bounds(lake.con, ALIAS)) == (0 if old_lake else 1)
+    assert _answers(root) == ((183_998, 2) if old_lake else (1, 0))  # (1, 0): DuckDB trusts the bounds
     with LakeTables(folder.catalog, folder.data_path, new_catalog=False) as lake:
+        assert lake.maintain(keep_s=0)["files_merged"] > 0
         assert short_bounds(lake.con, ALIAS) == []
-        assert widen_bounds(lake.con, ALIAS) == 0  # nothing more to widen
+    assert _steps(root) == [1, 183_998]
     assert _answers(root) == (183_998, 2)
+    assert verify_ledger(root).ok
 
 
 def test_bounds_wider_than_the_files_are_set_back_to_theirs(backend: Backend, tmp_path: Path) -> None:
@@ -145,3 +156,31 @@ def test_bounds_wider_than_the_files_are_set_back_to_theirs(backend: Backend, tm
         assert widen_bounds(lake.con, ALIAS) == 1
         assert short_bounds(lake.con, ALIAS) == []
     assert _answers(root) == (183_998, 2)
+
+
+def test_the_lakes_merge_keeps_values_its_bounds_were_set_to_cover(backend: Backend, tmp_path: Path) -> None:
+    """DuckLake 1.5.5 itself, on a table of its own in the ledger's catalog: bounds left short by a
+    first commit (a NULL file, then 183,998) and a second (1) make its merge store 183,998 as 190;
+    the same table with its bounds set first keeps it. (The day the first half fails, DuckLake no
+    longer has the bug and ``lake_stats`` may go.)"""
+    root = tmp_path / "l"
+    _ledger(backend, root).close()
+    folder = LakeFolder.read(root)
+    assert folder is not None
+    with LakeTables(folder.catalog, folder.data_path, new_catalog=False) as lake:
+        con = lake.con
+        for table in ("left_short", "set_right"):
+            con.execute(f"CREATE TABLE {ALIAS}.{table} (step BIGINT, name VARCHAR)")
+            con.execute(f"ALTER TABLE {ALIAS}.{table} SET SORTED BY (name, step)")
+            con.execute("BEGIN")
+            con.execute(f"INSERT INTO {ALIAS}.{table} VALUES (NULL, 'a')")
+            con.execute(f"INSERT INTO {ALIAS}.{table} VALUES (183998, 'b')")
+            con.execute("COMMIT")
+            con.execute(f"INSERT INTO {ALIAS}.{table} VALUES (1, 'c')")
+        assert widen_bounds(con, ALIAS, {"set_right"}) == 1
+        con.execute(f"CALL ducklake_merge_adjacent_files('{ALIAS}')")
+        steps = {
+            table: con.execute(f"SELECT step FROM {ALIAS}.{table} WHERE name = 'b'").fetchall()
+            for table in ("left_short", "set_right")
+        }
+    assert steps == {"left_short": [(190,)], "set_right": [(183_998,)]}
