@@ -33,8 +33,8 @@ from runledger.schemas import encode_event, make_event
 from runledger.schemas import payloads as p
 from runledger.schemas.github import GitHubPullRequest
 from runledger.schemas.note import write_keypair
+from tests.support.browser import chromium
 from tests.support.factory import T0, RunBuilder
-from tests.web.test_report import _browser_binaries
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = '</script><script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"> & ü <!--'
@@ -383,24 +383,7 @@ def test_bad_input_gets_a_clear_4xx_never_a_5xx(story_ledger: Path) -> None:
 
 # ---------------------------------------------------------------------------------------- a real browser
 def _chromium(window: tuple[int, int] = (1400, 2200)) -> Any:
-    found = _browser_binaries()
-    if isinstance(found, str):
-        pytest.skip(found)
-    chromium, chromedriver = found
-    from selenium import webdriver
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        f"--window-size={window[0]},{window[1]}",
-    ):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=chromedriver))
+    return chromium((f"--window-size={window[0]},{window[1]}",), {"browser": "ALL"})
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import os
 import random
 import re
 import shutil
-import subprocess
 from collections import defaultdict
 from datetime import timedelta
 from pathlib import Path
@@ -35,6 +34,7 @@ from runledger.schemas import encode_event, make_event
 from runledger.schemas import payloads as p
 from runledger.schemas.github import GitHubPullRequest, GitHubPush
 from runledger.schemas.note import write_keypair
+from tests.support.browser import chromium
 from tests.support.factory import T0, RunBuilder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -350,48 +350,10 @@ def test_cli_report_and_plot(story, tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------- in a browser
-def _browser_binaries() -> tuple[str, str] | str:
-    """(chromium, chromedriver), installing them with scripts/browser.sh when missing; else why not."""
-
-    def find() -> tuple[str | None, str | None]:
-        return shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
-
-    chromium, driver = find()
-    if not (chromium and driver):
-        done = subprocess.run(
-            [str(ROOT / "scripts" / "browser.sh"), "install"], capture_output=True, text=True
-        )
-        chromium, driver = find()
-        if not (chromium and driver):
-            return (
-                "no headless browser: "
-                + (done.stderr.strip().splitlines() or ["scripts/browser.sh found none"])[-1]
-            )
-    return chromium, driver
-
-
 def open_offline(html_file: Path, window: tuple[int, int] = (1400, 1800)) -> Any:
     """A headless Chromium with the network emulated offline, on ``html_file`` as a file:// URL."""
-    found = _browser_binaries()
-    if isinstance(found, str):
-        pytest.skip(found)
-    chromium, chromedriver = found
-    from selenium import webdriver
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        f"--window-size={window[0]},{window[1]}",
-        "--hide-scrollbars",
-        "--force-device-scale-factor=1",
-    ):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=chromedriver))
+    args = (f"--window-size={window[0]},{window[1]}", "--hide-scrollbars", "--force-device-scale-factor=1")
+    driver = chromium(args, {"browser": "ALL", "performance": "ALL"})
     driver.execute_cdp_cmd("Network.enable", {})
     driver.execute_cdp_cmd(
         "Network.emulateNetworkConditions",
