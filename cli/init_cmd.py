@@ -14,6 +14,7 @@ key and the path to copy it to.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -70,13 +71,19 @@ def init(
     if data is not None and catalog is None:
         raise fail("--data needs --catalog", 2)
     keys = key_dir(keys, ledger)
-    with user_errors(ledger):
+    # (Each ledger opened here is closed when init ends: an open one held the SQLite catalog's WAL
+    # files beside it, so "init again changes nothing" was not true while the process lived.)
+    with user_errors(ledger), contextlib.ExitStack() as opened:
         existing = _existing(ledger)
+        if existing is not None:
+            opened.callback(existing.close)
         if existing is not None and (registry_entries(existing) or existing.last_commit >= 0):
             # Set up already, or in use: a policy now would start refusing what it admits today.
             _say_exists(existing, ledger, keys, bool(registry_entries(existing)))
             return
         store = existing if existing is not None else _new_ledger(ledger, catalog, data)
+        if existing is None:
+            opened.callback(store.close)
         if existing is None and catalog is not None and store.last_commit >= 0:
             _say_joined(store, ledger, catalog, keys)  # a lake another folder set up: joined as it is
             return
