@@ -76,30 +76,36 @@ def _names(tables: Collection[str]) -> str:
 def tables_at_risk(con: duckdb.DuckDBPyConnection, alias: str, rows: Mapping[str, pa.Table]) -> set[str]:
     """Of the tables this commit adds ``rows`` to, those whose bounds it could leave short (read in
     its transaction, before the COMMIT): a table without bounds yet (its first commit) and one with
-    a column that has no bounds (every row NULL so far) that this commit gives a value."""
+    a column that has no bounds (every row NULL so far) that this commit gives a value. A list's
+    bounds are its element's (the list itself has none): given when the commit has a list there."""
     touched = {name for name, table in rows.items() if table.num_rows}
     if not touched:
         return set()
     meta = _meta(alias)
     found = con.execute(
-        f"SELECT t.table_name, c.column_name, s.min_value IS NULL "
-        f"FROM {meta}.ducklake_table t "
+        f"SELECT t.table_name, c.column_id, c.column_name, c.parent_column, c.column_type, "
+        f"s.table_id IS NULL OR s.min_value IS NULL FROM {meta}.ducklake_table t "
         f"JOIN {meta}.ducklake_column c ON c.table_id = t.table_id AND c.end_snapshot IS NULL "
         f"LEFT JOIN {meta}.ducklake_table_column_stats s ON s.table_id = t.table_id AND s.column_id = c.column_id "
-        f"WHERE t.end_snapshot IS NULL AND c.parent_column IS NULL AND t.table_name IN ({_names(touched)})"
+        f"WHERE t.end_snapshot IS NULL AND t.table_name IN ({_names(touched)})"
     ).fetchall()
-    unbounded: dict[str, set[str]] = {name: set() for name in touched}
-    for table, column, empty in found:
-        if empty:
-            unbounded[str(table)].add(str(column))
+    columns = {(str(t), int(i)): (str(n), p) for t, i, n, p, _, _ in found}
+
+    def top_level(table: str, column_id: int) -> str:
+        name, parent = columns[(table, column_id)]
+        for _ in range(len(columns)):  # (a catalog naming a loop of parents: bounded)
+            if parent is None or (table, int(parent)) not in columns:
+                break
+            name, parent = columns[(table, int(parent))]
+        return name
+
     at_risk = set()
-    for name, columns in unbounded.items():
-        table = rows[name]
-        given = {
-            c for c in columns if c in table.column_names and table.column(c).null_count < table.num_rows
-        }
-        if given:
-            at_risk.add(name)
+    for table, column_id, _, _, kind, empty in found:
+        if not empty or kind not in _DUCKDB_TYPES or str(table) in at_risk:
+            continue
+        data, name = rows[str(table)], top_level(str(table), int(column_id))
+        if name in data.column_names and data.column(name).null_count < data.num_rows:
+            at_risk.add(str(table))
     return at_risk
 
 

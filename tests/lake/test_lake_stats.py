@@ -11,11 +11,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from runledger.ledger.integrity import verify_ledger
 from runledger.ledger.lake import ALIAS, BOUNDS_OPTION, LakeFolder, LakeTables
-from runledger.ledger.lake_stats import short_bounds, widen_bounds
+from runledger.ledger.lake_stats import short_bounds, tables_at_risk, widen_bounds
 from runledger.ledger.query import Reader
 from runledger.ledger.store import Ledger, SourceRecord
 from runledger.schemas import config_hash, encode_event, make_event
@@ -184,3 +185,28 @@ def test_the_lakes_merge_keeps_values_its_bounds_were_set_to_cover(backend: Back
             for table in ("left_short", "set_right")
         }
     assert steps == {"left_short": [(190,)], "set_right": [(183_998,)]}
+
+
+def test_a_commit_is_at_risk_only_where_it_gives_a_value_to_a_column_without_bounds(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """The question each commit asks: a list column (whose bounds are its element's) or a bounded
+    column given values is no risk; a column all NULL so far (``events.subject`` here) given one is."""
+    root = tmp_path / "l"
+    ledger = _ledger(backend, root)
+    note = make_event(
+        p.Annotation(author="me", text="hi", tags=["a"]), source="t", seq=0, time=T0, stream="n", id="n1"
+    )
+    ledger.commit([SourceRecord("spool:x", 5, encode_event(note))])
+    ledger.close()
+    folder = LakeFolder.read(root)
+    assert folder is not None
+    with LakeTables(folder.catalog, folder.data_path, new_catalog=False) as lake:
+
+        def at_risk(**columns: dict[str, list[object]]) -> set[str]:
+            return tables_at_risk(lake.con, ALIAS, {name: pa.table(cols) for name, cols in columns.items()})
+
+        assert at_risk(annotations={"tags": [["b"]], "text": ["x"]}, metrics={"step": [5]}) == set()
+        assert at_risk(events={"subject": [None], "stream": ["r"]}) == set()
+        assert at_risk(events={"subject": ["pull/1"]}) == {"events"}
+        assert at_risk(run_ends={"status": ["ok"]}) == {"run_ends"}  # no rows yet: its first commit
