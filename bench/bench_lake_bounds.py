@@ -3,7 +3,7 @@
 A lab of N runs (``bench.bench_many_runs``'s, 50 runs a commit) in one lake; then, each the best of
 ``--repeats``:
 
-1. the whole check of every ledger table's bounds (``short_bounds``: what a writer runs once per
+1. the whole check of every ledger table's bounds (``wrong_bounds``: what a writer runs once per
    lake, and ``ledger compact`` before and after its merge) beside a writer's open of the lake
    (``LakeTables``, which now also reads whether the lake was checked);
 2. commit: one more commit of one run (a ledger commit: files, transaction, records) beside the
@@ -24,7 +24,7 @@ from typing import Any
 
 from bench.bench_many_runs import best_of, ingest, lab_run
 from runledger.ledger.lake import ALIAS, LakeFolder, LakeTables
-from runledger.ledger.lake_stats import short_bounds, tables_at_risk
+from runledger.ledger.lake_stats import tables_at_risk, wrong_bounds
 from runledger.ledger.store import Ledger, SourceRecord
 
 
@@ -48,7 +48,7 @@ def measure(runs: int, repeats: int) -> dict[str, Any]:
             figures["live_files"] = lake.con.execute(
                 f"SELECT count(*) FROM __ducklake_metadata_{ALIAS}.ducklake_data_file WHERE end_snapshot IS NULL"
             ).fetchone()[0]  # type: ignore[index]
-            figures["whole_check_ms"] = _ms(best_of(repeats, lambda: short_bounds(lake.con, ALIAS)))
+            figures["whole_check_ms"] = _ms(best_of(repeats, lambda: wrong_bounds(lake.con, ALIAS)))
 
         import random
 

@@ -51,7 +51,7 @@ import duckdb
 from runledger.ledger.compaction import SORTED_TABLES, conform
 from runledger.ledger.duck import column_type, connect
 from runledger.ledger.file_writes import write_all
-from runledger.ledger.lake_stats import LEDGER_TABLES, tables_at_risk, widen_bounds
+from runledger.ledger.lake_stats import LEDGER_TABLES, correct_bounds, tables_at_risk
 from runledger.ledger.parquet_schemas import SIDE_TABLES, TABLES, Table
 from runledger.schemas.durable import fsync_dir
 
@@ -1050,17 +1050,17 @@ class LakeTables:
     def note_ledger_id(self, ledger_id: str) -> None:
         """Keep the lake's ledger id in the catalog's own metadata (once), where ``stored_ledger_id``
         finds it without reading data files (DuckLake keeps rows it does not know there)."""
+        self._retry(lambda: self._keep_option(ID_OPTION, ledger_id))
+
+    def _keep_option(self, key: str, value: str) -> None:
+        """``key`` = ``value`` in the catalog's own ``ducklake_metadata``, unless a row has the key."""
         meta = f"__ducklake_metadata_{ALIAS}"
-
-        def write() -> None:
-            with self.turns.turn(), contextlib.closing(self.con.cursor()) as cur:
-                cur.execute(
-                    f"INSERT INTO {meta}.ducklake_metadata (key, value) SELECT ?, ? WHERE NOT EXISTS "
-                    f"(SELECT 1 FROM {meta}.ducklake_metadata WHERE key = ?)",
-                    [ID_OPTION, ledger_id, ID_OPTION],
-                )
-
-        self._retry(write)
+        with self.turns.turn(), contextlib.closing(self.con.cursor()) as cur:
+            cur.execute(
+                f"INSERT INTO {meta}.ducklake_metadata (key, value) SELECT ?, ? WHERE NOT EXISTS "
+                f"(SELECT 1 FROM {meta}.ducklake_metadata WHERE key = ?)",
+                [key, value, key],
+            )
 
     # ----------------------------------------------------------------- connections
     def _attach_writer(self) -> duckdb.DuckDBPyConnection:
@@ -1326,16 +1326,16 @@ class LakeTables:
         if snapshot is not None:
             at_risk = self._bounds_at_risk
             if at_risk:
-                self._retry(lambda: self._widen_bounds(at_risk))
+                self._retry(lambda: self._correct_bounds(at_risk))
             result.files = self._retry(lambda: self.added_files(snapshot))
         return result
 
-    def _widen_bounds(
+    def _correct_bounds(
         self, tables: Collection[str] | None = None, con: duckdb.DuckDBPyConnection | None = None
     ) -> int:
         """DuckLake 1.5.5 can leave a table's column bounds short of its data (``lake_stats``)."""
         with self.turns.turn():
-            return widen_bounds(con or self.con, ALIAS, LEDGER_TABLES if tables is None else tables)
+            return correct_bounds(con or self.con, ALIAS, LEDGER_TABLES if tables is None else tables)
 
     def _check_bounds_once(self) -> None:
         """Every table's bounds checked, once per lake (one written before writers kept them)."""
@@ -1345,13 +1345,8 @@ class LakeTables:
         ).fetchone()
         if done is not None:
             return
-        self._widen_bounds()
-        with self.turns.turn():
-            self.con.execute(
-                f"INSERT INTO {meta}.ducklake_metadata (key, value) SELECT ?, '1' WHERE NOT EXISTS "
-                f"(SELECT 1 FROM {meta}.ducklake_metadata WHERE key = ?)",
-                [BOUNDS_OPTION, BOUNDS_OPTION],
-            )
+        self._correct_bounds()
+        self._keep_option(BOUNDS_OPTION, "1")
 
     def _commit_once(
         self,
@@ -1963,12 +1958,12 @@ class LakeTables:
 
             self._retry(lambda: self._file_layout(cur), con=cur)
             # The merge packs values into the narrowest type the bounds allow: wrong ones corrupt them.
-            self._retry(lambda: self._widen_bounds(con=cur), con=cur)
+            self._retry(lambda: self._correct_bounds(con=cur), con=cur)
             # (Not `SET threads = 1`, which halved the merge's memory again: it is global, and on a
             # DuckDB-file catalog it deadlocked against a commit running in another thread.)
             merged = self._retry(lambda: _merge(cur), on_conflict=True, con=cur)
             # (and after it: a merged file's text bounds are cut anew, a shorter prefix for its min)
-            self._retry(lambda: self._widen_bounds(con=cur), con=cur)
+            self._retry(lambda: self._correct_bounds(con=cur), con=cur)
             expired = self._retry(lambda: _expire(cur, keep_s), on_conflict=True, con=cur)
             cleaned = self._retry(
                 lambda: call(f"CALL ducklake_cleanup_old_files('{ALIAS}', older_than => {older})"), con=cur

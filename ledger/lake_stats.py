@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     import duckdb
     import pyarrow as pa
 
-# DuckLake's column types whose bounds are compared as DuckDB values (BLOB, nested types: not widened;
-# a list's or struct's own fields are columns of their own, widened by their type).
+# DuckLake's column types whose bounds are compared as DuckDB values (BLOB, nested types: not set;
+# a list's or struct's own fields are columns of their own, set by their type).
 _DUCKDB_TYPES = {
     "int8": "TINYINT",
     "int16": "SMALLINT",
@@ -53,7 +53,7 @@ _CAS_TRIES = 5  # a compare-and-set that lost to another writer's commit reads t
 
 
 @dataclass(frozen=True)
-class Widening:
+class BoundsFix:
     """One column's bounds as stored (``old_*``) and as its live files hold them (``new_*``)."""
 
     table: str
@@ -109,9 +109,9 @@ def tables_at_risk(con: duckdb.DuckDBPyConnection, alias: str, rows: Mapping[str
     return at_risk
 
 
-def short_bounds(
+def wrong_bounds(
     con: duckdb.DuckDBPyConnection, alias: str, tables: Collection[str] = LEDGER_TABLES
-) -> list[Widening]:
+) -> list[BoundsFix]:
     """Every column (of ``tables``, default the ledger's) whose stored bounds are not the bounds of
     its table's live files, with the bounds that are. DuckDB takes them as exact (``max(step)`` is
     answered from them), so they are set to what the files hold, no wider. Each new bound is one of
@@ -164,19 +164,21 @@ def short_bounds(
         + " UNION ALL ".join(per_type)
     ).fetchall()
     return [
-        Widening(str(name), int(table_id), int(column_id), old_min, old_max, new_min, new_max)
+        BoundsFix(str(name), int(table_id), int(column_id), old_min, old_max, new_min, new_max)
         for name, table_id, column_id, old_min, old_max, new_min, new_max in rows
     ]
 
 
-def widen_bounds(con: duckdb.DuckDBPyConnection, alias: str, tables: Collection[str] = LEDGER_TABLES) -> int:
+def correct_bounds(
+    con: duckdb.DuckDBPyConnection, alias: str, tables: Collection[str] = LEDGER_TABLES
+) -> int:
     """Set the bounds of ``tables`` (default the ledger's) that are not their live files' to theirs; the
     number of columns set. Each write sets the bounds only where they are still those read; one that
     another commit changed first is read again (bounded)."""
-    widened = 0  # (the name of the usual case: short bounds made whole)
+    corrected = 0
     for _ in range(_CAS_TRIES):
         lost = False
-        for w in short_bounds(con, alias, tables):
+        for w in wrong_bounds(con, alias, tables):
             row = con.execute(
                 f"UPDATE {_meta(alias)}.ducklake_table_column_stats SET min_value = ?, max_value = ? "
                 "WHERE table_id = ? AND column_id = ? "
@@ -184,9 +186,9 @@ def widen_bounds(con: duckdb.DuckDBPyConnection, alias: str, tables: Collection[
                 [w.new_min, w.new_max, w.table_id, w.column_id, w.old_min, w.old_max],
             ).fetchone()
             if row and int(row[0]) == 1:
-                widened += 1
+                corrected += 1
             else:
                 lost = True
         if not lost:
-            return widened
-    return widened
+            return corrected
+    return corrected

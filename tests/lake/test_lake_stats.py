@@ -16,7 +16,7 @@ import pytest
 
 from runledger.ledger.integrity import verify_ledger
 from runledger.ledger.lake import ALIAS, BOUNDS_OPTION, LakeFolder, LakeTables
-from runledger.ledger.lake_stats import short_bounds, tables_at_risk, widen_bounds
+from runledger.ledger.lake_stats import correct_bounds, tables_at_risk, wrong_bounds
 from runledger.ledger.query import Reader
 from runledger.ledger.store import Ledger, SourceRecord
 from runledger.schemas import config_hash, encode_event, make_event
@@ -90,7 +90,7 @@ def test_a_first_commit_with_an_all_null_file_first_keeps_true_answers(
     folder = LakeFolder.read(root)
     assert folder is not None
     with LakeTables(folder.catalog, folder.data_path, new_catalog=False) as lake:
-        assert short_bounds(lake.con, ALIAS) == []
+        assert wrong_bounds(lake.con, ALIAS) == []
         assert lake.maintain(keep_s=0)["files_merged"] > 0
     # The lake's merge packs values into the narrowest type the bounds allow: 183,998 stays itself.
     assert _steps(root) == [1, 183_998]
@@ -121,7 +121,7 @@ def test_short_bounds_are_found_and_set_before_a_merge_and_once_on_an_older_lake
     assert folder is not None
     with LakeTables(folder.catalog, folder.data_path, new_catalog=False) as lake:
         _break_step_bounds(lake)
-        short = short_bounds(lake.con, ALIAS)
+        short = wrong_bounds(lake.con, ALIAS)
         assert [(w.table, w.old_min, w.old_max, w.new_min, w.new_max) for w in short] == [
             ("metrics", "1", "1", "1", "183998")
         ]
@@ -129,11 +129,11 @@ def test_short_bounds_are_found_and_set_before_a_merge_and_once_on_an_older_lake
             meta = f"__ducklake_metadata_{ALIAS}"
             lake.con.execute(f"DELETE FROM {meta}.ducklake_metadata WHERE key = ?", [BOUNDS_OPTION])
     with LakeTables(folder.catalog, folder.data_path, new_catalog=False) as lake:  # a writer opens it
-        assert len(short_bounds(lake.con, ALIAS)) == (0 if old_lake else 1)
+        assert len(wrong_bounds(lake.con, ALIAS)) == (0 if old_lake else 1)
     assert _answers(root) == ((183_998, 2) if old_lake else (1, 0))  # (1, 0): DuckDB trusts the bounds
     with LakeTables(folder.catalog, folder.data_path, new_catalog=False) as lake:
         assert lake.maintain(keep_s=0)["files_merged"] > 0
-        assert short_bounds(lake.con, ALIAS) == []
+        assert wrong_bounds(lake.con, ALIAS) == []
     assert _steps(root) == [1, 183_998]
     assert _answers(root) == (183_998, 2)
     assert verify_ledger(root).ok
@@ -154,8 +154,8 @@ def test_bounds_wider_than_the_files_are_set_back_to_theirs(backend: Backend, tm
             "AND c.column_name = 'step' AND t.end_snapshot IS NULL AND c.end_snapshot IS NULL)"
         )
         assert _answers(root) == (999_999, 2)
-        assert widen_bounds(lake.con, ALIAS) == 1
-        assert short_bounds(lake.con, ALIAS) == []
+        assert correct_bounds(lake.con, ALIAS) == 1
+        assert wrong_bounds(lake.con, ALIAS) == []
     assert _answers(root) == (183_998, 2)
 
 
@@ -178,7 +178,7 @@ def test_the_lakes_merge_keeps_values_its_bounds_were_set_to_cover(backend: Back
             con.execute(f"INSERT INTO {ALIAS}.{table} VALUES (183998, 'b')")
             con.execute("COMMIT")
             con.execute(f"INSERT INTO {ALIAS}.{table} VALUES (1, 'c')")
-        assert widen_bounds(con, ALIAS, {"set_right"}) == 1
+        assert correct_bounds(con, ALIAS, {"set_right"}) == 1
         con.execute(f"CALL ducklake_merge_adjacent_files('{ALIAS}')")
         steps = {
             table: con.execute(f"SELECT step FROM {ALIAS}.{table} WHERE name = 'b'").fetchall()
