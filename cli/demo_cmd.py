@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
 
 from runledger import signals
 from runledger.cli.extras import command_needs
@@ -25,6 +24,7 @@ from runledger.cli.output import (
     Format,
     VerboseOption,
     console,
+    escape,
     fail,
     plural,
     print_rows,
@@ -164,7 +164,7 @@ class _ConsoleObserver(DemoObserver):
             TextColumn("step {task.completed:.0f}/{task.total}"),
             TextColumn("loss {task.fields[loss]}"),
             TimeElapsedColumn(),
-            console=console,
+            console=console.made,
         ) as progress:
             self.progress, self.task = progress, progress.add_task("attempt 1", total=steps, loss="-")
             try:

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 
 from runledger.cli.merkle_cmd import DEFAULT_FETCH_TIMEOUT_S, FetchTimeoutOption, fetch_timeout_s
 from runledger.cli.output import (
@@ -24,9 +23,11 @@ from runledger.cli.output import (
     SnapshotOption,
     console,
     err_console,
+    escape,
     fail,
     plural,
     print_json,
+    print_lines,
     print_rows,
     resolve_format,
     short_hash,
@@ -498,37 +499,34 @@ def state(
     if fmt != Format.table or output is not None:
         print_rows(["key", "value"], [(k, _json(v)) for k, v in rows], fmt, output, limit=limit)
         return
-    where = f"run {escape(result.run_id)}, " if result.run_id != run else ""
-    console.print(
-        f"[bold]{escape(run)}[/] at step {result.step} ({where}attempt {result.attempt})", highlight=False
-    )
+    # Plain lines: no rich imported for a one-shot read (issue 41: importing it is ~22 ms).
+    where = f"run {result.run_id}, " if result.run_id != run else ""
     commit = short_hash(result.git_commit, full)
     launch = next((a for a in result.attempts if a.attempt == result.attempt), None)
     unsigned = "" if launch is None or launch.authenticated else _UNAUTHENTICATED
-    console.print(f"  commit: {commit}{' (dirty)' if result.git_dirty else ''}{unsigned}", highlight=False)
-    console.print(f"  config hash: {short_hash(result.config_hash, full)}", highlight=False)
-    for line in _mismatch_lines(result.hash_mismatches, full):
-        console.print(line, highlight=False, markup=False)
     ckpt = result.last_checkpoint
-    where = f"step {ckpt['step']} ({ckpt['path']})" if ckpt else "none"
-    console.print(f"  last checkpoint: {where}", highlight=False, markup=False)
+    checkpoint = f"step {ckpt['step']} ({ckpt['path']})" if ckpt else "none"
     unsigned_changes = sum(not ch["authenticated"] for ch in result.config_changes)
-    console.print(
-        f"  crashes so far: {len(result.crashes)}; config changes so far: {len(result.config_changes)}"
-        + (f" ({unsigned_changes} unauthenticated)" if unsigned_changes else ""),
-        highlight=False,
-    )
-    for fact in result.unauthenticated:
-        console.print(
-            f"  unauthenticated: {fact['kind']} at step {fact['step']} (attempt {fact['attempt']})",
-            highlight=False,
-            markup=False,
-        )
-    console.print(f"  GitHub events so far: {len(result.github)}", highlight=False)
     from runledger.ledger.history import incident_text
 
-    for fact in result.incidents:  # ``  incident: 8 events lost by the producer (trainer/r/a1, …): …``
-        console.print(f"  incident: {incident_text(fact, brief=True)}", highlight=False, markup=False)
+    print_lines(
+        [
+            f"{run} at step {result.step} ({where}attempt {result.attempt})",
+            f"  commit: {commit}{' (dirty)' if result.git_dirty else ''}{unsigned}",
+            f"  config hash: {short_hash(result.config_hash, full)}",
+            *_mismatch_lines(result.hash_mismatches, full),
+            f"  last checkpoint: {checkpoint}",
+            f"  crashes so far: {len(result.crashes)}; config changes so far: {len(result.config_changes)}"
+            + (f" ({unsigned_changes} unauthenticated)" if unsigned_changes else ""),
+            *(
+                f"  unauthenticated: {fact['kind']} at step {fact['step']} (attempt {fact['attempt']})"
+                for fact in result.unauthenticated
+            ),
+            f"  GitHub events so far: {len(result.github)}",
+            # ``  incident: 8 events lost by the producer (trainer/r/a1, …): …``
+            *(f"  incident: {incident_text(fact, brief=True)}" for fact in result.incidents),
+        ]
+    )
     print_rows(["key", "value"], rows, Format.table, None, title="config", limit=limit, full=full)
 
 

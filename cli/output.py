@@ -27,12 +27,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import date, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 from typer.core import TyperGroup
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 DEFAULT_LEDGER = Path(".runledger/ledger")
 DEMO_LEDGER = Path(".runledger/demo/ledger")  # where `make demo` (`ledger demo`) leaves its ledger
@@ -121,9 +122,49 @@ SpoolOption = Annotated[
     ),
 ]
 
-# Wide enough for history rows when output is not a terminal (pipes, CI logs).
-console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
-err_console = Console(stderr=True, soft_wrap=True)
+
+class LazyConsole:
+    """rich's ``Console``, made when a command first prints through it: importing rich is ~22 ms,
+    which a command that prints only plain text (a table, CSV, JSON) does not pay (issue 41)."""
+
+    def __init__(self, *, stderr: bool) -> None:
+        self._stderr = stderr
+        self._console: Console | None = None
+
+    @property
+    def made(self) -> Console:
+        """The Console itself (for rich's own objects that take one, as ``Progress``)."""
+        if self._console is None:
+            from rich.console import Console
+
+            # Wide enough for history rows when stdout is not a terminal (pipes, CI logs).
+            width = None if self._stderr or sys.stdout.isatty() else 160
+            self._console = Console(stderr=self._stderr, soft_wrap=True, width=width)
+        return self._console
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        self.made.print(*objects, **options)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.made.is_terminal
+
+
+console = LazyConsole(stderr=False)
+err_console = LazyConsole(stderr=True)
+
+
+def escape(text: str) -> str:
+    """``text`` with rich's markup characters escaped (rich.markup.escape, imported when needed)."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+def print_lines(lines: Sequence[str]) -> None:
+    """Plain lines on stdout, no markup read and no rich imported (the text as it is, control
+    characters shown as escapes, as table cells show them)."""
+    _write_text("".join(line.translate(_CONTROL) + "\n" for line in lines), None)
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
@@ -326,7 +367,16 @@ def terminal_width() -> int | None:
 
 NULL = "NULL"  # as duckdb prints it; an empty string prints as nothing
 MIN_CELL_WIDTH = 6  # a column is cut down to this before columns are hidden
-_CONTROL = str.maketrans({"\n": "\\n", "\r": "\\r", "\t": "\\t"})
+# Every control character shown as an escape, never sent to the terminal (an ESC in a recorded value
+# would otherwise move the cursor or clear the screen of whoever reads it).
+_CONTROL = str.maketrans(
+    {
+        **{chr(c): f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))},
+        "\n": "\\n",
+        "\r": "\\r",
+        "\t": "\\t",
+    }
+)
 
 
 def _cell(value: Any, full: bool) -> str:
@@ -348,7 +398,7 @@ def _cell(value: Any, full: bool) -> str:
     return str(_plain(value)).translate(_CONTROL)
 
 
-_HAS_CONTROL = re.compile(r"[\n\r\t]").search
+_HAS_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]").search
 
 
 def _cut(text: str, width: int) -> str:
@@ -662,7 +712,7 @@ def _bar(what: str, unit: str) -> Iterator[ProgressCallback]:
         TextColumn(unit),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=err_console, transient=True) as bar:
+    with Progress(*columns, console=err_console.made, transient=True) as bar:
         task = bar.add_task(what, total=None)
 
         def report(done: int, total: int | None = None) -> None:

@@ -169,3 +169,16 @@ def test_diff_flags_the_mismatch_and_history_marks_unauthenticated_events(ledger
     assert marked[1].endswith("note by ann: lr halved by hand (unauthenticated)")
     # Nothing signed is marked.
     assert not any("(unauthenticated)" in line for line in history if "capacity_factor" in line)
+
+
+def test_state_prints_a_recorded_value_as_it_is(tmp_path: Path) -> None:
+    """The state's lines are plain text (no markup read, no rich): a checkpoint path holding rich's
+    markup, an emoji code, an escape sequence and a line break prints as recorded, the controls shown
+    as escapes, not obeyed, and no line is split."""
+    ledger = Ledger.create(tmp_path / "ledger")
+    hostile = "/ckpt/[bold]x[/] :rocket: \x1b[2J\nstep_10\t"
+    started = p.RunStarted(config=CONFIG, config_hash=config_hash(CONFIG), git_commit=COMMIT)
+    _commit(ledger, [_at(0, started, step=None), _at(1, p.CheckpointSaved(path=hostile), step=10)])
+    lines = _cli(ledger.root, "state", RUN).splitlines()
+    assert lines[3] == "  last checkpoint: step 10 (/ckpt/[bold]x[/] :rocket: \\x1b[2J\\nstep_10\\t)"
+    assert lines[0] == f"{RUN} at step 10 (attempt 1)"
