@@ -9,10 +9,11 @@ from typing import Annotated, Any
 
 import typer
 
-from runledger.cli.merkle_cmd import DEFAULT_FETCH_TIMEOUT_S, FetchTimeoutOption, fetch_timeout_s
 from runledger.cli.output import (
+    DEFAULT_FETCH_TIMEOUT_S,
     DEFAULT_LEDGER,
     AtCheckpointOption,
+    FetchTimeoutOption,
     Format,
     FormatOption,
     FullOption,
@@ -25,6 +26,7 @@ from runledger.cli.output import (
     err_console,
     escape,
     fail,
+    fetch_timeout_s,
     plural,
     print_json,
     print_lines,

@@ -14,12 +14,15 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from runledger.cli.output import (
+    DEFAULT_FETCH_TIMEOUT_S,
     DEFAULT_LEDGER,
+    FetchTimeoutOption,
     LedgerOption,
     OutputOption,
     console,
     err_console,
     fail,
+    fetch_timeout_s,
     plural,
     print_json,
     progress,
@@ -37,26 +40,6 @@ KeyDir = Annotated[
         "--keys", envvar="RUNLEDGER_KEYS", help="Key directory (default: LEDGER/.keys).", show_default=False
     ),
 ]
-DEFAULT_FETCH_TIMEOUT_S = (
-    300.0  # runledger.ledger.monitor.DEFAULT_DEADLINE_S (not imported: the CLI loads lazily)
-)
-# The total time one remote command may take (connections, every read, all files together).
-FetchTimeoutOption = Annotated[
-    float,
-    typer.Option(
-        "--fetch-timeout",
-        help="With --remote: seconds the whole check may take (a server that stalls or drips is cut off).",
-    ),
-]
-
-
-def fetch_timeout_s(seconds: float) -> float:
-    """``--fetch-timeout`` checked: exit 2 with one line unless it is a positive number of seconds."""
-    if not seconds > 0 or seconds == float("inf"):
-        raise fail(f"--fetch-timeout {seconds}: give a number of seconds above 0", 2)
-    return seconds
-
-
 _SAID_OLD_LAYOUT: set[Path] = set()  # key folders of the layout before, already said (once a process)
 
 

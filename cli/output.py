@@ -114,6 +114,26 @@ LimitOption = Annotated[
 FullOption = Annotated[
     bool, typer.Option("--full", help="Whole hashes and cells in tables (no shortening, no fitting).")
 ]
+DEFAULT_FETCH_TIMEOUT_S = (
+    300.0  # runledger.ledger.monitor.DEFAULT_DEADLINE_S (not imported: the CLI loads lazily)
+)
+# The total time one remote command may take (connections, every read, all files together).
+FetchTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        "--fetch-timeout",
+        help="With --remote: seconds the whole check may take (a server that stalls or drips is cut off).",
+    ),
+]
+
+
+def fetch_timeout_s(seconds: float) -> float:
+    """``--fetch-timeout`` checked: exit 2 with one line unless it is a positive number of seconds."""
+    if not seconds > 0 or seconds == float("inf"):
+        raise fail(f"--fetch-timeout {seconds}: give a number of seconds above 0", 2)
+    return seconds
+
+
 # Where a producer command (ingest github/wandb, serve webhooks) puts its events: see runledger.ingest.bus.open_sink.
 SpoolOption = Annotated[
     Path | None,

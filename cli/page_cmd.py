@@ -8,8 +8,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from runledger.cli.merkle_cmd import DEFAULT_FETCH_TIMEOUT_S, fetch_timeout_s
-from runledger.cli.output import DEFAULT_LEDGER, LedgerOption, console, fail, user_errors
+from runledger.cli.output import (
+    DEFAULT_FETCH_TIMEOUT_S,
+    DEFAULT_LEDGER,
+    LedgerOption,
+    console,
+    fail,
+    fetch_timeout_s,
+    user_errors,
+)
 
 if TYPE_CHECKING:
     from runledger.ledger.live_page import Witnesses

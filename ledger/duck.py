@@ -23,7 +23,6 @@ import functools
 import importlib
 import json
 import os
-import tempfile
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -73,6 +72,8 @@ def connect(
     if memory_limit is not None:
         config["memory_limit"] = memory_limit
         spill = f"runledger-duckdb-spill-{os.getpid()}-{uuid.uuid4().hex[:12]}"  # (not made: DuckDB makes and deletes it)
+        import tempfile  # (only a connection with a memory limit spills)
+
         config["temp_directory"] = os.path.join(tempfile.gettempdir(), spill)
     con = duckdb.connect(database, read_only=read_only, config=config)
     try:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -76,8 +75,7 @@ _INCIDENT_TYPES = (c.PRODUCER_DROPPED, c.LEDGER_INCIDENT, c.BUS_POSITIONS_MISSIN
 _ANY_ATTEMPT_TYPES = frozenset({c.RUN_CRASHED, *_INCIDENT_TYPES})
 
 
-@dataclass
-class Attempt:
+class Attempt(msgspec.Struct):
     attempt: int
     start_step: int
     started_at: datetime
@@ -94,8 +92,7 @@ class Attempt:
     authenticated: bool = True  # False: admitted unsigned under the ledger's policy
 
 
-@dataclass
-class RunState:
+class RunState(msgspec.Struct):
     run_id: str
     step: int | None
     at: datetime | None
@@ -105,20 +102,20 @@ class RunState:
     git_commit: str | None
     git_dirty: bool | None
     last_checkpoint: dict[str, Any] | None
-    crashes: list[dict[str, Any]] = field(default_factory=list)
-    config_changes: list[dict[str, Any]] = field(default_factory=list)
-    annotations: list[dict[str, Any]] = field(default_factory=list)
-    github: list[dict[str, Any]] = field(default_factory=list)
-    attempts: list[Attempt] = field(default_factory=list)
+    crashes: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    config_changes: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    annotations: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    github: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    attempts: list[Attempt] = msgspec.field(default_factory=list)
     # Where the config recomputed here and the producer's hash disagree: launches and changes so far.
-    hash_mismatches: list[dict[str, Any]] = field(default_factory=list)
+    hash_mismatches: list[dict[str, Any]] = msgspec.field(default_factory=list)
     # The facts of this state that were admitted unsigned (kind, step, attempt, source).
-    unauthenticated: list[dict[str, Any]] = field(default_factory=list)
+    unauthenticated: list[dict[str, Any]] = msgspec.field(default_factory=list)
     # What the record lacks: producers' drop reports and ingest's gaps and forks, up to the step.
-    incidents: list[dict[str, Any]] = field(default_factory=list)
+    incidents: list[dict[str, Any]] = msgspec.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = msgspec.to_builtins(self.__dict__)
+        out: dict[str, Any] = msgspec.to_builtins(self)
         return out
 
 

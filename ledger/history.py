@@ -12,7 +12,6 @@ import json
 import re
 import signal
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -26,8 +25,7 @@ from runledger.schemas import catalogue as c
 from runledger.schemas.config_patch import ConfigPatchError, apply_config_patch
 
 
-@dataclass
-class HistoryItem:
+class HistoryItem(msgspec.Struct):
     time: datetime
     step: int | None
     attempt: int | None

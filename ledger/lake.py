@@ -31,7 +31,6 @@ import fcntl
 import functools
 import hashlib
 import json
-import logging
 import os
 import random
 import re
@@ -41,24 +40,29 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import duckdb
+import msgspec
 
-from runledger.ledger.compaction import SORTED_TABLES, conform
 from runledger.ledger.duck import column_type, connect
-from runledger.ledger.file_writes import write_all
-from runledger.ledger.lake_stats import LEDGER_TABLES, correct_bounds, tables_at_risk
 from runledger.ledger.parquet_schemas import SIDE_TABLES, TABLES, Table
 from runledger.schemas.durable import fsync_dir
 
 if TYPE_CHECKING:  # issue 41: pyarrow is imported where a write or a schema uses it, not by a reader
+    import logging
+
     import pyarrow as pa
 
-log = logging.getLogger(__name__)
+
+def _log() -> logging.Logger:
+    """The writer's logger (``logging`` imported by the writer alone: a reader's import skips it)."""
+    import logging
+
+    return logging.getLogger(__name__)
+
 
 __all__ = [
     "Catalog",
@@ -149,8 +153,7 @@ class LakeError(RuntimeError):
     """A user-facing problem with a lake (bad catalog spec, unreachable catalog...)."""
 
 
-@dataclass(frozen=True)
-class Catalog:
+class Catalog(msgspec.Struct, frozen=True):
     """Where the DuckLake catalog lives: ``sqlite:PATH`` or ``postgres:DSN``."""
 
     kind: CatalogKind
@@ -199,14 +202,13 @@ class Catalog:
         return False
 
 
-@dataclass
-class LakeCommit:
+class LakeCommit(msgspec.Struct):
     """What one ``commit`` did: the snapshot it made and the data files it added, or why not."""
 
     commit_id: str
     snapshot: int | None  # None: nothing committed (stale, or an empty commit)
-    stale: dict[str, int] = field(default_factory=dict)  # source -> its stored next position
-    files: list[dict[str, Any]] = field(default_factory=list)  # table, path, bytes, rows, sha256
+    stale: dict[str, int] = msgspec.field(default_factory=dict)  # source -> its stored next position
+    files: list[dict[str, Any]] = msgspec.field(default_factory=list)  # table, path, bytes, rows, sha256
     rows: int = 0
     retries: int = 0  # "database is locked" / engine conflicts retried
 
@@ -273,6 +275,8 @@ def _unlink(written: list[tuple[str, Path]]) -> None:
 def _conformed(name: str, table: pa.Table) -> pa.Table:
     """``table`` with exactly the lake table's columns and types, as ``INSERT … BY NAME`` takes it:
     an absent column is nulls, an unknown one is refused (a file with it would not be added)."""
+    from runledger.ledger.compaction import conform  # (the writer's: a reader's import skips it)
+
     schema = lake_schema(name)
     unknown = sorted(set(table.column_names) - set(schema.names))
     if unknown:
@@ -686,8 +690,7 @@ def attached_ledger_id(con: duckdb.DuckDBPyConnection) -> str | None:
     return str(row[0]) if row and row[0] is not None else None
 
 
-@dataclass(frozen=True)
-class LakeFolder:
+class LakeFolder(msgspec.Struct, frozen=True):
     """A ledger folder whose tables live in a lake: the catalog, the data path, the ledger's id and
     the tables it keeps complete (as ``LEDGER.json``'s list: a table added later may be empty)."""
 
@@ -877,8 +880,7 @@ def _joined(data_path: str, *parts: tuple[str, bool]) -> str:
     return full
 
 
-@dataclass(frozen=True)
-class TableFiles:
+class TableFiles(msgspec.Struct, frozen=True):
     """One table's data files at a snapshot (full paths, in file order). ``partition``: the column
     whose value every file's folder names exactly as the catalog records it (``run_id=moe-535b``,
     plain characters only), so a reader may take it from the path (hive partitioning) and pass over
@@ -1334,6 +1336,8 @@ class LakeTables:
         self, tables: Collection[str] | None = None, con: duckdb.DuckDBPyConnection | None = None
     ) -> int:
         """DuckLake 1.5.5 can leave a table's column bounds short of its data (``lake_stats``)."""
+        from runledger.ledger.lake_stats import LEDGER_TABLES, correct_bounds
+
         with self.turns.turn():
             return correct_bounds(con or self.con, ALIAS, LEDGER_TABLES if tables is None else tables)
 
@@ -1417,6 +1421,8 @@ class LakeTables:
             ],
         )
         con.execute(f"CALL {ALIAS}.set_commit_message(?, ?)", [writer, commit_id])
+        from runledger.ledger.lake_stats import tables_at_risk  # (the writer's, as the modules below)
+
         self._bounds_at_risk = tables_at_risk(con, ALIAS, tables)
         con.execute("COMMIT")
         self._inlined |= inlined
@@ -1463,6 +1469,9 @@ class LakeTables:
         (``ducklake_add_data_files``). Why not ``INSERT``: DuckDB's writer never fsyncs a data file
         before the catalog's COMMIT names it (strace here), so a host crash after a commit could leave
         the catalog naming bytes that never reached the disk. (table, path) in write order."""
+        from runledger.ledger.compaction import SORTED_TABLES
+        from runledger.ledger.file_writes import write_all
+
         out: list[tuple[str, Path]] = []
         writes: list[Callable[[], None]] = []
         try:
@@ -1758,7 +1767,9 @@ class LakeTables:
         first_file = self._retry(self._next_file_id)
         with self.maintenance.exclusive() as mine:
             if not mine:
-                log.warning("lake maintenance skipped: statements never paused for %.0f s", MAINTAIN_WAIT_S)
+                _log().warning(
+                    "lake maintenance skipped: statements never paused for %.0f s", MAINTAIN_WAIT_S
+                )
                 return {
                     "files_before": 0,
                     "files_after": 0,
@@ -1781,6 +1792,8 @@ class LakeTables:
         over a GB. Sorted as ``SORTED_TABLES`` (a metric's rows together, in step order): a question
         about one metric reads its row groups only. Compressed with ``PARQUET_COMPRESSION``; files of
         ``TARGET_FILE_BYTES`` at most, once merged."""
+        from runledger.ledger.compaction import SORTED_TABLES
+
         rows = cur.execute(
             f"SELECT option_name, value, scope_entry FROM {ALIAS}.options() "
             "WHERE option_name IN ('parquet_row_group_size', 'parquet_compression', 'target_file_size')"
@@ -1914,7 +1927,7 @@ class LakeTables:
         done["files_erased"] = len(old)
         done["snapshots_expired"] = len(versions)
         done["files_recorded"] = self._record_merged(start, first_file)
-        log.info(
+        _log().info(
             "lake: erased deleted rows from %d file(s), expiring %d snapshot(s)", len(old), len(versions)
         )
         return done
@@ -1980,7 +1993,7 @@ class LakeTables:
             )
             after = _file_count(cur)
         if orphans:
-            log.info(
+            _log().info(
                 "lake maintenance deleted %d orphaned data files (older than %.0f s)", orphans, orphan_age_s
             )
         return {

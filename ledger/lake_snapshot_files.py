@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from runledger.ledger.lake import (
     ID_OPTION,
@@ -53,8 +54,7 @@ _INLINED_SQL = (
 FileRow = tuple[str, str, int, str, int, str, int, int, str | None]
 
 
-@dataclass(frozen=True)
-class PinnedFiles:
+class PinnedFiles(msgspec.Struct, frozen=True):
     """A snapshot and each table's data files at it, ``snapshot_files``'s answer (None: a table read
     through DuckLake; never one of the ledger's tables here, only the writer's own)."""
 

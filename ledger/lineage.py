@@ -11,13 +11,13 @@ holds that line's members and answers which member supplies a step or a time; ``
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import msgspec
 
-@dataclass(frozen=True)
-class LineageMember:
+
+class LineageMember(msgspec.Struct, frozen=True):
     """One run id on a run's line: where it forked from, and the steps it supplies (None: open)."""
 
     run_id: str

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import msgspec
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -28,8 +29,7 @@ _RUN_KEY = (("attempt", "BIGINT"), ("step", "BIGINT"), ("time", "TIMESTAMPTZ"))
 PARTITION_TYPE = "VARCHAR"  # a hive partition column, as the folder names give it
 
 
-@dataclass(frozen=True)
-class Table:
+class Table(msgspec.Struct, frozen=True):
     name: str
     partition: str  # hive partition column (a directory level, not stored inside the files)
     columns: Columns  # columns stored in the files

@@ -6,8 +6,9 @@ checks or their cryptography."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from runledger.ledger.merkle import CompactRange
 
@@ -20,8 +21,7 @@ class LedgerError(Exception):
     """A user-facing problem with a ledger (missing, not a ledger, locked...)."""
 
 
-@dataclass
-class StreamHead:
+class StreamHead(msgspec.Struct):
     size: int
     tree: CompactRange
 

@@ -56,12 +56,12 @@ import shutil
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
 import duckdb
+import msgspec
 
 from runledger.schemas.durable import process_running
 
@@ -191,8 +191,7 @@ def default_memory_limit() -> str:
     return f"{min(_MAX_DEFAULT_MEMORY_BYTES, ram_bytes // 4) // 2**20}MiB"
 
 
-@dataclass(frozen=True)
-class QueryLimits:
+class QueryLimits(msgspec.Struct, frozen=True):
     """What one statement may spend: seconds (``timeout_s``; None: no timer), memory and spill (DuckDB
     sizes: ``2GB``, ``512MiB``)."""
 

@@ -8,7 +8,6 @@ stay those of the event as it was produced.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import cached_property
 
 import msgspec
@@ -17,11 +16,10 @@ from runledger.schemas import github as gh
 from runledger.schemas import payloads as p
 
 
-@dataclass(frozen=True)
-class EventType:
+class EventType(msgspec.Struct, frozen=True, dict=True):
     name: str
     versions: dict[int, type[msgspec.Struct]]
-    upcasters: dict[int, Callable[[msgspec.Struct], msgspec.Struct]] = field(default_factory=dict)
+    upcasters: dict[int, Callable[[msgspec.Struct], msgspec.Struct]] = msgspec.field(default_factory=dict)
     doc: str = ""
 
     @cached_property  # read once per event decoded: a max() each time was ~6 µs an event

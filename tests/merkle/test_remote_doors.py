@@ -23,7 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 from runledger.cli.main import app
-from runledger.cli.merkle_cmd import DEFAULT_FETCH_TIMEOUT_S
+from runledger.cli.output import DEFAULT_FETCH_TIMEOUT_S
 from runledger.ledger import publish as publish_mod
 from runledger.ledger.live_page import PublishedWatch
 from runledger.ledger.monitor import DEFAULT_DEADLINE_S, MonitorError, check_manifest_path
