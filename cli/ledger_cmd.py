@@ -488,7 +488,8 @@ def state(
     with user_errors(ledger):
         reader = _reader(ledger, snapshot, at_checkpoint)
         run = resolve_run(reader, run)
-        result = reader.state(run, step=step, at=at, lineage=not run_only)
+        # Only json prints the GitHub events themselves; the other formats count them, or print none.
+        result = reader.state(run, step=step, at=at, lineage=not run_only, github_text=fmt == Format.json)
         if at is not None and result.attempt is None:
             # Like --step out of range: no state exists before the run's first event.
             began = reader.sql("SELECT min(time) FROM events WHERE stream = ?", [run]).rows[0][0]

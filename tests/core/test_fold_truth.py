@@ -182,3 +182,20 @@ def test_state_prints_a_recorded_value_as_it_is(tmp_path: Path) -> None:
     lines = _cli(ledger.root, "state", RUN).splitlines()
     assert lines[3] == "  last checkpoint: step 10 (/ckpt/[bold]x[/] :rocket: \\x1b[2J\\nstep_10\\t)"
     assert lines[0] == f"{RUN} at step 10 (attempt 1)"
+
+
+def test_a_state_without_the_github_text_counts_the_same_events(ledger_root: Path) -> None:
+    """``github_text=False`` (what the table, CSV and JSONL of ``ledger state`` read): the same GitHub
+    events in the same order, their time alone."""
+    from runledger.ledger.query import Reader
+
+    reader = Reader(ledger_root)
+    try:
+        for step in (None, 3, 9):
+            whole = reader.state(RUN, step=step)
+            times = reader.state(RUN, step=step, github_text=False)
+            assert whole.github, step  # (the check can fail: the push is there)
+            assert times.github == [{"time": g["time"]} for g in whole.github]
+            assert {**times.to_dict(), "github": None} == {**whole.to_dict(), "github": None}
+    finally:
+        reader.close()

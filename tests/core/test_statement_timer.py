@@ -1,0 +1,75 @@
+"""``StatementTimer``: one thread bounds every statement of a connection (issue 41: a thread per
+statement was ~0.4 ms of each one-shot read). A statement past its timeout is stopped in one line;
+one that ends in time is never cut short, nor is the statement after a stopped one; ``close`` ends
+the thread."""
+
+from __future__ import annotations
+
+import threading
+
+import duckdb
+import pytest
+
+from runledger.ledger.sql_guard import StatementStopped, StatementTimer, run_limited
+
+ENDLESS = "SELECT count(*) FROM range(1000000000000) a"  # minutes of work, no memory
+
+
+def _timer_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "statement-timer"]
+
+
+def test_a_statement_past_its_timeout_stops_and_the_next_runs_whole() -> None:
+    con = duckdb.connect()
+    timer = StatementTimer(con)
+    with pytest.raises(StatementStopped, match=r"^query stopped after 0.3 s \(--timeout\)$"):
+        timer.run(0.3, lambda: con.execute(ENDLESS).fetchall())
+    # The same timer, a statement that takes its time but ends within its bound: not hit.
+    assert timer.run(30, lambda: con.execute("SELECT count(*) FROM range(20000000)").fetchall()) == [
+        (20_000_000,)
+    ]
+    timer.close()
+    con.close()
+
+
+def test_many_statements_share_one_thread_and_close_ends_it() -> None:
+    con = duckdb.connect()
+    before = len(_timer_threads())
+    timer = StatementTimer(con)
+    # Short timeouts that each statement beats: none is interrupted, and one thread served them all.
+    for i in range(200):
+        assert timer.run(5, lambda i=i: con.execute("SELECT ?", [i]).fetchall()) == [(i,)]
+    assert len(_timer_threads()) == before + 1
+    timer.close()
+    assert len(_timer_threads()) == before
+    with pytest.raises(RuntimeError, match="closed"):
+        timer.run(5, lambda: con.execute("SELECT 1").fetchall())
+    assert timer.run(None, lambda: con.execute("SELECT 1").fetchall()) == [(1,)]  # no bound: no timer
+    con.close()
+
+
+def test_an_error_or_an_interrupt_not_the_timers_passes_through() -> None:
+    con = duckdb.connect()
+    timer = StatementTimer(con)
+    with pytest.raises(duckdb.CatalogException):
+        timer.run(5, lambda: con.execute("SELECT * FROM no_such_table").fetchall())
+
+    def interrupted_by_someone_else() -> None:
+        threading.Timer(0.3, con.interrupt).start()
+        con.execute(ENDLESS).fetchall()
+
+    with pytest.raises(duckdb.InterruptException):  # not StatementStopped: the timer did not fire
+        timer.run(60, interrupted_by_someone_else)
+    assert timer.run(5, lambda: con.execute("SELECT 2").fetchall()) == [(2,)]
+    timer.close()
+    con.close()
+
+
+def test_run_limited_is_one_statements_timer() -> None:
+    con = duckdb.connect()
+    before = len(_timer_threads())
+    with pytest.raises(StatementStopped):
+        run_limited(con, 0.3, lambda: con.execute(ENDLESS).fetchall())
+    assert run_limited(con, 5, lambda: con.execute("SELECT 3").fetchall()) == [(3,)]
+    assert len(_timer_threads()) == before  # each call's thread ended with it
+    con.close()
