@@ -56,6 +56,7 @@ import shutil
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from functools import lru_cache
 from pathlib import Path
@@ -296,74 +297,90 @@ class StatementTimer:
     was ~0.4 ms here, and a one-shot ``ledger state`` asks seven).
 
     It interrupts only while the statement runs: one that ends as its time runs out is not cut
-    short, and a later statement is never hit. ``close`` ends the thread (the owner's close): a
-    thread left to wake as the process ends could abort it ("terminate called without an active
+    short, and a later statement is never hit. The thread holds the connection only while a
+    statement runs, so a reader dropped without ``close`` is collected as before, and the thread
+    ends with the timer (``close``, or the timer's collection). An idle thread is not woken as the
+    process ends: a thread waking then could abort it ("terminate called without an active
     exception", seen with a timer per statement that was not joined)."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
         self._con = con
-        self._changed = threading.Condition()  # guards every field below
-        self._due: dict[int, float] = {}  # running statement -> its deadline (time.monotonic)
-        self._fired: set[int] = set()  # statements the timer interrupted
-        self._count = 0
+        self._watch = _Watch()
         self._thread: threading.Thread | None = None
-        self._closed = False
+        stop = weakref.finalize(self, self._watch.stop)
+        stop.atexit = False
 
     def run(self, timeout_s: float | None, statement: Callable[[], _T]) -> _T:
         if timeout_s is None:
             return statement()
-        with self._changed:
-            if self._closed:
+        watch = self._watch
+        with watch.changed:
+            if watch.closed:
                 raise RuntimeError("statement timer closed")
-            self._count += 1
-            mine = self._count
-            self._due[mine] = time.monotonic() + timeout_s
+            watch.count += 1
+            mine = watch.count
+            watch.due[mine] = (time.monotonic() + timeout_s, self._con)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._watch, name="statement-timer", daemon=True)
+                self._thread = threading.Thread(target=watch.run, name="statement-timer", daemon=True)
                 self._thread.start()
-            self._changed.notify()
+            watch.changed.notify()
         try:
             answer = statement()
         except duckdb.InterruptException:
-            if self._end(mine):
+            if watch.end(mine):
                 raise StatementStopped(f"query stopped after {timeout_s:g} s (--timeout)") from None
             raise
         except BaseException:
-            self._end(mine)
+            watch.end(mine)
             raise
-        self._end(mine)
+        watch.end(mine)
         return answer
 
-    def _end(self, statement: int) -> bool:
-        """The statement's end (no interrupt after it); whether the timer interrupted it."""
-        with self._changed:
-            self._due.pop(statement, None)
-            fired = statement in self._fired
-            self._fired.discard(statement)
-            self._changed.notify()
-        return fired
+    def close(self) -> None:
+        self._watch.stop()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
 
-    def _watch(self) -> None:
-        with self._changed:
-            while not self._closed:
-                if not self._due:
-                    self._changed.wait()
+
+class _Watch:
+    """A ``StatementTimer``'s state, shared with its thread (which holds no reference to the timer)."""
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition()  # guards every field below
+        # Each running statement: its deadline (time.monotonic) and its connection.
+        self.due: dict[int, tuple[float, duckdb.DuckDBPyConnection]] = {}
+        self.fired: set[int] = set()  # statements the timer interrupted
+        self.count = 0
+        self.closed = False
+
+    def run(self) -> None:
+        with self.changed:
+            while not self.closed:
+                if not self.due:
+                    self.changed.wait()
                     continue
-                statement, due = min(self._due.items(), key=lambda item: item[1])
+                statement, (due, con) = min(self.due.items(), key=lambda item: item[1][0])
                 left = due - time.monotonic()
                 if left > 0:
-                    self._changed.wait(left)
+                    self.changed.wait(left)
                     continue
-                del self._due[statement]
-                self._fired.add(statement)
-                self._con.interrupt()
+                del self.due[statement]
+                self.fired.add(statement)
+                con.interrupt()
 
-    def close(self) -> None:
-        with self._changed:
-            self._closed = True
-            self._changed.notify()
-        if self._thread is not None:
-            self._thread.join()
+    def end(self, statement: int) -> bool:
+        """The statement's end (no interrupt after it); whether the timer interrupted it."""
+        with self.changed:
+            self.due.pop(statement, None)
+            fired = statement in self.fired
+            self.fired.discard(statement)
+            self.changed.notify()
+        return fired
+
+    def stop(self) -> None:
+        with self.changed:
+            self.closed = True
+            self.changed.notify()
 
 
 def limit_error(error: duckdb.Error, limits: QueryLimits) -> str | None:

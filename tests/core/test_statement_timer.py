@@ -73,3 +73,26 @@ def test_run_limited_is_one_statements_timer() -> None:
     assert run_limited(con, 5, lambda: con.execute("SELECT 3").fetchall()) == [(3,)]
     assert len(_timer_threads()) == before  # each call's thread ended with it
     con.close()
+
+
+def test_a_timer_dropped_without_close_lets_its_connection_and_thread_go() -> None:
+    """A reader dropped without ``close`` (``Reader(root).sql(...)`` in one line) leaks neither its
+    connection nor the timer's thread: the thread holds the connection only while a statement runs."""
+    import gc
+    import time
+    import weakref
+
+    before = len(_timer_threads())
+    con = duckdb.connect()
+    timer = StatementTimer(con)
+    assert timer.run(5, lambda: con.execute("SELECT 4").fetchall()) == [(4,)]
+    assert len(_timer_threads()) == before + 1
+    gone = weakref.ref(con)
+    del con, timer
+    gc.collect()
+    assert gone() is None  # the connection was not kept by the idle thread
+    for _ in range(200):  # bounded: the thread ends on the timer's collection
+        if len(_timer_threads()) == before:
+            break
+        time.sleep(0.01)
+    assert len(_timer_threads()) == before
