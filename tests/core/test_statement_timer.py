@@ -5,7 +5,9 @@ the thread."""
 
 from __future__ import annotations
 
+import functools
 import threading
+from typing import Any
 
 import duckdb
 import pytest
@@ -13,6 +15,10 @@ import pytest
 from runledger.ledger.sql_guard import StatementStopped, StatementTimer, run_limited
 
 ENDLESS = "SELECT count(*) FROM range(1000000000000) a"  # minutes of work, no memory
+
+
+def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[Any]:
+    return con.execute(sql).fetchall()
 
 
 def _timer_threads() -> list[threading.Thread]:
@@ -85,7 +91,7 @@ def test_a_timer_dropped_without_close_lets_its_connection_and_thread_go() -> No
     before = len(_timer_threads())
     con = duckdb.connect()
     timer = StatementTimer(con)
-    assert timer.run(5, lambda: con.execute("SELECT 4").fetchall()) == [(4,)]
+    assert timer.run(5, functools.partial(_rows, con, "SELECT 4")) == [(4,)]
     assert len(_timer_threads()) == before + 1
     gone = weakref.ref(con)
     del con, timer
