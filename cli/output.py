@@ -143,6 +143,12 @@ SpoolOption = Annotated[
 ]
 
 
+# What a console line may not send to the terminal: every control character but a line break and a tab.
+_TERMINAL_CONTROL = str.maketrans(
+    {chr(c): f"\\x{c:02x}" for c in (*range(0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))}
+)
+
+
 class LazyConsole:
     """rich's ``Console``, made when a command first prints through it: importing rich is ~22 ms,
     which a command that prints only plain text (a table, CSV, JSON) does not pay (issue 41)."""
@@ -163,7 +169,11 @@ class LazyConsole:
         return self._console
 
     def print(self, *objects: Any, **options: Any) -> None:
-        self.made.print(*objects, **options)
+        """rich's ``print``, each text's control characters shown as escapes (rich passes an ESC from
+        a recorded value or a user's argument to the terminal); line breaks and tabs kept."""
+        self.made.print(
+            *(o.translate(_TERMINAL_CONTROL) if isinstance(o, str) else o for o in objects), **options
+        )
 
     @property
     def is_terminal(self) -> bool:

@@ -20,3 +20,11 @@ def test_a_table_cell_shows_control_characters_as_escapes() -> None:
 def test_plain_lines_show_control_characters_as_escapes(capsys: pytest.CaptureFixture[str]) -> None:
     print_lines(["[bold]x[/] :rocket:", HOSTILE])
     assert capsys.readouterr().out == f"[bold]x[/] :rocket:\n{SHOWN}\n"
+
+
+def test_a_console_line_shows_control_characters_as_escapes(capsys: pytest.CaptureFixture[str]) -> None:
+    """Lines through rich (messages, errors, blame and history lines): rich itself passes an ESC on."""
+    from runledger.cli.output import LazyConsole
+
+    LazyConsole(stderr=False).print("a\x1b[2Jb\x07c\r\n\td\x9b", markup=False, highlight=False)
+    assert capsys.readouterr().out == "a\\x1b[2Jb\\x07c\\x0d\n        d\\x9b\n"  # (rich expands a tab)
