@@ -48,11 +48,13 @@ and spills to a folder of the reader's own (``SpillFolder``) bounded by ``max_te
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import re
 import shutil
+import sys
 import threading
 import time
 import uuid
@@ -298,32 +300,22 @@ class StatementTimer:
 
     It interrupts only while the statement runs: one that ends as its time runs out is not cut
     short, and a later statement is never hit. The thread holds the connection only while a
-    statement runs, so a reader dropped without ``close`` is collected as before, and the thread
-    ends with the timer (``close``, or the timer's collection). An idle thread is not woken as the
-    process ends: a thread waking then could abort it ("terminate called without an active
-    exception", seen with a timer per statement that was not joined)."""
+    statement runs, so a reader dropped without ``close`` is collected as before; the thread ends
+    with the timer (``close``, its collection, or the interpreter's exit: ``_stop_every_watch``).
+    No such thread is left running, or woken, while the interpreter finalizes: one was seen to abort
+    the process ("terminate called without an active exception", exit -6)."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
         self._con = con
         self._watch = _Watch()
-        self._thread: threading.Thread | None = None
         stop = weakref.finalize(self, self._watch.stop)
-        stop.atexit = False
+        stop.atexit = False  # (the exit's own stop runs first: _stop_every_watch)
 
     def run(self, timeout_s: float | None, statement: Callable[[], _T]) -> _T:
         if timeout_s is None:
             return statement()
         watch = self._watch
-        with watch.changed:
-            if watch.closed:
-                raise RuntimeError("statement timer closed")
-            watch.count += 1
-            mine = watch.count
-            watch.due[mine] = (time.monotonic() + timeout_s, self._con)
-            if self._thread is None:
-                self._thread = threading.Thread(target=watch.run, name="statement-timer", daemon=True)
-                self._thread.start()
-            watch.changed.notify()
+        mine = watch.begin(time.monotonic() + timeout_s, self._con)
         try:
             answer = statement()
         except duckdb.InterruptException:
@@ -338,12 +330,10 @@ class StatementTimer:
 
     def close(self) -> None:
         self._watch.stop()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
 
 
 class _Watch:
-    """A ``StatementTimer``'s state, shared with its thread (which holds no reference to the timer)."""
+    """A ``StatementTimer``'s state and thread (which holds no reference to the timer)."""
 
     def __init__(self) -> None:
         self.changed = threading.Condition()  # guards every field below
@@ -352,8 +342,32 @@ class _Watch:
         self.fired: set[int] = set()  # statements the timer interrupted
         self.count = 0
         self.closed = False
+        self.thread: threading.Thread | None = None
 
-    def run(self) -> None:
+    def begin(self, deadline: float, con: duckdb.DuckDBPyConnection) -> int:
+        """A statement about to run on ``con``, to interrupt at ``deadline``: its number."""
+        with self.changed:
+            if self.closed:
+                raise RuntimeError("statement timer closed")
+            self.count += 1
+            self.due[self.count] = (deadline, con)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="statement-timer", daemon=True)
+                _WATCHES.add(self)
+                self.thread.start()
+            self.changed.notify()
+            return self.count
+
+    def end(self, statement: int) -> bool:
+        """The statement's end (no interrupt after it); whether the timer interrupted it."""
+        with self.changed:
+            self.due.pop(statement, None)
+            fired = statement in self.fired
+            self.fired.discard(statement)
+            self.changed.notify()
+        return fired
+
+    def _run(self) -> None:
         with self.changed:
             while not self.closed:
                 if not self.due:
@@ -368,19 +382,28 @@ class _Watch:
                 self.fired.add(statement)
                 con.interrupt()
 
-    def end(self, statement: int) -> bool:
-        """The statement's end (no interrupt after it); whether the timer interrupted it."""
-        with self.changed:
-            self.due.pop(statement, None)
-            fired = statement in self.fired
-            self.fired.discard(statement)
-            self.changed.notify()
-        return fired
-
     def stop(self) -> None:
+        """End the thread and wait for it (bounded); not woken once the interpreter finalizes."""
+        if sys.is_finalizing():
+            return
         with self.changed:
             self.closed = True
             self.changed.notify()
+        thread = self.thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=STOP_WAIT_S)
+        _WATCHES.discard(self)
+
+
+STOP_WAIT_S = 5.0  # a stopped timer's thread only leaves its loop: this is never reached
+_WATCHES: weakref.WeakSet[_Watch] = weakref.WeakSet()  # the watches with a thread
+
+
+@atexit.register
+def _stop_every_watch() -> None:
+    """At exit, before the interpreter finalizes: every timer's thread ended (a reader left open)."""
+    for watch in list(_WATCHES):
+        watch.stop()
 
 
 def limit_error(error: duckdb.Error, limits: QueryLimits) -> str | None:

@@ -6,7 +6,10 @@ the thread."""
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -102,3 +105,31 @@ def test_a_timer_dropped_without_close_lets_its_connection_and_thread_go() -> No
             break
         time.sleep(0.01)
     assert len(_timer_threads()) == before
+
+
+def test_a_command_that_leaves_its_reader_open_exits_cleanly(tmp_path: Path) -> None:
+    """``ledger runs`` leaves its reader to the interpreter's exit: the timer's thread must not wake
+    while the interpreter finalizes (it aborted the process: exit -6, "terminate called without an
+    active exception", 2 runs in 3 before ``_stop_every_watch``)."""
+    from runledger.ledger.store import Ledger, SourceRecord
+    from runledger.schemas import encode_event
+    from tests.support.kafka_clients import workload
+
+    events = workload(8, 60, config_every=20, moe_every=20)
+    ledger = Ledger.create(tmp_path / "ledger")
+    ledger.commit([SourceRecord("spool:x", i, encode_event(e)) for i, e in enumerate(events)])
+    ledger.close()
+    command = [
+        sys.executable,
+        "-m",
+        "runledger.cli.main",
+        "runs",
+        "--ledger",
+        str(ledger.root),
+        "--format",
+        "csv",
+    ]
+    for _ in range(5):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+        assert (done.returncode, done.stderr) == (0, ""), done.stderr[-500:]
+        assert done.stdout.count("\nrun-") == 8
