@@ -93,6 +93,7 @@ def ledger_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         _at(1, p.Annotation(author="ann", text="lr halved by hand"), step=9, source="people/ann"),
     ]
     _commit(ledger, [*signed, *unsigned])
+    ledger.close()  # (an open ledger's index changes its files whenever it is collected)
     report = verify_ledger(ledger.root)
     assert report.ok, [pr.line() for pr in report.problems]
     return ledger.root
@@ -178,7 +179,10 @@ def test_state_prints_a_recorded_value_as_it_is(tmp_path: Path) -> None:
     ledger = Ledger.create(tmp_path / "ledger")
     hostile = "/ckpt/[bold]x[/] :rocket: \x1b[2J\nstep_10\t"
     started = p.RunStarted(config=CONFIG, config_hash=config_hash(CONFIG), git_commit=COMMIT)
-    _commit(ledger, [_at(0, started, step=None), _at(1, p.CheckpointSaved(path=hostile), step=10)])
+    try:
+        _commit(ledger, [_at(0, started, step=None), _at(1, p.CheckpointSaved(path=hostile), step=10)])
+    finally:
+        ledger.close()  # (left open, its index's SQLite files change when it is collected, mid another test)
     lines = _cli(ledger.root, "state", RUN).splitlines()
     assert lines[3] == "  last checkpoint: step 10 (/ckpt/[bold]x[/] :rocket: \\x1b[2J\\nstep_10\\t)"
     assert lines[0] == f"{RUN} at step 10 (attempt 1)"
