@@ -143,10 +143,9 @@ SpoolOption = Annotated[
 ]
 
 
-# What a console line may not send to the terminal: every control character but a line break and a tab.
-_TERMINAL_CONTROL = str.maketrans(
-    {chr(c): f"\\x{c:02x}" for c in (*range(0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))}
-)
+# Every C0/C1 control character as an escape; what a console line sends keeps its line breaks and tabs.
+_CONTROL_ESCAPES = {chr(c): f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+_TERMINAL_CONTROL = str.maketrans({ch: shown for ch, shown in _CONTROL_ESCAPES.items() if ch not in "\n\t"})
 
 
 class LazyConsole:
@@ -401,7 +400,7 @@ MIN_CELL_WIDTH = 6  # a column is cut down to this before columns are hidden
 # would otherwise move the cursor or clear the screen of whoever reads it).
 _CONTROL = str.maketrans(
     {
-        **{chr(c): f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))},
+        **_CONTROL_ESCAPES,
         "\n": "\\n",
         "\r": "\\r",
         "\t": "\\t",
