@@ -346,9 +346,12 @@ class Ledger:
         return ledger
 
     def close(self) -> None:
-        """Let go of the lake's catalog (a DuckDB-file catalog belongs to one process at a time)."""
+        """Let go of the lake's catalog (a DuckDB-file catalog belongs to one process at a time) and
+        of the seen index's SQLite file (left to the collector, its WAL is checkpointed whenever that
+        runs)."""
         if self.lake is not None:
             self.lake.close()
+        self._index.close()
 
     def __enter__(self) -> Ledger:
         return self

@@ -3,6 +3,7 @@ derived from, whatever happened to its file, and its size does not follow the wr
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import shutil
@@ -66,6 +67,24 @@ def test_the_index_is_kept_on_disk_and_follows_every_commit(tmp_path: Path) -> N
     assert _index_rows(root) == 40
     assert _through(root) == ledger.last_commit  # every commit, the newest included
     _assert_all_known(root, raws)
+
+
+def test_a_closed_writer_has_let_go_of_its_index(tmp_path: Path) -> None:
+    """``Ledger.close`` closes the index's SQLite file too: left to the collector, its WAL would be
+    checkpointed (its files rewritten) whenever that runs, long after the writer was done."""
+    root = tmp_path / "l"
+    ledger = Ledger.create(root)
+    _commit(ledger, "spool:a", _events(5))
+    ledger.close()
+
+    def files() -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in sorted((root / INDEX_DIR).iterdir())}
+
+    before = files()
+    del ledger
+    gc.collect()
+    assert files() == before
+    assert not (root / INDEX_DIR / f"{INDEX_FILE}-wal").exists()  # checkpointed by the close itself
 
 
 @pytest.mark.parametrize("damage", ["deleted", "garbage", "foreign", "ahead of the log"])
