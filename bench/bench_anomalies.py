@@ -1,12 +1,13 @@
 """Detector cost per 1,000 steps at ingest (issue 44): the reference workload (``ledger simulate
 reference-535b``) ingested from one spool into two fresh lake ledgers, one with the detectors
-(``RULES_V1``) and one without (``Ledger.anomaly_rules = ()``), alternating which goes first, in
+(``RULES_IN_FORCE``) and one without (``Ledger.anomaly_rules = ()``), alternating which goes first, in
 the same run, so the machine's load cancels out of the ratio.
 
 Per round, wall and CPU seconds of ``ingest_spool`` for each; printed: the medians, the difference
 per 1,000 steps and the ratio, and the anomaly events recorded. Also the detectors alone: the
 spool's events decoded once, then ``runledger.ledger.anomalies.derive`` timed over them (what the
-commit round adds, without the events' own rows and leaves).
+commit round adds, without the events' own rows and leaves), with the rule set in force and, as its
+baseline, set 1 (whose lasting conditions are reported at every step, not once per episode).
 
     python -m bench.bench_anomalies [--steps 2000] [--rounds 3] [--work DIR]
 """
@@ -27,7 +28,7 @@ from typer.testing import CliRunner
 from runledger.cli.main import app
 from runledger.ingest.spool import SpoolReader
 from runledger.ingest.spool_ingester import ingest_spool
-from runledger.ledger.anomalies import RULES_V1, DetectorState, derive
+from runledger.ledger.anomalies import RULE_SET_IN_FORCE, RULE_SETS, DetectorState, Rule, derive
 from runledger.ledger.query import Reader
 from runledger.ledger.store import Ledger
 from runledger.schemas.codec import Event, decode_event
@@ -83,17 +84,21 @@ def count_anomalies(root: Path) -> int:
         reader.close()
 
 
-def detectors_alone(spool: Path, rounds: int) -> tuple[list[float], int, int]:
-    """CPU seconds of ``derive`` over the spool's events per round, the events and the findings."""
+def detectors_alone(spool: Path, rounds: int) -> dict[int, tuple[list[float], int, int]]:
+    """Per rule set (the set in force and set 1): CPU seconds of ``derive`` over the spool's events
+    per round, the events and the findings. The sets alternate within a round."""
     events = [
         e.envelope for r in SpoolReader(spool).read() if isinstance(e := decode_event(r.payload), Event)
     ]
-    times, found = [], 0
-    for _ in range(rounds):
-        start = time.process_time()
-        found = sum(len(made) for _, made in derive(RULES_V1, DetectorState(), events))
-        times.append(time.process_time() - start)
-    return times, len(events), found
+    out: dict[int, tuple[list[float], int, int]] = {n: ([], len(events), 0) for n in (RULE_SET_IN_FORCE, 1)}
+    for round_ in range(rounds):
+        for number in sorted(out, reverse=round_ % 2 == 1):
+            rules: tuple[Rule, ...] = RULE_SETS[number]
+            start = time.process_time()
+            found = sum(len(made) for _, made in derive(rules, DetectorState(), events))
+            out[number][0].append(time.process_time() - start)
+            out[number] = (out[number][0], len(events), found)
+    return out
 
 
 def per_thousand(seconds: float, steps: int) -> float:
@@ -127,12 +132,12 @@ def main() -> None:
             f"  ingest {label:4}: with detectors {a:7.2f} s, without {b:7.2f} s; "
             f"+{per_thousand(a - b, args.steps) * 1000:7.1f} ms per 1,000 steps, ratio {a / b:.3f}"
         )
-    times, events, found = detectors_alone(spool, args.rounds)
-    alone = statistics.median(times)
-    print(
-        f"  detectors alone (CPU): {alone:.3f} s over {events:,} events, "
-        f"{per_thousand(alone, args.steps) * 1000:.1f} ms per 1,000 steps; {found} findings"
-    )
+    for number, (times, events, found) in detectors_alone(spool, args.rounds).items():
+        alone = statistics.median(times)
+        print(
+            f"  detectors alone (CPU), rule set {number}: {alone:.3f} s over {events:,} events, "
+            f"{per_thousand(alone, args.steps) * 1000:.1f} ms per 1,000 steps; {found} findings"
+        )
     print(f"  anomaly events recorded at ingest: {anomalies}")
 
 

@@ -47,6 +47,16 @@ def train(
     resume: Annotated[
         bool, typer.Option("--resume", help="Resume the run: a new attempt from a checkpoint.")
     ] = False,
+    fork_from: Annotated[
+        Path | None,
+        typer.Option(
+            "--fork-from",
+            metavar="CHECKPOINT",
+            help="Start this new run id from another run's checkpoint directory (its parent_run, fork_step).",
+            exists=True,
+            file_okay=False,
+        ),
+    ] = None,
     spool: Annotated[
         Path | None,
         typer.Option("--spool", envvar="RUNLEDGER_SPOOL", help="Spool directory (the embedded bus)."),
@@ -90,17 +100,22 @@ def train(
     """Train a Megatron-Core MoE GPT; record its launch, metrics, changes, checkpoints and crashes.
 
     Example: ledger train config.toml --steps 200 --set moe.capacity_factor=1.25
+
+    A fork: ledger train config.toml --run-id lr-sweep-2 --fork-from checkpoints/hero/step_000100
     """
     # The trainer extra (torch, Megatron-Core) before anything else: else one line naming it.
     with command_needs("ledger train", "trainer"):
         from runledger.cli.kafka_cmd import undelivered_of
         from runledger.emitter import rank_spool
         from runledger.trainer import loop
+        from runledger.trainer.checkpoint import CheckpointError
         from runledger.trainer.config import ConfigError
         from runledger.trainer.telemetry import StepReport, open_rank_sink
 
     if step is not None and not resume:
         raise fail("a checkpoint STEP needs --resume", 2)
+    if fork_from is not None and resume:
+        raise fail("--fork-from starts a new run id from another run's checkpoint: not with --resume", 2)
     extra = list(overrides or [])
     if steps is not None:
         extra.append(f"run.steps={steps}")
@@ -132,12 +147,13 @@ def train(
                 sink,
                 overrides=extra,
                 resume_from=_resume_value(step or "latest") if resume else None,
+                fork_from=fork_from,
                 stop_at_step=stop_at,
                 progress=show,
                 mirror=mirror,
                 pending_dir=rank_spool(spool, rank),
             )
-    except ConfigError as exc:
+    except (ConfigError, CheckpointError) as exc:  # refused before any event: one line
         raise fail(str(exc), 2) from None
     finally:
         sink.close()

@@ -6,11 +6,15 @@ same run and attempt), a non-finite value, a router layer whose token-drop rate 
 routing entropy collapses, a straggler rank (its step time far above the median of the ranks seen
 at that step) and a throughput drop (``tokens_per_second`` against its window).
 
-Rules are frozen dataclasses: a name, a version and parameters. ``RULES_V1`` is the rule set in
-force; changing a parameter makes a new version (and a new set), and every finding records the
-rule, its version and its parameters. ``DetectorState`` holds the windows: one bounded deque per
-(stream, attempt, metric), dropped when the attempt ends (``run.finished``/``run.crashed``), and
-JSON-serializable, so the commit record carries it and a restart or another host goes on exactly.
+Rules are frozen dataclasses: a name, a version and parameters. ``RULE_SETS`` numbers the rule
+sets; ``RULE_SET_IN_FORCE`` is the one this code judges with. Changing a parameter or a behaviour
+makes a new rule version (and a new set), and every finding records the rule, its version and its
+parameters. Set 2 reports a lasting condition (a router's collapse, a straggler rank, a throughput
+drop) once per episode: at its first tripped value, and again only after a value judged fine.
+``DetectorState`` holds the windows: one bounded deque per (stream, attempt, metric), dropped when
+the attempt ends (``run.finished``/``run.crashed``), the open episodes, and which set judged from
+which commit on. It is JSON-serializable, so the commit record carries it and a restart or another
+host goes on exactly, and ``verify`` judges each commit with the set that judged it.
 
 Non-finite values cannot travel in JSON: the trainer and the client record a NaN loss as
 ``runledger.step.skipped`` (reason ``nonfinite_<metric>``, value ``"nan"``) or as a
@@ -35,7 +39,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import msgspec
 
@@ -65,9 +69,16 @@ class Rule:
 
     name: str
     version: int
+    # The first version that reports a lasting condition once per episode (None: every version
+    # reports each tripped value; a loss spike or a non-finite value is news each time).
+    episodic_since: ClassVar[int | None] = None
 
     def params(self) -> dict[str, float]:
         return {k: float(v) for k, v in asdict(self).items() if k not in ("name", "version")}
+
+    @property
+    def per_episode(self) -> bool:
+        return self.episodic_since is not None and self.version >= self.episodic_since
 
 
 @dataclass(frozen=True)
@@ -89,7 +100,8 @@ class NonFinite(Rule):
 @dataclass(frozen=True)
 class RouterCollapse(Rule):
     name: str = "router-collapse"
-    version: int = 1
+    version: int = 2
+    episodic_since: ClassVar[int | None] = 2
     window_steps: int = 20
     min_steps: int = 10
     drop_jump: float = 0.1  # token-drop rate above the window's median by this much (absolute)…
@@ -100,7 +112,8 @@ class RouterCollapse(Rule):
 @dataclass(frozen=True)
 class Straggler(Rule):
     name: str = "straggler"
-    version: int = 1
+    version: int = 2
+    episodic_since: ClassVar[int | None] = 2
     min_ranks: int = 4  # ranks seen at the step (this one included) before one is judged
     ratio: float = 2.0  # step time above this multiple of the other ranks' median
 
@@ -108,13 +121,31 @@ class Straggler(Rule):
 @dataclass(frozen=True)
 class ThroughputDrop(Rule):
     name: str = "throughput-drop"
-    version: int = 1
+    version: int = 2
+    episodic_since: ClassVar[int | None] = 2
     window_steps: int = 50
     min_steps: int = 20
     ratio: float = 0.5  # tokens per second below this fraction of the window's median
 
 
-RULES_V1: tuple[Rule, ...] = (LossSpike(), NonFinite(), RouterCollapse(), Straggler(), ThroughputDrop())
+RULES_V1: tuple[Rule, ...] = (
+    LossSpike(),
+    NonFinite(),
+    RouterCollapse(version=1),
+    Straggler(version=1),
+    ThroughputDrop(version=1),
+)
+# v1's rules, the lasting conditions reported once per episode.
+RULES_V2: tuple[Rule, ...] = (LossSpike(), NonFinite(), RouterCollapse(), Straggler(), ThroughputDrop())
+RULE_SETS: dict[int, tuple[Rule, ...]] = {1: RULES_V1, 2: RULES_V2}
+RULE_SET_IN_FORCE = 2
+RULES_IN_FORCE = RULE_SETS[RULE_SET_IN_FORCE]
+
+
+def rule_set_number(rules: tuple[Rule, ...]) -> int:
+    """The number of the set ``rules`` is; rules of no set (an operator's own) claim the set in
+    force, which ``verify`` then judges them by."""
+    return next((n for n, known in RULE_SETS.items() if known == rules), RULE_SET_IN_FORCE)
 
 
 @dataclass(frozen=True)
@@ -181,6 +212,10 @@ class DetectorState:
     ranks: dict[tuple[str, int], RankStep] = field(default_factory=dict)
     since: int = 0  # the first commit whose events the detectors judged (a ledger older than them: later)
     commit: int = -1  # as of this commit (-1: an empty ledger)
+    # (stream, attempt, metric) of each lasting condition reported and not yet over (a per-episode rule)
+    episodes: set[WindowKey] = field(default_factory=set)
+    # (first commit, rule set number): which set judged from which commit on (empty: set 1 since ``since``)
+    rule_sets: list[tuple[int, int]] = field(default_factory=list)
     # (stream, attempt) -> layer -> its two windows in ``windows`` (drop rate, entropy): a router
     # event names every layer every step, and finding a window by its key was most of the detectors' time.
     layers: dict[tuple[str, int], dict[int, tuple[deque[float], deque[float]]]] = field(
@@ -199,6 +234,33 @@ class DetectorState:
             del self.windows[key]
         self.ranks.pop((stream, attempt), None)
         self.layers.pop((stream, attempt), None)
+        self.episodes -= {k for k in self.episodes if k[0] == stream and k[1] == attempt}
+
+    def news(self, rule: Rule, key: WindowKey, tripped: bool) -> bool:
+        """Whether a judged value is reported: a tripped one, unless ``rule`` reports per episode and
+        this condition's episode is open already. A value judged fine closes the episode."""
+        if not rule.per_episode:
+            return tripped
+        if not tripped:
+            self.episodes.discard(key)
+            return False
+        if key in self.episodes:
+            return False
+        self.episodes.add(key)
+        return True
+
+    def rule_set_history(self) -> list[tuple[int, int]]:
+        """(first commit, rule set number) of each set that judged, oldest first."""
+        return self.rule_sets or [(self.since, 1)]
+
+    def judge_with(self, number: int, commit: int) -> None:
+        """The set ``number`` judges from ``commit`` on (nothing changes if it judges already)."""
+        history = self.rule_set_history()
+        if history[-1][1] == number:
+            return
+        if history[-1][0] >= commit:  # the set before never judged a commit: replaced
+            history = history[:-1]
+        self.rule_sets = [*history, (commit, number)]
 
     def layer_windows(
         self, stream: str, attempt: int, layer: int, size: int
@@ -220,17 +282,24 @@ class DetectorState:
             {k: RankStep.of(seen.step, seen.times) for k, seen in self.ranks.items()},
             self.since,
             self.commit,
+            set(self.episodes),
+            list(self.rule_sets),
         )
 
     def to_json(self) -> dict[str, Any]:
         """What the commit record keeps (in a fixed order, so equal states write equal records)."""
-        return {
+        saved: dict[str, Any] = {
             "since": self.since,
             "windows": [[s, a, m, w.maxlen, list(w)] for (s, a, m), w in sorted(self.windows.items()) if w],
             "ranks": [
                 [s, a, seen.step, sorted(seen.times.items())] for (s, a), seen in sorted(self.ranks.items())
             ],
         }
+        if self.episodes:
+            saved["episodes"] = [list(key) for key in sorted(self.episodes)]
+        if self.rule_sets:
+            saved["rule_sets"] = [list(entry) for entry in self.rule_sets]
+        return saved
 
     @classmethod
     def from_json(cls, obj: dict[str, Any], commit: int = -1) -> DetectorState:
@@ -243,6 +312,8 @@ class DetectorState:
             state.ranks[(str(stream), int(attempt))] = RankStep.of(
                 int(step), {int(r): float(t) for r, t in times}
             )
+        state.episodes = {(str(s), int(a), str(m)) for s, a, m in obj.get("episodes", [])}
+        state.rule_sets = [(int(first), int(number)) for first, number in obj.get("rule_sets", [])]
         return state
 
 
@@ -284,8 +355,7 @@ def _detect_one(rule: Rule, state: DetectorState, env: Envelope) -> list[Finding
         window = state.window((env.stream, attempt, "loss"), rule.window_steps)
         return loss_spike(rule, window, data.loss)
     if isinstance(rule, ThroughputDrop) and isinstance(data, p.StepMetrics):
-        window = state.window((env.stream, attempt, "tokens_per_second"), rule.window_steps)
-        return throughput_drop(rule, window, data.tokens_per_second)
+        return throughput_drop(rule, state, (env.stream, attempt), data.tokens_per_second)
     if isinstance(rule, RouterCollapse) and isinstance(data, p.MoeRouterStats):
         return router_collapse(rule, state, env.stream, attempt, data)
     if isinstance(rule, Straggler) and isinstance(data, p.RankStats) and env.step is not None:
@@ -317,16 +387,22 @@ def loss_spike(rule: LossSpike, window: deque[float], loss: float | None) -> lis
     return found
 
 
-def throughput_drop(rule: ThroughputDrop, window: deque[float], rate: float | None) -> list[Finding]:
+def throughput_drop(
+    rule: ThroughputDrop, state: DetectorState, key: tuple[str, int], rate: float | None
+) -> list[Finding]:
     """Tokens per second below ``ratio`` of its window's median (score: value / median)."""
     if not _finite(rate):
         return []
     assert rate is not None
+    metric = "tokens_per_second"
+    window = state.window((*key, metric), rule.window_steps)
     found = []
-    if len(window) >= rule.min_steps and rate < rule.ratio * max(window):  # (else no median needed)
-        median = statistics.median(window)
-        if median > 0 and rate < rule.ratio * median:
-            found.append(Finding(rule, "tokens_per_second", rate, median, rate / median))
+    if len(window) >= rule.min_steps:
+        median = statistics.median(window) if rate < rule.ratio * max(window) else None  # (else fine)
+        tripped = median is not None and median > 0 and rate < rule.ratio * median
+        if (tripped or state.episodes) and state.news(rule, (*key, metric), tripped):
+            assert median is not None
+            found.append(Finding(rule, metric, rate, median, rate / median))
     window.append(rate)
     return found
 
@@ -351,20 +427,28 @@ def router_collapse(
         window, entropy_window = windows
         rate = layer.token_drop_rate
         # (A jump needs rate > drop_jump, the median being >= 0: most layers never compute it.)
-        if rate > rule.drop_jump and len(window) >= enough:
-            median = statistics.median(window)
-            jump = rate - median
-            if jump > rule.drop_jump and jump > rule.k * MAD_TO_SIGMA * _mad(window, median):
-                found.append(Finding(rule, _layer_metrics(layer.layer)[0], rate, median, jump))
+        if len(window) >= enough:
+            median = jump = 0.0
+            if rate > rule.drop_jump:
+                median = statistics.median(window)
+                jump = rate - median
+            tripped = jump > rule.drop_jump and jump > rule.k * MAD_TO_SIGMA * _mad(window, median)
+            metric = _layer_metrics(layer.layer)[0]
+            if (tripped or state.episodes) and state.news(rule, (stream, attempt, metric), tripped):
+                found.append(Finding(rule, metric, rate, median, jump))
         window.append(rate)
         entropy = layer.routing_entropy
         if entropy is None or not math.isfinite(entropy):
             continue
         # (A collapse needs entropy below ratio × the window's largest: most never compute the median.)
-        if len(entropy_window) >= enough and entropy < rule.entropy_ratio * max(entropy_window):
-            median = statistics.median(entropy_window)
-            if median > 0 and entropy < rule.entropy_ratio * median:
-                found.append(Finding(rule, _layer_metrics(layer.layer)[1], entropy, median, entropy / median))
+        if len(entropy_window) >= enough:
+            median = 0.0
+            if entropy < rule.entropy_ratio * max(entropy_window):
+                median = statistics.median(entropy_window)
+            tripped = median > 0 and entropy < rule.entropy_ratio * median
+            metric = _layer_metrics(layer.layer)[1]
+            if (tripped or state.episodes) and state.news(rule, (stream, attempt, metric), tripped):
+                found.append(Finding(rule, metric, entropy, median, entropy / median))
         entropy_window.append(entropy)
     return found
 
@@ -384,10 +468,13 @@ def straggler(
     count = len(seen.ordered) + 1
     seen.put(stats.rank, stats.step_time_s)
     if median is None or count < rule.min_ranks:
-        return []
-    if median <= 0 or stats.step_time_s <= rule.ratio * median:
+        return []  # not judged: an open episode stays open
+    tripped = median > 0 and stats.step_time_s > rule.ratio * median
+    if not (tripped or state.episodes):
         return []
     metric = f"rank.{stats.rank}.step_time_s"
+    if not state.news(rule, (*key, metric), tripped):
+        return []
     return [Finding(rule, metric, stats.step_time_s, median, stats.step_time_s / median)]
 
 
@@ -508,7 +595,9 @@ def anomaly_round(ledger: AnomalyLedger, positions: dict[str, int]) -> AnomalyRo
     state = ledger.anomaly_state
     if state is None or state.commit != ledger.last_commit:
         state = ledger.anomaly_state = load_state(ledger)
-    return AnomalyRound(ledger.anomaly_rules, state.copy(), positions)
+    judged = state.copy()
+    judged.judge_with(rule_set_number(ledger.anomaly_rules), ledger.last_commit + 1)
+    return AnomalyRound(ledger.anomaly_rules, judged, positions)
 
 
 def load_state(ledger: AnomalyLedger) -> DetectorState:

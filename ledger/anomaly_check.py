@@ -21,7 +21,14 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from runledger.ledger.anomalies import RULES_V1, WATCHED_TYPES, DetectorState, Rule, anomaly_event, detect
+from runledger.ledger.anomalies import (
+    RULE_SETS,
+    WATCHED_TYPES,
+    DetectorState,
+    Rule,
+    anomaly_event,
+    detect,
+)
 from runledger.schemas import catalogue as c
 from runledger.schemas.canonical import canonicalize_json
 from runledger.schemas.codec import Envelope, Event, decode_event, encode_event
@@ -57,11 +64,16 @@ class _StreamAnomalies:
 
 
 class AnomalyCheck:
-    """Fed the verified events (any order), then ``problems`` re-derives and compares."""
+    """Fed the verified events (any order), then ``problems`` re-derives and compares, each commit's
+    events judged by the rule set that judged them (the newest commit record says which, from when)."""
 
-    def __init__(self, since: int | None, spill: Path, rules: tuple[Rule, ...] = RULES_V1) -> None:
-        self.since = since  # the first commit judged by the detectors (None: never: nothing to check)
-        self.rules = rules
+    def __init__(self, record: dict[str, Any] | None, spill: Path) -> None:
+        judged = DetectorState.from_json(record["anomalies"]) if record and "anomalies" in record else None
+        self.since = None if judged is None else judged.since  # None: never judged: nothing to check
+        # (first commit, number) of each set, oldest first; events before ``since`` build windows
+        # with the first set, as the writer that started judging did.
+        self.rule_sets = [] if judged is None else judged.rule_set_history()
+        self.unknown = [(first, n) for first, n in self.rule_sets if n not in RULE_SETS]
         self.path = spill / "anomaly_inputs.parquet"
         self._writer: pq.ParquetWriter | None = None
         self._rows: list[tuple[str, int, int, str]] = []
@@ -86,6 +98,13 @@ class AnomalyCheck:
         """Every missing, extra or altered anomaly event. ``redacted_ids``: events whose payload was
         erased, so the detectors cannot see them: an anomaly they caused is taken as stored."""
         self._flush()
+        if self.unknown:  # a newer runledger judged: this one cannot re-derive what it made
+            first, number = self.unknown[0]
+            detail = (
+                f"the detectors' rule set {number} (from commit {first}) is unknown to this runledger: "
+                "its anomaly events are not checked; verify with a newer runledger"
+            )
+            return [AnomalyProblem("?", None, f"rule-set-{number}", detail, 0)]
         if self._writer is None:
             return []
         self._writer.close()
@@ -125,7 +144,7 @@ class AnomalyCheck:
         if env.type == c.LEDGER_ANOMALY:
             found.stored[env.id] = (text, seq, _describe(env))
             return
-        for finding in detect(self.rules, state, env):
+        for finding in detect(self._rules_at(commit), state, env):
             made = anomaly_event(finding, env)
             if self.since is not None and commit >= self.since:
                 # Compared as the store keeps it: the canonical bytes (sorted keys, as verify reads them).
@@ -134,6 +153,15 @@ class AnomalyCheck:
                     _describe(made),
                     seq,
                 )
+
+    def _rules_at(self, commit: int) -> tuple[Rule, ...]:
+        """The rules that judged ``commit`` (before the first set's first commit: the first set)."""
+        number = self.rule_sets[0][1]
+        for first, later in self.rule_sets[1:]:
+            if first > commit:
+                break
+            number = later
+        return RULE_SETS[number]
 
 
 def _describe(env: Envelope) -> str:
@@ -167,10 +195,3 @@ def _cause_of(text: str) -> str | None:
     if not isinstance(decoded, Event):
         return None
     return str(decoded.envelope.data.event_id)
-
-
-def detection_since(record: dict[str, Any] | None) -> int | None:
-    """The first commit the detectors judged, from the newest commit record (None: none did)."""
-    if record is None or "anomalies" not in record:
-        return None
-    return int(record["anomalies"].get("since", 0))

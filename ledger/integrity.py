@@ -53,7 +53,7 @@ from runledger.ledger.admission import (
     is_own,
     load_state,
 )
-from runledger.ledger.anomaly_check import AnomalyCheck, detection_since
+from runledger.ledger.anomaly_check import AnomalyCheck
 from runledger.ledger.log_checkpoint import note_signers, parse_and_verify_checkpoint
 from runledger.ledger.merkle import CompactRange, MerkleTree, leaf_hash, root_from_leaf_hashes
 from runledger.ledger.parquet_schemas import ADDED_COLUMNS, TABLES
@@ -325,7 +325,7 @@ def _verify_stored(
     checks: dict[str, _StreamCheck] = {}
     with _spill_folder() as spill:
         tables = _TableCheck(stored, Path(spill))
-        anomalies = AnomalyCheck(detection_since(_newest_record(ledger)), Path(spill))
+        anomalies = AnomalyCheck(_newest_record(ledger), Path(spill))
         for batch in _event_batches(stored, report):
             good: list[tuple[int, Event]] = []
             for stream, row in batch:

@@ -64,7 +64,7 @@ from runledger.ledger.admission import (
 )
 from runledger.ledger.anomalies import (
     ANOMALY_INGEST,
-    RULES_V1,
+    RULES_IN_FORCE,
     AnomalyRound,
     DetectorState,
     Rule,
@@ -231,7 +231,7 @@ class Ledger:
         # runledger.ledger.admission's state as of a commit (it loads and keeps it)
         self.admission_state: AdmissionState | None = None
         # runledger.ledger.anomalies: the rule set in force and the detectors' state as of a commit
-        self.anomaly_rules: tuple[Rule, ...] = RULES_V1
+        self.anomaly_rules: tuple[Rule, ...] = RULES_IN_FORCE
         self.anomaly_state: DetectorState | None = None
         # A ledger on DuckLake (LAKE.json): its tables, positions and commit records are the lake's;
         # the folder keeps a copy of the records (``_sync_records``) and the dedupe index. None: a

@@ -88,6 +88,18 @@ from runledger.trainer.data import Batches
 from runledger.trainer.optim import MasterAdamW, lr_at
 
 ResumeFrom = Literal["latest"] | int | str | Path | None
+
+
+@dataclass(frozen=True)
+class Fork:
+    """A new run id that goes on from another run's complete checkpoint directory (its weights,
+    optimizer, RNG and token count), at that checkpoint's step: attempt 1, recorded with
+    ``parent_run`` and ``fork_step`` on its ``run.started``."""
+
+    checkpoint: Path
+
+
+Start = ResumeFrom | Fork  # how a launch begins: fresh (None), a resume of this run, or a fork
 Status = Literal["completed", "stopped", "crashed", "signal"]
 SaveReason = Literal["interval", "signal", "final"]
 Progress = Callable[[telemetry.StepReport], None]
@@ -167,9 +179,10 @@ class _Launch:
     """Rank 0's decision for this launch, already durable in its attempt register; broadcast to all ranks."""
 
     attempt: int
-    step: int  # the checkpoint step to resume from (0: from scratch)
+    step: int  # the checkpoint step to resume (or fork) from (0: from scratch)
     path: str | None  # that checkpoint's directory (None: from scratch)
     previous: int  # how many attempts the run had before this one
+    parent_run: str | None = None  # a fork: the run whose checkpoint ``path`` is
 
 
 @dataclass(frozen=True)
@@ -200,6 +213,7 @@ class RunContext:
     flag: _StopFlag  # set by the first SIGTERM/SIGINT
     source: ConfigSource | None  # the watched config file (None: no live changes)
     ckpt_path: Path | None  # the checkpoint this attempt restores (None: from scratch)
+    parent_run: str | None  # a fork: the run ``ckpt_path`` belongs to (None: this run's, or none)
     stop_at_step: int | None  # end the attempt early ("stopped") after this step
     progress: Progress | None  # the driver's per-step callback (rank 0)
     on_model: Callable[[torch.nn.Module], None] | None  # the driver's hook on the built model
@@ -250,6 +264,7 @@ def train(
     *,
     overrides: Sequence[str] = (),
     resume_from: ResumeFrom = None,
+    fork_from: str | Path | None = None,
     stop_at_step: int | None = None,
     progress: Progress | None = None,
     handle_signals: bool = True,
@@ -262,7 +277,9 @@ def train(
 
     ``config``: a TOML path (watched for live changes, ``overrides`` applied on every load) or a
     ``TrainConfig`` (watched only if ``watch`` names a file to reload). ``resume_from``: None for a
-    fresh run, ``"latest"``, a step number or a checkpoint directory. ``stop_at_step`` ends the
+    fresh run, ``"latest"``, a step number or a checkpoint directory. ``fork_from``: another run's
+    complete checkpoint directory: this new run id starts there (``Fork``; not with ``resume_from``).
+    ``stop_at_step`` ends the
     attempt early (status "stopped") after that step. Crashes do not raise: they are recorded and
     returned (``status`` "crashed" or "signal", ``exit_code`` for a CLI to exit with).
     ``mirror``: an experiment tracker to mirror the run to (``runledger.trainer.mirror.Mirror``), used on rank 0.
@@ -272,6 +289,9 @@ def train(
     kept for the next start or ingest (``runledger.emitter``); None: such a report is only on stderr.
     """
     started = time.perf_counter()
+    if fork_from is not None and resume_from is not None:
+        raise ConfigError("fork_from starts a new run id from another run's checkpoint: not with resume_from")
+    start: Start = Fork(Path(fork_from)) if fork_from is not None else resume_from
     # The set-up (config, process groups, the attempt's register entry, the emitter) defers a signal
     # (inside a command: runledger.signals): the stop flag takes it over and the first step boundary
     # honours it, so no attempt is left registered without its events.
@@ -280,7 +300,7 @@ def train(
             config,
             sink,
             overrides=overrides,
-            resume_from=resume_from,
+            start=start,
             stop_at_step=stop_at_step,
             progress=progress,
             watch=watch,
@@ -296,7 +316,7 @@ def _set_up(
     sink: EventSink,
     *,
     overrides: Sequence[str],
-    resume_from: ResumeFrom,
+    start: Start,
     stop_at_step: int | None,
     progress: Progress | None,
     watch: str | Path | None,
@@ -317,7 +337,7 @@ def _set_up(
     root = Path(cfg.checkpoint.dir)
 
     # The launch: attempt number and resume point, decided by rank 0, durable before any event.
-    launch = _agree_launch(cfg, root, resume_from, env)
+    launch = _agree_launch(cfg, root, start, env)
     ckpt_path = Path(launch.path) if launch.path else None
 
     emitter = Emitter(
@@ -349,6 +369,7 @@ def _set_up(
         flag=_StopFlag(),
         source=source,
         ckpt_path=ckpt_path,
+        parent_run=launch.parent_run,
         stop_at_step=stop_at_step,
         progress=progress,
         cfg=cfg,
@@ -449,12 +470,12 @@ def _start_process(cfg: TrainConfig) -> distributed.DistEnv:
     return distributed.init_distributed(cfg, device)
 
 
-def _agree_launch(cfg: TrainConfig, root: Path, resume_from: ResumeFrom, env: distributed.DistEnv) -> _Launch:
+def _agree_launch(cfg: TrainConfig, root: Path, start: Start, env: distributed.DistEnv) -> _Launch:
     """Rank 0 plans the launch; every rank gets its plan, or raises its refusal (no attempt registered)."""
     mine: _Launch | BaseException | None = None
     if env.is_main:
         try:
-            mine = _plan_launch(cfg, root, resume_from, env)
+            mine = _plan_launch(cfg, root, start, env)
         except (ConfigError, ckpt.CheckpointError) as exc:
             mine = exc
     agreed: _Launch | BaseException = distributed.broadcast_object(env, mine)
@@ -463,29 +484,35 @@ def _agree_launch(cfg: TrainConfig, root: Path, resume_from: ResumeFrom, env: di
     return agreed
 
 
-def _plan_launch(cfg: TrainConfig, root: Path, resume_from: ResumeFrom, env: distributed.DistEnv) -> _Launch:
+def _plan_launch(cfg: TrainConfig, root: Path, start: Start, env: distributed.DistEnv) -> _Launch:
     previous = ckpt.attempts(root)
     path: Path | None
-    if resume_from is None:
+    parent: str | None = None
+    if start is None or isinstance(start, Fork):
         if previous:
             raise RunExistsError(
                 f"run {cfg.run.run_id!r} was launched before ({len(previous)} attempt(s) in {root}); "
                 "resume it or choose another run.run_id"
             )
-        step, path = 0, None
+        step, path = (0, None) if start is None else ckpt.resolve(root, start.checkpoint)
+        if isinstance(start, Fork):
+            parent = _fork_parent(cfg, path)
     else:
         if not previous:
             raise ckpt.CheckpointError(f"nothing to resume: run {cfg.run.run_id!r} has no attempts in {root}")
-        step, path = ckpt.resolve(root, resume_from)
-        saved = ckpt.saved_config(path) if path is not None else None
-        if saved is not None:
-            # A resume may change live keys, never what the checkpoint's shapes and data depend on.
-            pinned = pinned_changes(diff(_from_saved(saved), cfg))
-            if pinned:
-                paths = ", ".join(str(op["path"]) for op in pinned)
-                raise ConfigError(
-                    f"cannot resume from {path}: the config changes keys the checkpoint pins: {paths}"
-                )
+        step, path = ckpt.resolve(root, start)
+    saved = ckpt.saved_config(path) if path is not None else None
+    if saved is not None:
+        # A resume or fork may change live keys, never what the checkpoint's shapes and data depend on.
+        pinned = pinned_changes(diff(_from_saved(saved), cfg))
+        if parent:  # a fork's run id is new by definition
+            pinned = [op for op in pinned if op.get("path") != "/run/run_id"]
+        if pinned:
+            paths = ", ".join(str(op["path"]) for op in pinned)
+            verb = "fork" if parent else "resume"
+            raise ConfigError(
+                f"cannot {verb} from {path}: the config changes keys the checkpoint pins: {paths}"
+            )
     record = {
         "time": time.time(),
         "host": env.host,
@@ -493,9 +520,31 @@ def _plan_launch(cfg: TrainConfig, root: Path, resume_from: ResumeFrom, env: dis
         "from_step": step,
         "checkpoint": str(path) if path else None,
         "config_hash": config_hash(cfg),
+        **({"parent_run": parent} if parent else {}),
     }
     attempt = ckpt.register_attempt(root, record)
-    return _Launch(attempt=attempt, step=step, path=str(path) if path else None, previous=len(previous))
+    return _Launch(
+        attempt=attempt,
+        step=step,
+        path=str(path) if path else None,
+        previous=len(previous),
+        parent_run=parent,
+    )
+
+
+def _fork_parent(cfg: TrainConfig, path: Path | None) -> str:
+    """The run a fork goes on from: the run id its checkpoint was written under (``config.json``)."""
+    saved = ckpt.saved_config(path) if path is not None else None
+    parent = ((saved or {}).get("run") or {}).get("run_id")
+    if not isinstance(parent, str) or not parent:
+        raise ckpt.CheckpointError(
+            f"{path} does not name the run that wrote it (no config.json): cannot fork"
+        )
+    if parent == cfg.run.run_id:
+        raise ConfigError(
+            f"{path} is run {parent!r}'s own checkpoint: a fork needs a new run.run_id (or resume the run)"
+        )
+    return parent
 
 
 # --- phase 1: announce the launch ---------------------------------------------------------------
@@ -525,6 +574,8 @@ def _announce_launch(ctx: RunContext) -> None:
         # A resume always follows an attempt: attempt 1 starts the run, every later one resumes it.
         resumed_from_step=None if ctx.attempt == 1 else ctx.step,
         checkpoint_path=str(ctx.ckpt_path) if ctx.ckpt_path else None,
+        parent_run=ctx.parent_run,
+        fork_step=ctx.step if ctx.parent_run else None,
     )
     ctx.emitter.submit(payload, step=at_step, critical=True)
 
@@ -546,7 +597,8 @@ def _build_or_restore(ctx: RunContext) -> None:
         ctx.optimizer.load_state_dict(saved["optimizer"])
         torch.set_rng_state(saved["rng"]["torch"])
         ctx.total_tokens = int(saved["total_tokens"])
-        ctx.last_saved = ctx.step  # that state is on disk already: a save now would only rewrite it
+        if ctx.parent_run is None:  # (a fork's checkpoint is its parent's: this run has saved nothing)
+            ctx.last_saved = ctx.step  # that state is on disk already: a save now would only rewrite it
     ctx.batches = Batches(cfg, dp_rank=_dp_rank(env), device=device)
     ctx.mask = cpu_compat.causal_attention_mask(cfg.model.seq_length, device)
     if cfg.telemetry.enabled:
@@ -839,7 +891,7 @@ def _save(ctx: RunContext, reason: SaveReason) -> None:
     if ctx.last_saved == ctx.step:
         return  # this exact state is on disk already
     root = Path(ctx.cfg.checkpoint.dir)
-    path, size, seconds = ckpt.save(root, ctx.step, _checkpoint_state(ctx), ctx.env)
+    path, size, seconds = ckpt.save(root, ctx.step, _checkpoint_state(ctx), ctx.env, config=resolved(ctx.cfg))
     ctx.last_saved = ctx.step
     ctx.result.last_checkpoint = path
     if ctx.is_main:

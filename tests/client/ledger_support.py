@@ -18,7 +18,8 @@ from runledger.schemas import Envelope, Event, decode_event
 def ingest(ledger: Path, *spools: Path) -> int:
     accepted = 0
     for spool in spools:
-        stats = ingest_spool(Ledger.create(ledger), spool)
+        with Ledger.create(ledger) as writer:
+            stats = ingest_spool(writer, spool)
         assert stats.quarantined == 0
         accepted += stats.accepted
     return accepted

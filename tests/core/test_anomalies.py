@@ -25,6 +25,9 @@ import pytest
 from runledger.ledger.anomalies import (
     ANOMALIES_OF_RUN_SQL,
     ANOMALY_INGEST,
+    RULE_SET_IN_FORCE,
+    RULE_SETS,
+    RULES_IN_FORCE,
     RULES_V1,
     DetectorState,
     Finding,
@@ -39,6 +42,7 @@ from runledger.ledger.anomalies import (
     loss_spike,
     non_finite,
     router_collapse,
+    rule_set_number,
     straggler,
     throughput_drop,
 )
@@ -175,19 +179,92 @@ def test_a_straggler_rank_is_found_against_the_other_ranks_at_its_step() -> None
 
 
 def test_a_throughput_drop_is_found_against_its_window() -> None:
-    rule = ThroughputDrop()
-    window: deque[float] = deque(maxlen=rule.window_steps)
+    state = DetectorState()
     found = [
-        f for rate in [1000.0] * 30 + [600.0, 300.0, 1000.0] for f in throughput_drop(rule, window, rate)
+        f
+        for rate in [1000.0] * 30 + [600.0, 300.0, 1000.0]
+        for f in throughput_drop(ThroughputDrop(), state, (RUN, 1), rate)
     ]
     assert [(f.value, f.baseline, f.score) for f in found] == [(300.0, 1000.0, 0.3)]
+
+
+# A lasting condition: 30 good values, a 15-step episode, 25 good (the windows forget it), a
+# second 10-step episode.
+_EPISODES = [*([False] * 30), *([True] * 15), *([False] * 25), *([True] * 10)]
+
+
+def _reported_steps(version: int, judge: Any) -> list[int]:
+    """The steps of ``_EPISODES`` at which ``judge(rule, state, step, tripped)`` reports."""
+    state = DetectorState()
+    return [step for step, tripped in enumerate(_EPISODES) if judge(version, state, step, tripped)]
+
+
+def _throughput(version: int, state: DetectorState, step: int, tripped: bool) -> list[Finding]:
+    return throughput_drop(ThroughputDrop(version=version), state, (RUN, 1), 100.0 if tripped else 1000.0)
+
+
+def _router_drops(version: int, state: DetectorState, step: int, tripped: bool) -> list[Finding]:
+    stats = _router(0.01, 2.0, layer1_drop=0.9 if tripped else 0.01)
+    return router_collapse(RouterCollapse(version=version), state, RUN, 1, stats)
+
+
+def _router_entropy(version: int, state: DetectorState, step: int, tripped: bool) -> list[Finding]:
+    stats = _router(0.01, 2.0, layer0_entropy=0.1 if tripped else 2.0)
+    return router_collapse(RouterCollapse(version=version), state, RUN, 1, stats)
+
+
+def _straggling(version: int, state: DetectorState, step: int, tripped: bool) -> list[Finding]:
+    rule, slow = Straggler(version=version), 9.0 if tripped else 1.0
+    times = [1.0, 1.1, 0.9, 1.0, slow]  # rank 4 reports last: judged against the four others
+    return [
+        f
+        for rank, seconds in enumerate(times)
+        for f in straggler(rule, state, (RUN, 1), step, p.RankStats(rank=rank, host="h", step_time_s=seconds))
+    ]
+
+
+@pytest.mark.parametrize("judge", [_throughput, _router_drops, _router_entropy, _straggling])
+def test_version_2_reports_a_lasting_condition_once_per_episode(judge: Any) -> None:
+    """v1 reported every step of a lasting condition (a 15-step throughput drop: 15 alerts); v2
+    reports its first step, and again only after a value judged fine: once per episode."""
+    every = _reported_steps(1, judge)
+    assert every[:2] == [30, 31] and 39 in every  # v1: step after step (the window's median moves later)
+    assert _reported_steps(2, judge) == [30, 70]
+
+
+def test_an_open_episode_is_kept_in_the_saved_state_and_ends_with_its_attempt() -> None:
+    state = DetectorState()
+    for step, tripped in enumerate(_EPISODES[:35]):
+        _throughput(2, state, step, tripped)
+        _straggling(2, state, step, tripped)
+    assert state.episodes == {(RUN, 1, "tokens_per_second"), (RUN, 1, "rank.4.step_time_s")}
+    again = DetectorState.from_json(msgspec.json.decode(msgspec.json.encode(state.to_json())))
+    assert again.episodes == state.episodes
+    assert [_throughput(2, s, 35, True) for s in (state, again)] == [[], []]  # still the same episode
+    detect(RULES_IN_FORCE, again, _env(p.RunFinished(status="completed"), 35, seq=36))
+    assert again.episodes == set()
+
+
+def test_which_rule_set_judged_is_kept_and_a_switch_recorded_at_its_commit() -> None:
+    state = DetectorState()
+    assert state.rule_set_history() == [(0, 1)]  # a record written before the sets were numbered
+    state.judge_with(2, 0)  # nothing judged by set 1: replaced
+    assert state.rule_sets == [(0, 2)]
+    state.judge_with(2, 5)
+    assert state.rule_sets == [(0, 2)]
+    old = DetectorState(since=3)
+    old.judge_with(2, 7)
+    assert old.rule_sets == [(3, 1), (7, 2)]
+    assert DetectorState.from_json(old.to_json()).rule_sets == old.rule_sets
+    assert rule_set_number(RULES_V1) == 1 and rule_set_number(RULES_IN_FORCE) == RULE_SET_IN_FORCE == 2
+    assert rule_set_number((LossSpike(k=5.0),)) == RULE_SET_IN_FORCE  # an operator's own rules claim it
 
 
 def test_windows_are_bounded_serializable_and_dropped_when_the_attempt_ends() -> None:
     state = DetectorState()
     for step in range(1, 501):
-        detect(RULES_V1, state, _env(_metrics(2.0), step, seq=step))
-        detect(RULES_V1, state, _env(_router(0.01, 2.0), step, seq=step))
+        detect(RULES_IN_FORCE, state, _env(_metrics(2.0), step, seq=step))
+        detect(RULES_IN_FORCE, state, _env(_router(0.01, 2.0), step, seq=step))
     assert {key: len(w) for key, w in state.windows.items()} == {
         (RUN, 1, "loss"): SPIKE.window_steps,
         (RUN, 1, "tokens_per_second"): ThroughputDrop().window_steps,
@@ -201,7 +278,7 @@ def test_windows_are_bounded_serializable_and_dropped_when_the_attempt_ends() ->
     again = DetectorState.from_json(saved)
     assert again.to_json() == state.to_json()
     assert all(w.maxlen == state.windows[k].maxlen for k, w in again.windows.items())
-    detect(RULES_V1, state, _env(p.RunFinished(status="completed"), 500, seq=501))
+    detect(RULES_IN_FORCE, state, _env(p.RunFinished(status="completed"), 500, seq=501))
     assert state.windows == {} and state.ranks == {}
 
 
@@ -241,6 +318,45 @@ def test_anomalies_are_recorded_at_ingest_right_after_their_cause(tmp_path: Path
     spike = anomalies[0][1].data
     assert spike.score == pytest.approx((9.0 - 2.05) / (0.01 * 2.05)) and spike.baseline == 2.05
     assert verify_ledger(tmp_path / "l").ok
+
+
+def test_a_ledger_judged_by_set_1_then_set_2_verifies_each_commit_by_its_own_set(tmp_path: Path) -> None:
+    """An upgrade between commits: commit 0 judged by v1 rules (its throughput drop, router and
+    straggler findings are v1), commit 1 by v2. The record says which set judged from when, and
+    ``verify`` re-derives each commit's anomalies with that set (set 2 throughout would call commit
+    0's findings altered)."""
+    root, records = tmp_path / "l", _records(_story())
+    old = Ledger.create(root)
+    old.anomaly_rules = RULES_V1
+    old.commit(records[:70])  # through the throughput drop (step 35), before the router's collapse
+    old.close()
+    new = Ledger.open(root)
+    new.commit(records[70:])
+    new.close()
+    versions = [(e.data.rule, e.data.rule_version) for e, _ in _events(root) if e.type == "ledger.anomaly"]
+    assert versions[:3] == [("loss-spike", 1), ("non-finite", 1), ("throughput-drop", 1)]
+    assert versions[3:6] == [("router-collapse", 2), ("router-collapse", 2), ("straggler", 2)]
+    newest = msgspec.json.decode(sorted((root / "_commits").glob("*.json"))[-1].read_bytes())
+    assert newest["anomalies"]["rule_sets"] == [[0, 1], [1, 2]]
+    report = verify_ledger(root)
+    assert report.ok, [pr.line() for pr in report.problems]
+
+
+def test_verify_says_once_that_a_newer_rule_set_judged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ledger written by a runledger with a rule set this one does not know: one problem saying so,
+    not one per anomaly event."""
+    newer = (LossSpike(version=2, k=4.0), *RULES_IN_FORCE[1:])
+    monkeypatch.setitem(RULE_SETS, 3, newer)
+    ledger = Ledger.create(tmp_path / "l")
+    ledger.anomaly_rules = newer
+    ledger.commit(_records(_story()))
+    ledger.close()
+    monkeypatch.undo()
+    report = verify_ledger(tmp_path / "l")
+    assert [(pr.kind, pr.event_id) for pr in report.problems] == [("anomaly", "rule-set-3")]
+    assert "rule set 3 (from commit 0) is unknown to this runledger" in report.problems[0].detail
 
 
 def test_two_commits_across_a_reopened_ledger_equal_one_commit(tmp_path: Path) -> None:
@@ -292,7 +408,7 @@ def test_verify_names_anomalies_hidden_by_a_writer_without_detectors(tmp_path: P
 
 def test_verify_names_an_anomaly_recorded_with_other_parameters(tmp_path: Path) -> None:
     ledger = Ledger.create(tmp_path / "l")
-    ledger.anomaly_rules = (LossSpike(k=5.0), *RULES_V1[1:])  # a parameter changed, same version
+    ledger.anomaly_rules = (LossSpike(k=5.0), *RULES_IN_FORCE[1:])  # a parameter changed, same version
     ledger.commit(_records(_story()))
     report = verify_ledger(tmp_path / "l")
     assert [pr.kind for pr in report.problems] == ["anomaly"]
@@ -480,10 +596,10 @@ def test_a_runs_anomalies_read_as_history_lines(tmp_path: Path) -> None:
     assert texts == [
         "loss-spike v1: loss 9 vs 2.05 (score 339)",
         "non-finite v1: loss",
-        "throughput-drop v1: tokens_per_second 300 vs 1000 (score 0.3)",
-        "router-collapse v1: layer.0.routing_entropy 0.2 vs 2 (score 0.1)",
-        "router-collapse v1: layer.1.token_drop_rate 0.5 vs 0.01 (score 0.49)",
-        "straggler v1: rank.3.step_time_s 5 vs 1 (score 5)",
+        "throughput-drop v2: tokens_per_second 300 vs 1000 (score 0.3)",
+        "router-collapse v2: layer.0.routing_entropy 0.2 vs 2 (score 0.1)",
+        "router-collapse v2: layer.1.token_drop_rate 0.5 vs 0.01 (score 0.49)",
+        "straggler v2: rank.3.step_time_s 5 vs 1 (score 5)",
         "non-finite v1: loss",
     ]
 

@@ -10,7 +10,8 @@ import pytest
 
 from runledger.schemas.canonical import config_hash as schemas_hash
 from runledger.schemas.envelope import Envelope
-from runledger.trainer.config import load_config
+from runledger.trainer.checkpoint import CheckpointError, attempts, step_dir
+from runledger.trainer.config import ConfigError, load_config
 from runledger.trainer.loop import RunExistsError, SignalStop, _StopFlag, chain, schedule_config_change, train
 from runledger.trainer.telemetry import StepReport
 from tests.support.sinks import ListSink
@@ -285,3 +286,70 @@ def test_bf16_float16module_trains_with_fp32_master_weights(tmp_path: Path, sink
     weights = [v for v in state["model"].values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
     assert weights and all(v.dtype == torch.bfloat16 for v in weights)
     assert all(m.dtype == torch.float32 for m in state["optimizer"]["master"])
+
+
+def test_a_fork_goes_on_from_another_runs_checkpoint_under_a_new_run_id(tmp_path: Path) -> None:
+    """``fork_from``: a new run id starts from another run's checkpoint (weights, optimizer, RNG,
+    tokens), at its step: attempt 1, whose run.started names the parent and the step, and whose
+    losses are the parent's own trajectory continued."""
+    straight = ListSink()
+    train(tiny_config(tmp_path / "a", "run.steps=12", run_id="straight"), straight)
+    expected = {e.step: data(e)["loss"] for e in straight.of("step.metrics")}
+    parent = train(
+        tiny_config(tmp_path / "p", "run.steps=12", "checkpoint.interval=5", run_id="parent"),
+        ListSink(),
+        stop_at_step=6,
+    )
+    checkpoint = step_dir(parent.checkpoint_dir, 5)
+    sink = ListSink()
+    child_cfg = tiny_config(tmp_path / "c", "run.steps=12", "checkpoint.interval=5", run_id="child")
+    child = train(child_cfg, sink, fork_from=checkpoint)
+    assert (child.run_id, child.attempt, child.start_step, child.final_step) == ("child", 1, 5, 12)
+    [started] = sink.of("run.started")
+    assert (data(started)["parent_run"], data(started)["fork_step"], started.run_id) == ("parent", 5, "child")
+    assert sink.of("run.resumed") == []
+    losses = {e.step: data(e)["loss"] for e in sink.of("step.metrics")}
+    assert sorted(losses) == list(range(6, 13))
+    for step, loss in losses.items():
+        assert loss == pytest.approx(expected[step], rel=1e-5, abs=1e-6), step
+    # Its own checkpoints are its own: the fork saves into its directory (step 10), never the parent's.
+    assert child.last_checkpoint == step_dir(child.checkpoint_dir, 10)
+    assert sorted(p.name for p in parent.checkpoint_dir.glob("step_*")) == ["step_00000005"]
+    assert_gap_free(sink.events)
+
+
+def test_a_fork_is_refused_where_it_would_not_be_a_new_run(tmp_path: Path) -> None:
+    parent = train(
+        tiny_config(tmp_path / "p", "run.steps=6", "checkpoint.interval=5", run_id="parent"), ListSink()
+    )
+    checkpoint = step_dir(parent.checkpoint_dir, 5)
+    own = tiny_config(tmp_path / "p", "run.steps=6", run_id="parent")
+    with pytest.raises(RunExistsError):  # its own directory: launched before
+        train(own, ListSink(), fork_from=checkpoint)
+    with pytest.raises(ConfigError, match=r"a fork needs a new run\.run_id"):  # its own run id, elsewhere
+        train(tiny_config(tmp_path / "q", "run.steps=6", run_id="parent"), ListSink(), fork_from=checkpoint)
+    with pytest.raises(ConfigError, match="not with resume_from"):
+        train(tiny_config(tmp_path / "r", run_id="r"), ListSink(), fork_from=checkpoint, resume_from="latest")
+    with pytest.raises(ConfigError, match=r"cannot fork from .* pins: /model"):
+        train(
+            tiny_config(tmp_path / "s", "run.steps=6", "model.hidden_size=32", run_id="s"),
+            ListSink(),
+            fork_from=checkpoint,
+        )
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        train(tiny_config(tmp_path / "t", run_id="t"), ListSink(), fork_from=tmp_path / "p")
+    # Nothing was launched by a refusal.
+    for name in ("q", "r", "s", "t"):
+        assert not (tmp_path / name / "ckpt").exists() or attempts(tmp_path / name / "ckpt") == []
+
+
+def test_a_resume_that_changes_what_the_checkpoint_pins_is_refused(tmp_path: Path) -> None:
+    """Each checkpoint keeps the resolved config it was written under (``config.json``), and a resume
+    is checked against it before anything loads: a model shape changed is one ConfigError."""
+    cfg = tiny_config(tmp_path, "run.steps=6", "checkpoint.interval=5", run_id="pinned")
+    first = train(cfg, ListSink())
+    assert first.last_checkpoint is not None and (first.last_checkpoint / "config.json").is_file()
+    changed = tiny_config(tmp_path, "run.steps=6", "model.hidden_size=32", run_id="pinned")
+    with pytest.raises(ConfigError, match=r"cannot resume from .* pins: /model/hidden_size"):
+        train(changed, ListSink(), resume_from="latest")
+    assert len(attempts(tmp_path / "ckpt")) == 1  # the refusal registered no attempt
