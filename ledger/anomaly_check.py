@@ -68,7 +68,13 @@ class AnomalyCheck:
     events judged by the rule set that judged them (the newest commit record says which, from when)."""
 
     def __init__(self, record: dict[str, Any] | None, spill: Path) -> None:
-        judged = DetectorState.from_json(record["anomalies"]) if record and "anomalies" in record else None
+        self.damaged: str | None = None  # why the record's detector state cannot be read
+        judged: DetectorState | None = None
+        if record and "anomalies" in record:
+            try:
+                judged = DetectorState.from_json(record["anomalies"])
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                self.damaged = f"{type(exc).__name__}: {exc}"
         self.since = None if judged is None else judged.since  # None: never judged: nothing to check
         # (first commit, number) of each set, oldest first; events before ``since`` build windows
         # with the first set, as the writer that started judging did.
@@ -98,6 +104,9 @@ class AnomalyCheck:
         """Every missing, extra or altered anomaly event. ``redacted_ids``: events whose payload was
         erased, so the detectors cannot see them: an anomaly they caused is taken as stored."""
         self._flush()
+        if self.damaged is not None:
+            detail = f"the newest commit record's detector state is damaged ({self.damaged}): anomalies not checked"
+            return [AnomalyProblem("?", None, "detector-state", detail, 0)]
         if self.unknown:  # a newer runledger judged: this one cannot re-derive what it made
             first, number = self.unknown[0]
             detail = (

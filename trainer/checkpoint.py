@@ -112,9 +112,13 @@ def load(path: Path, env: DistEnv) -> dict[str, Any]:
 def saved_config(path: Path) -> dict[str, Any] | None:
     """The resolved config a checkpoint was written under (None for one without it)."""
     try:
-        config: dict[str, Any] = json.loads((path / "config.json").read_text())
+        config = json.loads((path / "config.json").read_text())
     except FileNotFoundError:
         return None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(f"{path / 'config.json'} cannot be read: {exc}") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path / 'config.json'} is not a config (a JSON object)")
     return config
 
 

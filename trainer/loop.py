@@ -504,7 +504,13 @@ def _plan_launch(cfg: TrainConfig, root: Path, start: Start, env: distributed.Di
     saved = ckpt.saved_config(path) if path is not None else None
     if saved is not None:
         # A resume or fork may change live keys, never what the checkpoint's shapes and data depend on.
-        pinned = pinned_changes(diff(_from_saved(saved), cfg))
+        try:
+            before = _from_saved(saved)
+        except msgspec.ValidationError as exc:
+            raise ckpt.CheckpointError(
+                f"{path}/config.json is not a config this trainer reads: {exc}"
+            ) from None
+        pinned = pinned_changes(diff(before, cfg))
         if parent:  # a fork's run id is new by definition
             pinned = [op for op in pinned if op.get("path") != "/run/run_id"]
         if pinned:

@@ -359,6 +359,20 @@ def test_verify_says_once_that_a_newer_rule_set_judged(
     assert "rule set 3 (from commit 0) is unknown to this runledger" in report.problems[0].detail
 
 
+def test_verify_says_once_that_the_records_detector_state_is_damaged(tmp_path: Path) -> None:
+    root = tmp_path / "l"
+    with Ledger.create(root) as ledger:
+        ledger.commit(_records(_story()))
+    newest = sorted((root / "_commits").glob("*.json"))[-1]
+    record = msgspec.json.decode(newest.read_bytes())
+    record["anomalies"]["rule_sets"] = [["zero", 2]]
+    newest.write_bytes(msgspec.json.encode(record))
+    report = verify_ledger(root)
+    damaged = [pr for pr in report.problems if pr.kind == "anomaly"]
+    assert [pr.event_id for pr in damaged] == ["detector-state"]
+    assert "detector state is damaged (ValueError" in damaged[0].detail
+
+
 def test_two_commits_across_a_reopened_ledger_equal_one_commit(tmp_path: Path) -> None:
     records = _records(_story())
     Ledger.create(tmp_path / "one").commit(records)

@@ -62,3 +62,20 @@ def test_a_fork_the_cli_refuses_is_one_line_and_launches_nothing(tmp_path: Path)
     code, out = _train(tmp_path, "third", "--fork-from", str(tmp_path / "hero"))
     assert code == 2 and out.startswith("error: ") and "is not a complete checkpoint directory" in out
     assert not (tmp_path / "other").exists() and not (tmp_path / "third").exists()
+
+
+def test_a_fork_from_a_damaged_checkpoint_config_is_one_line(tmp_path: Path) -> None:
+    code, out = _train(tmp_path, "hero", "--stop-at", "4")
+    assert code == 0, out
+    checkpoint = step_dir(tmp_path / "hero", 4)
+    for damage in (
+        b"{not json",
+        b"[1, 2]",
+        b'{"run": {"run_id": "hero"}, "model": {"hidden_size": "wide"}}',
+        b"\xff\xfe",
+    ):
+        (checkpoint / "config.json").write_bytes(damage)
+        code, out = _train(tmp_path, "copy", "--fork-from", str(checkpoint))
+        assert code == 2 and len(out.splitlines()) == 1 and out.startswith("error: "), (damage, out)
+        assert "config.json" in out
+    assert not (tmp_path / "copy").exists()
