@@ -398,14 +398,11 @@ def _leaf_bytes(ledger: Path, doc: dict) -> bytes:
     from runledger.ledger.merkle import leaf_hash
     from runledger.ledger.query import Reader
 
-    rows = (
-        Reader(ledger)
-        .sql(
+    with Reader(ledger) as reader:
+        rows = reader.sql(
             "SELECT canonical FROM events WHERE stream = ? AND stream_seq = ?",
             [doc["stream"], doc["leaf_index"]],
-        )
-        .rows
-    )
+        ).rows
     want = base64.b64decode(doc["leaf_hash"])
     for (canonical,) in rows:
         raw = canonical.encode("utf-8")
@@ -530,7 +527,8 @@ def _leaf_bytes_of(ledger: Path, event_id: str, source: str | None) -> bytes:
     from runledger.ledger.query import Reader
 
     where, params = ("id = ? AND source = ?", [event_id, source]) if source else ("id = ?", [event_id])
-    rows = Reader(ledger).sql(f"SELECT canonical FROM events WHERE {where}", params).rows
+    with Reader(ledger) as reader:
+        rows = reader.sql(f"SELECT canonical FROM events WHERE {where}", params).rows
     return str(rows[0][0]).encode()
 
 

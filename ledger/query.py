@@ -300,6 +300,12 @@ class Reader:
         self._con.close()
         self._spill.remove()
 
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @property
     def head(self) -> RecordHead:
         """The ledger's id, newest commit and stream heads as of this reader (a lake: its snapshot;

@@ -167,11 +167,12 @@ def prove_published(root: Path, dest: Path | str | Dest, event_id: str, source: 
     ``dest`` (a folder or ``s3://…``), at its published checkpoint (the entry is the proof's ``extra``)."""
     from runledger.ledger.query import Reader
 
-    Ledger.open(root)
+    Ledger.open(root).close()  # (a folder that is no ledger: its one-line error)
     where, params = "id = ?", [event_id]
     if source:
         where, params = where + " AND source = ?", [event_id, source]
-    found = Reader(root).sql(f"SELECT stream, stream_seq FROM events WHERE {where}", params).rows
+    with Reader(root) as reader:
+        found = reader.sql(f"SELECT stream, stream_seq FROM events WHERE {where}", params).rows
     if len(found) != 1:
         raise RemoteError(
             f"no event with id {event_id!r}"

@@ -628,7 +628,8 @@ def write_report(
     **options: Any,
 ) -> tuple[Path, dict[str, Any]]:
     """Build the report of ``run_ids`` and write it to ``output``; returns the path and the data."""
-    report = build_report(Reader(ledger), run_ids, **options)
+    with Reader(ledger) as reader:
+        report = build_report(reader, run_ids, **options)
     write_durably(output, render_html(report))
     return output, report
 
@@ -652,19 +653,19 @@ def write_plot(
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    reader = Reader(ledger)
-    reader.require_run(run_id)
-    known = {
-        n for (n,) in reader.sql("SELECT DISTINCT name FROM metrics_all WHERE run_id = ?", [run_id]).rows
-    }
-    missing = [m for m in metrics if m not in known]
-    if missing:
-        raise ReportError(
-            f"run {run_id} has no metric {', '.join(missing)} (it has: {', '.join(sorted(known)) or 'none'})"
-        )
-    rng = step_range(reader, run_id, from_step, to_step)
-    series = reduce_series(reader, run_id, metrics, rng, buckets)
-    markers = run_markers(reader, run_id, rng)
+    with Reader(ledger) as reader:
+        reader.require_run(run_id)
+        known = {
+            n for (n,) in reader.sql("SELECT DISTINCT name FROM metrics_all WHERE run_id = ?", [run_id]).rows
+        }
+        missing = [m for m in metrics if m not in known]
+        if missing:
+            raise ReportError(
+                f"run {run_id} has no metric {', '.join(missing)} (it has: {', '.join(sorted(known)) or 'none'})"
+            )
+        rng = step_range(reader, run_id, from_step, to_step)
+        series = reduce_series(reader, run_id, metrics, rng, buckets)
+        markers = run_markers(reader, run_id, rng)
     fig, axes = plt.subplots(
         len(metrics), 1, sharex=True, figsize=(10, 0.8 + 2.4 * len(metrics)), squeeze=False
     )
