@@ -135,7 +135,7 @@ RULES_V1: tuple[Rule, ...] = (
     Straggler(version=1),
     ThroughputDrop(version=1),
 )
-# v1's rules, the lasting conditions reported once per episode.
+# Set 1's rules, with the lasting conditions reported once per episode (their v2).
 RULES_V2: tuple[Rule, ...] = (LossSpike(), NonFinite(), RouterCollapse(), Straggler(), ThroughputDrop())
 RULE_SETS: dict[int, tuple[Rule, ...]] = {1: RULES_V1, 2: RULES_V2}
 RULE_SET_IN_FORCE = 2

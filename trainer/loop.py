@@ -279,8 +279,7 @@ def train(
     ``TrainConfig`` (watched only if ``watch`` names a file to reload). ``resume_from``: None for a
     fresh run, ``"latest"``, a step number or a checkpoint directory. ``fork_from``: another run's
     complete checkpoint directory: this new run id starts there (``Fork``; not with ``resume_from``).
-    ``stop_at_step`` ends the
-    attempt early (status "stopped") after that step. Crashes do not raise: they are recorded and
+    ``stop_at_step`` ends the attempt early (status "stopped") after that step. Crashes do not raise: they are recorded and
     returned (``status`` "crashed" or "signal", ``exit_code`` for a CLI to exit with).
     ``mirror``: an experiment tracker to mirror the run to (``runledger.trainer.mirror.Mirror``), used on rank 0.
     ``on_model``: called with the model once it is built (and restored), before the first step, on
