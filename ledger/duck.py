@@ -26,7 +26,7 @@ import os
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 
@@ -49,6 +49,15 @@ _OFFLINE = {
 
 class ExtensionMissing(RuntimeError):
     """The wheel carrying a DuckDB extension is not installed, or carries another DuckDB version's."""
+
+
+def one_row(result: duckdb.DuckDBPyConnection) -> tuple[Any, ...] | None:
+    """A statement's first row (None: no row), its result read to the end. DuckDB's ``fetchone``
+    leaves the result open, and the catalog's read transaction with it until the connection's next
+    statement: an idle writer on a SQLite catalog then held its WAL, so no checkpoint could end it
+    (a redaction's VACUUM waited out its 30 s busy timeout twice for each idle writer)."""
+    rows = result.fetchall()
+    return rows[0] if rows else None
 
 
 def connect(

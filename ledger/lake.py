@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import duckdb
 import msgspec
 
-from runledger.ledger.duck import column_type, connect
+from runledger.ledger.duck import column_type, connect, one_row
 from runledger.ledger.parquet_schemas import SIDE_TABLES, TABLES, Table
 from runledger.schemas.durable import fsync_dir
 
@@ -395,6 +395,15 @@ def _is_conflict(exc: BaseException) -> bool:
     return "conflict" in str(exc).lower()
 
 
+def _lost_to_another(exc: BaseException) -> bool:
+    """Whether a transaction making tables or columns failed because another writer made them: a
+    conflict at COMMIT, or (PostgreSQL catalog) the other's COMMIT landing between this one's look
+    for what is missing and its BEGIN, so its CREATE met the table ("already exists", 1 CI run)."""
+    if not isinstance(exc, duckdb.Error):
+        return False
+    return _is_conflict(exc) or (isinstance(exc, duckdb.CatalogException) and "already exists" in str(exc))
+
+
 def _lost_init_race(text: str) -> bool:
     """DuckLake's ATTACH of a new PostgreSQL catalog creates its tables; two writers attaching it at
     once: the second's CREATE meets the first's ("duplicate key value violates unique constraint").
@@ -684,9 +693,11 @@ def attached_ledger_id(con: duckdb.DuckDBPyConnection) -> str | None:
     """The ledger id in the catalog of the lake attached on ``con`` as ``ALIAS`` (its own
     ``ducklake_metadata`` row ``ID_OPTION``), read from the catalog alone, no data file; None for a
     lake named before that row was kept."""
-    row = con.execute(
-        f"SELECT value FROM __ducklake_metadata_{ALIAS}.ducklake_metadata WHERE key = ?", [ID_OPTION]
-    ).fetchone()
+    row = one_row(
+        con.execute(
+            f"SELECT value FROM __ducklake_metadata_{ALIAS}.ducklake_metadata WHERE key = ?", [ID_OPTION]
+        )
+    )
     return str(row[0]) if row and row[0] is not None else None
 
 
@@ -798,10 +809,12 @@ def open_snapshot(
         known = _catalog_snapshots(con, spec, snapshot)
         if known is None:  # PostgreSQL: asked through DuckLake, then attached again pinned
             con.execute(f"ATTACH {_literal(spec.uri())} AS {ALIAS} (READ_ONLY, {where})")
-            row = con.execute(f"FROM {ALIAS}.current_snapshot()").fetchone()
-            found = con.execute(
-                f"SELECT count(*) FROM {ALIAS}.snapshots() WHERE snapshot_id = ?", [snapshot or 0]
-            ).fetchone()
+            row = one_row(con.execute(f"FROM {ALIAS}.current_snapshot()"))
+            found = one_row(
+                con.execute(
+                    f"SELECT count(*) FROM {ALIAS}.snapshots() WHERE snapshot_id = ?", [snapshot or 0]
+                )
+            )
             known = (int(row[0]) if row else 0, bool(found and found[0]))
             con.execute(f"DETACH {ALIAS}")
         newest, present = known
@@ -833,11 +846,13 @@ def _catalog_snapshots(
         # (a SQLite file through DuckDB's own SQLite, never Python's: see ``_attach_writer``)
         con.execute(f"ATTACH {_literal(spec.target)} AS _lake_catalog (TYPE sqlite, READ_ONLY)")
         try:
-            row = con.execute(
-                "SELECT max(snapshot_id), count(*) FILTER (WHERE snapshot_id = ?) "
-                "FROM _lake_catalog.ducklake_snapshot",
-                [snapshot],
-            ).fetchone()
+            row = one_row(
+                con.execute(
+                    "SELECT max(snapshot_id), count(*) FILTER (WHERE snapshot_id = ?) "
+                    "FROM _lake_catalog.ducklake_snapshot",
+                    [snapshot],
+                )
+            )
         finally:
             con.execute("DETACH _lake_catalog")
     else:
@@ -1037,9 +1052,9 @@ class LakeTables:
 
         def ask_state() -> str | None:
             with self.maintenance.shared(), contextlib.closing(self.con.cursor()) as cur:
-                row = cur.execute(
-                    f"SELECT arg_max(value, rowid) FROM {ALIAS}.{STATE} WHERE key = ?", [ID_KEY]
-                ).fetchone()
+                row = one_row(
+                    cur.execute(f"SELECT arg_max(value, rowid) FROM {ALIAS}.{STATE} WHERE key = ?", [ID_KEY])
+                )
             return str(json.loads(row[0])) if row and row[0] is not None else None
 
         found = self._retry(ask_catalog)
@@ -1184,7 +1199,7 @@ class LakeTables:
             except BaseException as exc:
                 self._rollback()
                 self.named_now = False
-                if isinstance(exc, duckdb.Error) and _is_conflict(exc) and not self._missing():
+                if _lost_to_another(exc) and not self._missing():
                     return  # another process created them first
                 raise
 
@@ -1226,7 +1241,7 @@ class LakeTables:
                 self.con.execute("COMMIT")
             except BaseException as exc:
                 self._rollback()
-                if isinstance(exc, duckdb.Error) and _is_conflict(exc) and not self._missing_columns():
+                if _lost_to_another(exc) and not self._missing_columns():
                     return  # another writer added them first
                 raise
 
@@ -1344,9 +1359,9 @@ class LakeTables:
     def _check_bounds_once(self) -> None:
         """Every table's bounds checked, once per lake (one written before writers kept them)."""
         meta = f"__ducklake_metadata_{ALIAS}"
-        done = self.con.execute(
-            f"SELECT 1 FROM {meta}.ducklake_metadata WHERE key = ?", [BOUNDS_OPTION]
-        ).fetchone()
+        done = one_row(
+            self.con.execute(f"SELECT 1 FROM {meta}.ducklake_metadata WHERE key = ?", [BOUNDS_OPTION])
+        )
         if done is not None:
             return
         self._correct_bounds()
@@ -1426,7 +1441,7 @@ class LakeTables:
         self._bounds_at_risk = tables_at_risk(con, ALIAS, tables)
         con.execute("COMMIT")
         self._inlined |= inlined
-        (snapshot,) = con.execute(f"FROM ducklake_last_committed_snapshot('{ALIAS}')").fetchone() or (None,)
+        (snapshot,) = one_row(con.execute(f"FROM ducklake_last_committed_snapshot('{ALIAS}')")) or (None,)
         if snapshot is None:
             return None
         self._fences_at = (int(snapshot), fenced)
@@ -1533,9 +1548,9 @@ class LakeTables:
                 # The row is deleted only where it holds the expected position: one statement, where
                 # reading it first cost a second scan (~10 ms a source on a DuckDB-file catalog).
                 try:
-                    deleted = self.con.execute(
-                        f"DELETE FROM {table} WHERE next_position = ?", [expected]
-                    ).fetchone()
+                    deleted = one_row(
+                        self.con.execute(f"DELETE FROM {table} WHERE next_position = ?", [expected])
+                    )
                 except duckdb.CatalogException:  # made by another writer after this transaction began
                     raise duckdb.TransactionException(
                         f"conflict: {table} is newer than this transaction"
@@ -1592,9 +1607,9 @@ class LakeTables:
         if self._fences_at is None:
             return {}
         at, fences = self._fences_at
-        row = self.con.execute(
-            f"SELECT max(snapshot_id) FROM __ducklake_metadata_{ALIAS}.ducklake_snapshot"
-        ).fetchone()
+        row = one_row(
+            self.con.execute(f"SELECT max(snapshot_id) FROM __ducklake_metadata_{ALIAS}.ducklake_snapshot")
+        )
         return dict(fences) if row is not None and row[0] == at else {}
 
     def _fence_exists(self, source: str) -> bool:
@@ -1605,16 +1620,18 @@ class LakeTables:
         # fence another writer made after this transaction began is found there but cannot be deleted
         # from here (``_fence`` turns that into a conflict: the commit is tried again); one not found
         # there is not in this transaction's older view either (a commit makes each fence once).
-        found = self.con.execute(
-            f"SELECT 1 FROM __ducklake_metadata_{ALIAS}.ducklake_table WHERE table_name = ? AND end_snapshot IS NULL",
-            [fence_table(source)],
-        ).fetchone()
+        found = one_row(
+            self.con.execute(
+                f"SELECT 1 FROM __ducklake_metadata_{ALIAS}.ducklake_table WHERE table_name = ? AND end_snapshot IS NULL",
+                [fence_table(source)],
+            )
+        )
         if found:
             self._fences.add(source)
         return found is not None
 
     def _fenced(self, source: str) -> int:
-        row = self.con.execute(f"SELECT max(next_position) FROM {ALIAS}.{fence_table(source)}").fetchone()
+        row = one_row(self.con.execute(f"SELECT max(next_position) FROM {ALIAS}.{fence_table(source)}"))
         return int(row[0]) if row and row[0] is not None else 0
 
     def fence_positions(self, sources: list[str]) -> dict[str, int]:
@@ -1628,7 +1645,7 @@ class LakeTables:
 
         def ask() -> int:
             with contextlib.closing(self.con.cursor()) as cur:
-                row = cur.execute(f"FROM {ALIAS}.current_snapshot()").fetchone()
+                row = one_row(cur.execute(f"FROM {ALIAS}.current_snapshot()"))
             return int(row[0]) if row else 0
 
         return self._retry(ask)
@@ -1691,9 +1708,9 @@ class LakeTables:
                 # The catalog's newest snapshot (~1 ms) first: where this instance already knows that
                 # no record above ``number`` existed at it, the lake has not moved since (a scan
                 # of the records table through DuckLake: ~14 ms, before every commit).
-                row = cur.execute(
-                    f"SELECT max(snapshot_id) FROM __ducklake_metadata_{ALIAS}.ducklake_snapshot"
-                ).fetchone()
+                row = one_row(
+                    cur.execute(f"SELECT max(snapshot_id) FROM __ducklake_metadata_{ALIAS}.ducklake_snapshot")
+                )
                 newest = int(row[0]) if row and row[0] is not None else None
                 if newest is not None and self._records_seen == (number, newest):
                     return []
@@ -1822,9 +1839,11 @@ class LakeTables:
 
     def _next_file_id(self) -> int:
         with contextlib.closing(self.con.cursor()) as cur:
-            row = cur.execute(
-                f"SELECT coalesce(max(data_file_id), -1) + 1 FROM __ducklake_metadata_{ALIAS}.ducklake_data_file"
-            ).fetchone()
+            row = one_row(
+                cur.execute(
+                    f"SELECT coalesce(max(data_file_id), -1) + 1 FROM __ducklake_metadata_{ALIAS}.ducklake_data_file"
+                )
+            )
         return int(row[0]) if row else 0
 
     def _record_merged(self, after: int, first_file: int) -> int:
@@ -2076,10 +2095,12 @@ def _any_file_ended_or_deleted(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether any data file of the lake (any table's) ever left a snapshot or took a delete file:
     a superset of what ``erase_deleted`` looks for, read from the catalog's own tables."""
     meta = f"__ducklake_metadata_{ALIAS}"
-    row = con.execute(
-        f"SELECT EXISTS (SELECT 1 FROM {meta}.ducklake_data_file WHERE end_snapshot IS NOT NULL) "
-        f"OR EXISTS (SELECT 1 FROM {meta}.ducklake_delete_file)"
-    ).fetchone()
+    row = one_row(
+        con.execute(
+            f"SELECT EXISTS (SELECT 1 FROM {meta}.ducklake_data_file WHERE end_snapshot IS NOT NULL) "
+            f"OR EXISTS (SELECT 1 FROM {meta}.ducklake_delete_file)"
+        )
+    )
     return bool(row and row[0])
 
 
@@ -2145,9 +2166,11 @@ def _cleanup_cutoff(kind: CatalogKind, keep_s: float) -> str:
 
 def _file_count(con: duckdb.DuckDBPyConnection) -> int:
     """Data files in the newest snapshot (every table, the writer's own included)."""
-    row = con.execute(
-        f"SELECT count(*) FROM __ducklake_metadata_{ALIAS}.ducklake_data_file WHERE end_snapshot IS NULL"
-    ).fetchone()
+    row = one_row(
+        con.execute(
+            f"SELECT count(*) FROM __ducklake_metadata_{ALIAS}.ducklake_data_file WHERE end_snapshot IS NULL"
+        )
+    )
     return int(row[0]) if row else 0
 
 

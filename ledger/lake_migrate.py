@@ -32,7 +32,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from runledger.ledger.duck import connect
+from runledger.ledger.duck import connect, one_row
 from runledger.ledger.lake import (
     COMMIT_FENCE,
     EMBEDDED_CATALOG,
@@ -418,9 +418,11 @@ def _copy_checkpoints(old_root: Path, folder: Path) -> None:
 # ----------------------------------------------------------------- checking
 def table_digests(con: Queryable, relation: str, name: str) -> tuple[int, int]:
     """(rows, sum of every row's hash): order-independent, and a repeated row counts twice."""
-    row = con.execute(
-        f"SELECT count(*), coalesce(sum(hash(t)::HUGEINT), 0) FROM (SELECT {_columns(name)} FROM {relation}) t"
-    ).fetchone()
+    row = one_row(
+        con.execute(
+            f"SELECT count(*), coalesce(sum(hash(t)::HUGEINT), 0) FROM (SELECT {_columns(name)} FROM {relation}) t"
+        )
+    )
     assert row is not None
     return int(row[0]), int(row[1])
 

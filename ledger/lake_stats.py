@@ -175,16 +175,20 @@ def correct_bounds(
     """Set the bounds of ``tables`` (default the ledger's) that are not their live files' to theirs; the
     number of columns set. Each write sets the bounds only where they are still those read; one that
     another commit changed first is read again (bounded)."""
+    from runledger.ledger.duck import one_row
+
     corrected = 0
     for _ in range(_CAS_TRIES):
         lost = False
         for w in wrong_bounds(con, alias, tables):
-            row = con.execute(
-                f"UPDATE {_meta(alias)}.ducklake_table_column_stats SET min_value = ?, max_value = ? "
-                "WHERE table_id = ? AND column_id = ? "
-                "AND min_value IS NOT DISTINCT FROM ? AND max_value IS NOT DISTINCT FROM ?",
-                [w.new_min, w.new_max, w.table_id, w.column_id, w.old_min, w.old_max],
-            ).fetchone()
+            row = one_row(
+                con.execute(
+                    f"UPDATE {_meta(alias)}.ducklake_table_column_stats SET min_value = ?, max_value = ? "
+                    "WHERE table_id = ? AND column_id = ? "
+                    "AND min_value IS NOT DISTINCT FROM ? AND max_value IS NOT DISTINCT FROM ?",
+                    [w.new_min, w.new_max, w.table_id, w.column_id, w.old_min, w.old_max],
+                )
+            )
             if row and int(row[0]) == 1:
                 corrected += 1
             else:

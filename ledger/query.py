@@ -905,9 +905,11 @@ def _newest_lake_record(pinned: duckdb.DuckDBPyConnection) -> Any:
     yet; the commit that named the lake has no number). One row read: the filter on the commit
     number skips the other records' files by their statistics."""
     table = f"{ALIAS}.{LAKE_COMMITS}"
-    row = pinned.execute(
-        f"SELECT info FROM {table} WHERE ledger_commit = (SELECT max(ledger_commit) FROM {table})"
-    ).fetchone()
+    row = duck.one_row(
+        pinned.execute(
+            f"SELECT info FROM {table} WHERE ledger_commit = (SELECT max(ledger_commit) FROM {table})"
+        )
+    )
     if row is None:
         return None
     try:

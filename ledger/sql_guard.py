@@ -67,6 +67,7 @@ from typing import Any, TypeVar
 import duckdb
 import msgspec
 
+from runledger.ledger.duck import one_row
 from runledger.schemas.durable import process_running
 
 _T = TypeVar("_T")
@@ -513,7 +514,7 @@ def _serialized(con: duckdb.DuckDBPyConnection, query: str) -> dict[str, Any]:
     text = _TREES.get(query)
     if text is None:
         with contextlib.closing(con.cursor()) as cursor:
-            row = cursor.execute(f"SELECT json_serialize_sql({_literal(query)})").fetchone()
+            row = one_row(cursor.execute(f"SELECT json_serialize_sql({_literal(query)})"))
         if row is None:
             raise RefusedStatement("refused: DuckDB gave no parse tree for this statement")
         text = str(row[0])

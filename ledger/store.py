@@ -71,6 +71,7 @@ from runledger.ledger.anomalies import (
     admitted_anomaly,
     anomaly_round,
 )
+from runledger.ledger.duck import one_row
 from runledger.ledger.lake import (
     COMMIT_FENCE,
     EMBEDDED_CATALOG,
@@ -446,10 +447,12 @@ class Ledger:
         with self.lake.reader() as con:
             # the fold files events without an attempt under attempt 1 (see FoldState)
             attempt_is = "(attempt = ? OR attempt IS NULL)" if attempt == 1 else "attempt = ?"
-            row = con.execute(
-                f"SELECT config FROM configs WHERE run_id = ? AND {attempt_is} ORDER BY stream_seq DESC LIMIT 1",
-                [run_id, attempt],
-            ).fetchone()
+            row = one_row(
+                con.execute(
+                    f"SELECT config FROM configs WHERE run_id = ? AND {attempt_is} ORDER BY stream_seq DESC LIMIT 1",
+                    [run_id, attempt],
+                )
+            )
         return json.loads(row[0]) if row else None
 
     # ----------------------------------------------------------------- writing

@@ -26,7 +26,7 @@ from runledger.ledger.lake import LakeFolder, LakeTables
 from runledger.ledger.log_key import KEYS_DIR, recorded_log_key
 from runledger.ledger.manifest import open_published
 from runledger.ledger.query import Reader
-from runledger.ledger.store import Ledger, LedgerError
+from runledger.ledger.store import Ledger, LedgerError, SourceRecord
 from runledger.schemas.note import write_keypair
 from tests.lake.conftest import Backend
 from tests.support.factory import RunBuilder
@@ -305,3 +305,82 @@ def test_racing_creators_of_one_new_lake_agree_on_its_ledger_id(backend: Backend
     assert Reader(tmp_path / "host-0").sql(
         "SELECT count(*) FROM events WHERE type = 'ledger.policy.changed'"
     ).rows == [(1,)]
+
+
+def _catalog_held_open(backend: Backend) -> str | None:
+    """What of the catalog a connection holds open now (None: nothing). SQLite: a checkpoint of the
+    WAL by another process, which a read transaction left open stops (busy). PostgreSQL: the
+    sessions idle in a transaction on the catalog's database."""
+    target = backend.catalog.split(":", 1)[1]
+    if backend.kind == "sqlite":
+        probe = (
+            "import sqlite3, sys; db = sqlite3.connect(sys.argv[1], timeout=2); "
+            "print(db.execute('PRAGMA wal_checkpoint(TRUNCATE)').fetchall()[0][0])"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", probe, target], capture_output=True, text=True, timeout=60, check=True
+        )
+        return None if out.stdout.strip() == "0" else "a read transaction stops the WAL's checkpoint"
+    fields = dict(part.split("=", 1) for part in target.split())
+    psql = sorted(Path("/usr/lib/postgresql").glob("*/bin/psql"))[-1]
+    out = subprocess.run(
+        [
+            str(psql),
+            *("-h", fields["host"], "-p", fields["port"], "-U", fields["user"], "-d", fields["dbname"]),
+            "-tAc",
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND state LIKE 'idle in transaction%'",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return None if out.stdout.strip() == "0" else f"{out.stdout.strip()} session(s) idle in a transaction"
+
+
+def test_an_idle_ledger_holds_no_transaction_open_on_its_catalog(backend: Backend, tmp_path: Path) -> None:
+    """A ledger opened, or one that has just committed, then idle (an ingester between batches)
+    leaves no transaction open on the catalog: DuckDB's ``fetchone`` left its last read's result
+    open, and with it a SQLite read transaction that no checkpoint could pass (its WAL grew while
+    the writer idled; a redaction's VACUUM waited 60 s for each idle writer beside it)."""
+    root = tmp_path / "ledger"
+    run = RunBuilder(run_id="run-idle")
+    run.start()
+    run.step(1)
+    with Ledger.create_on_lake(root, backend.catalog, backend.data, ledger_id="idle-test") as first:
+        first.commit([SourceRecord("spool:a", i, raw) for i, raw in enumerate(run.events)])
+        with Ledger.open(root) as second:  # opened: idle beside the first
+            run.step(2)
+            first.commit([SourceRecord("spool:a", len(run.events) - 1, run.events[-1])])
+            assert _catalog_held_open(backend) is None
+            run.step(3)
+            second.commit([SourceRecord("spool:a", len(run.events) - 1, run.events[-1])])
+            assert _catalog_held_open(backend) is None  # both idle, each after a commit
+            with Reader(root) as reader:  # a reader kept open (the live page's) after its questions
+                reader.state("run-idle")
+                reader.sql("SELECT count(*) FROM events")
+                run.step(4)
+                first.commit([SourceRecord("spool:a", len(run.events) - 1, run.events[-1])])
+                assert _catalog_held_open(backend) is None
+
+
+def test_a_creator_that_looked_before_another_made_the_tables_joins_them(
+    backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The window the racing creators above hit once in CI (PostgreSQL): a creator that found the
+    tables missing, and whose BEGIN came after another's COMMIT made them, meets them at CREATE
+    ("already exists"). It joins the lake the other made, as a creator that lost at COMMIT does."""
+    with LakeTables(backend.catalog, backend.data, name_new="first") as first:
+        assert first.named_now
+    looks = {"n": 0}
+    real_missing = LakeTables._missing
+
+    def looked_early(self: LakeTables) -> list[str]:  # both looks before the other's COMMIT
+        looks["n"] += 1
+        return list(self._all_tables()) if looks["n"] <= 2 else real_missing(self)
+
+    monkeypatch.setattr(LakeTables, "_missing", looked_early)
+    with LakeTables(backend.catalog, backend.data, name_new="second") as second:
+        assert looks["n"] >= 3 and not second.named_now
+        assert second.stored_ledger_id() == "first"
