@@ -84,9 +84,17 @@ class WandbMirror:
         self._run: Any = None
 
     def start(
-        self, run_id: str, config: Mapping[str, Any], *, name: str | None = None
+        self,
+        run_id: str,
+        config: Mapping[str, Any],
+        *,
+        name: str | None = None,
+        fork: tuple[str, int] | None = None,
     ) -> tuple[str, str | None]:
-        """Start (or, for a later attempt, resume) the W&B run; returns (wandb run id, url or None)."""
+        """Start (or, for a later attempt, resume) the W&B run; returns (wandb run id, url or None).
+        ``fork`` (parent run id, step): a new run that goes on from the parent's step, as W&B's own
+        ``fork_from`` (which W&B takes instead of ``resume``); W&B records it as the run's branch point,
+        the lineage ``ledger ingest wandb`` reads back."""
         import wandb
 
         if self.directory is not None:
@@ -99,7 +107,8 @@ class WandbMirror:
             config=dict(config),
             dir=str(self.directory) if self.directory is not None else None,
             mode=self.mode,  # type: ignore[arg-type]
-            resume="allow",
+            resume=None if fork else "allow",
+            fork_from=f"{wandb_run_id_for(fork[0])}?_step={fork[1]}" if fork else None,
             reinit="create_new",
             settings=wandb.Settings(**self.settings),
         )

@@ -609,9 +609,17 @@ def load_state(ledger: AnomalyLedger) -> DetectorState:
         return DetectorState()
     record = msgspec.json.decode(paths[-1].read_bytes())
     saved = record.get("anomalies")
-    if saved is not None:
+    if saved is None:
+        return scan_state(ledger, ledger.anomaly_rules, record["commit"])
+    try:
         return DetectorState.from_json(saved, record["commit"])
-    return scan_state(ledger, ledger.anomaly_rules, record["commit"])
+    except (ValueError, TypeError, KeyError) as exc:  # (each field is read with int() and float())
+        from runledger.ledger.records import LedgerError
+
+        raise LedgerError(
+            f"{paths[-1]}: its detector state is damaged ({type(exc).__name__}: {exc}), so no commit can "
+            "judge anomalies; delete the file and open the ledger again: it is copied again from the lake"
+        ) from None
 
 
 def scan_state(ledger: AnomalyLedger, rules: tuple[Rule, ...], commit: int) -> DetectorState:

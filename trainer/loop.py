@@ -562,7 +562,10 @@ def _announce_launch(ctx: RunContext) -> None:
         return
     cfg, result = ctx.cfg, ctx.result
     if ctx.mirror is not None:
-        ctx.mirror, result.external = mirror_lib.start(ctx.mirror, result.run_id, resolved(cfg), cfg.run.name)
+        fork = (ctx.parent_run, ctx.step) if ctx.parent_run else None
+        ctx.mirror, result.external = mirror_lib.start(
+            ctx.mirror, result.run_id, resolved(cfg), cfg.run.name, fork
+        )
     fields = launch_fields(
         config=resolved(cfg),
         config_hash=config_hash(cfg),

@@ -48,9 +48,15 @@ class Mirror(Protocol):
     """What the trainer needs from a mirror (``runledger.ingest.wandb_mirror.WandbMirror`` is one)."""
 
     def start(
-        self, run_id: str, config: Mapping[str, Any], *, name: str | None = None
+        self,
+        run_id: str,
+        config: Mapping[str, Any],
+        *,
+        name: str | None = None,
+        fork: tuple[str, int] | None = None,
     ) -> tuple[str, str | None]:
-        """Start, or for a later attempt resume, the mirrored run; (its id, its URL or None)."""
+        """Start, or for a later attempt resume, the mirrored run; (its id, its URL or None).
+        ``fork``: (parent run id, step) when the run goes on from another run's checkpoint."""
         ...
 
     @property
@@ -79,11 +85,15 @@ def one_line_error(exc: BaseException) -> str:
 
 
 def start(
-    mirror: Mirror, run_id: str, config: Mapping[str, Any], name: str | None
+    mirror: Mirror,
+    run_id: str,
+    config: Mapping[str, Any],
+    name: str | None,
+    fork: tuple[str, int] | None = None,
 ) -> tuple[Mirror | None, dict[str, str]]:
     """Start the mirror: (the mirror, its ``external``), or (None, ``{"wandb_error": …}``) if it failed."""
     try:
-        mirror.start(run_id, config, name=name)
+        mirror.start(run_id, config, name=name, fork=fork)
         external = {str(k): str(v) for k, v in mirror.external.items()}
     except Exception as exc:
         message = one_line_error(exc)

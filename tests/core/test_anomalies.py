@@ -48,7 +48,7 @@ from runledger.ledger.anomalies import (
 )
 from runledger.ledger.integrity import verify_ledger
 from runledger.ledger.query import Reader
-from runledger.ledger.store import Ledger, SourceRecord
+from runledger.ledger.store import Ledger, LedgerError, SourceRecord
 from runledger.schemas import config_hash, decode_event, encode_event, make_event
 from runledger.schemas import payloads as p
 from runledger.schemas.codec import Envelope, Event
@@ -371,6 +371,33 @@ def test_verify_says_once_that_the_records_detector_state_is_damaged(tmp_path: P
     damaged = [pr for pr in report.problems if pr.kind == "anomaly"]
     assert [pr.event_id for pr in damaged] == ["detector-state"]
     assert "detector state is damaged (ValueError" in damaged[0].detail
+
+
+def test_a_writer_refuses_in_one_line_a_damaged_detector_state_and_the_lakes_copy_mends_it(
+    tmp_path: Path,
+) -> None:
+    """The writer's next commit reads the newest record's detector state: damaged, the commit is one
+    LedgerError naming the file (no bare ValueError, nothing stored); deleted, the file is copied
+    again from the lake when the ledger opens, and the commit lands and verifies."""
+    root = tmp_path / "l"
+    records = _records(_story())
+    with Ledger.create(root) as ledger:
+        ledger.commit(records[:40])
+    newest = sorted((root / "_commits").glob("*.json"))[-1]
+    good = newest.read_bytes()
+    record = msgspec.json.decode(good)
+    record["anomalies"]["windows"] = [["s", "one", "loss", 5, []]]
+    newest.write_bytes(msgspec.json.encode(record))
+    with Ledger.open(root) as ledger, pytest.raises(LedgerError) as refused:
+        ledger.commit(records[40:])
+    line = str(refused.value)
+    assert "\n" not in line and str(newest) in line and "detector state is damaged (ValueError" in line
+    newest.unlink()
+    with Ledger.open(root) as ledger:
+        assert newest.read_bytes() == good
+        ledger.commit(records[40:])
+    report = verify_ledger(root)
+    assert report.ok, [pr.line() for pr in report.problems]
 
 
 def test_two_commits_across_a_reopened_ledger_equal_one_commit(tmp_path: Path) -> None:

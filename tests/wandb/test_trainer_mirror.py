@@ -201,7 +201,9 @@ class ExplodingMirror:
         self.secret = secret
         self.calls: list[str] = []
 
-    def start(self, run_id: str, config: Any, *, name: str | None = None) -> tuple[str, str | None]:
+    def start(
+        self, run_id: str, config: Any, *, name: str | None = None, fork: tuple[str, int] | None = None
+    ) -> tuple[str, str | None]:
         self.calls.append("start")
         raise ConnectionError(f"cannot reach W&B\n  with api_key={self.secret}\n  (key {self.secret})")
 
@@ -274,3 +276,43 @@ def test_cli_train_with_wandb(wandb_dir: Path, tmp_path: Path) -> None:
         check=True,
     ).stdout
     assert all(option in help_text for option in ("--wandb", "--wandb-project", "--wandb-entity"))
+
+
+def test_a_fork_with_wandb_is_a_wandb_fork_of_its_parent(wandb_dir: Path, tmp_path: Path) -> None:
+    """``ledger train --wandb --fork-from``: the W&B run is W&B's own fork of the parent's (its
+    ``fork_from``), so W&B's record holds the branch point, and importing it gives the ledger's line."""
+    from runledger.cli.main import app
+    from runledger.trainer.checkpoint import step_dir
+
+    config = tiny_config_file(tmp_path, "run.steps=8", "checkpoint.interval=4")
+    spool = tmp_path / "spool"
+
+    def train_cli(run_id: str, *extra: str) -> None:
+        args = [
+            "train",
+            str(config),
+            "--spool",
+            str(spool),
+            "--log-every",
+            "0",
+            "--wandb",
+            "--run-id",
+            run_id,
+        ]
+        args += ["--set", f"checkpoint.dir={tmp_path / run_id}", *extra]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+
+    train_cli("hero", "--stop-at", "5")
+    train_cli("hero-lr2", "--fork-from", str(step_dir(tmp_path / "hero", 4)))
+    [started] = [e for e in read_spool(spool) if e.type == "runledger.run.started" and e.run_id == "hero-lr2"]
+    assert (started.data.parent_run, started.data.fork_step) == ("hero", 4)
+    [fork_file] = [f for f in find_offline_runs(started.data.external["wandb_dir"]) if "hero-lr2" in f.name]
+    [from_wandb] = [
+        e for e in imported(fork_file, tmp_path / "imported") if e.type == "runledger.run.started"
+    ]
+    assert (from_wandb.run_id, from_wandb.data.parent_run, from_wandb.data.fork_step) == (
+        "hero-lr2",
+        "hero",
+        4,
+    )
