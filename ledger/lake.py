@@ -514,14 +514,20 @@ def retry_locked(attempt: Callable[[], T]) -> T:
 
 
 # Run as ``python -c`` on a SQLite catalog: its WAL emptied into it, the file rewritten without the
-# pages deleted rows left, the WAL emptied again (busy: waits up to 30 s for other connections).
+# pages deleted rows left, the WAL emptied again. A checkpoint waits up to VACUUM_BUSY_S for readers;
+# one still held then (a reader's open transaction) leaves the old pages in the file or the WAL: exit 3.
 VACUUM_TIMEOUT_S = 120
+VACUUM_BUSY_S = 30.0
+VACUUM_PENDING = ".vacuum-pending"  # beside a SQLite catalog whose erased rows may still be in its files
 _VACUUM_SQLITE = """
 import contextlib, sqlite3, sys
-with contextlib.closing(sqlite3.connect(sys.argv[1], timeout=30)) as db:
+busy_s = float(sys.argv[2])
+with contextlib.closing(sqlite3.connect(sys.argv[1], timeout=busy_s)) as db:
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     db.execute("VACUUM")
-    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    busy = db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()[0][0]
+if busy:
+    sys.exit(f"a reader held the catalog's WAL for {busy_s:g} s")
 """
 
 
@@ -1898,10 +1904,12 @@ class LakeTables:
             # A lake where no data file ever ended or took deletions has nothing to erase: one cheap
             # read of the catalog's own tables (the full search joins DuckLake's snapshots: ~40 ms).
             if not self._retry(lambda: _any_file_ended_or_deleted(cur), con=cur):
+                self._vacuum_if_pending(cur)
                 return done
             held = self._retry(lambda: _files_with_deletions(cur), con=cur)
             ended = self._retry(lambda: _files_ended_by_a_commit(cur), con=cur)
             if not held and not ended:
+                self._vacuum_if_pending(cur)
                 return done
             every = _ids(held + ended)
             old = {path for _, path, _, _ in self._file_rows(f"f.data_file_id IN ({every})", [], cur)}
@@ -1951,6 +1959,15 @@ class LakeTables:
         )
         return done
 
+    def _vacuum_if_pending(self, cur: duckdb.DuckDBPyConnection) -> None:
+        """The SQLite catalog's storage compacted again where an erasure's last try could not
+        (``VACUUM_PENDING``: a reader held its WAL), when statements pause for it."""
+        if self.catalog.kind != "sqlite" or not Path(self.catalog.target + VACUUM_PENDING).exists():
+            return
+        with self.maintenance.exclusive() as mine:
+            if mine:
+                self._compact_catalog(cur)
+
     def _compact_catalog(self, cur: duckdb.DuckDBPyConnection) -> None:
         """Rewrite a server's or SQLite file's storage so rows the catalog deleted leave it, not only
         its tables (a deleted file's column statistics hold values of its rows): a SQLite file is
@@ -1959,10 +1976,13 @@ class LakeTables:
         operator's to expire."""
         if self.catalog.kind == "sqlite":
             # VACUUM by another process's SQLite: DuckDB's runs no statement that returns nothing,
-            # and a second SQLite library in this one would drop DuckDB's locks on the file.
+            # and a second SQLite library in this one would drop DuckDB's locks on the file. The
+            # marker stays until it succeeds, so the next writer or maintenance tries again.
+            pending = Path(self.catalog.target + VACUUM_PENDING)
+            pending.touch()
             try:
                 done = subprocess.run(
-                    [sys.executable, "-c", _VACUUM_SQLITE, self.catalog.target],
+                    [sys.executable, "-c", _VACUUM_SQLITE, self.catalog.target, str(VACUUM_BUSY_S)],
                     capture_output=True,
                     text=True,
                     timeout=VACUUM_TIMEOUT_S,
@@ -1974,7 +1994,11 @@ class LakeTables:
                 ) from None
             if done.returncode != 0:
                 last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
-                raise LakeError(f"lake catalog {self.catalog.target}: VACUUM failed: {last}")
+                raise LakeError(
+                    f"lake catalog {self.catalog.target}: VACUUM failed ({last}), so erased rows may still "
+                    "be in its files: `ledger compact` (or the next commit) erases them once no reader holds it"
+                )
+            pending.unlink(missing_ok=True)
             return
         for table in ("ducklake_file_column_stats", "ducklake_table_column_stats"):
             cur.execute(

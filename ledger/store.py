@@ -798,7 +798,11 @@ class Ledger:
                     self._fold.configs.clear()  # the rewrite may have changed the configs a later change builds on
                 break
             if result.commit is not None:
-                result.erased_files = lake.erase_deleted()["files_erased"]
+                try:
+                    result.erased_files = lake.erase_deleted()["files_erased"]
+                except (duckdb.Error, LakeError) as exc:  # (committed: only the bytes' erasure is left)
+                    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                    raise LedgerError(f"commit {result.commit} is recorded, but {first_line}") from None
             return result
 
     def compact(self) -> dict[str, int]:

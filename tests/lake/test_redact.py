@@ -25,7 +25,7 @@ from runledger.ledger.lake import ALIAS, LakeTables
 from runledger.ledger.publish import publish
 from runledger.ledger.query import QueryError, Reader
 from runledger.ledger.redaction import is_redacted, redact, salt_of
-from runledger.ledger.store import Ledger, SourceRecord
+from runledger.ledger.store import Ledger, LedgerError, SourceRecord
 from runledger.ledger.stream_checkpoints import sign_checkpoints
 from runledger.schemas.note import write_keypair
 from tests.lake.conftest import Backend
@@ -372,4 +372,54 @@ def test_threads_redacting_at_once_all_land_on_a_lake_that_takes_several_writers
     rows = reader.sql("SELECT id, canonical FROM events").rows
     reader.close()
     assert sorted(i for i, canonical in rows if is_redacted(canonical)) == sorted(ids)
+    assert verify_ledger(site.root, site.vkey).ok
+
+
+_HOLD_A_READ = """
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN")
+db.execute("SELECT count(*) FROM ducklake_snapshot").fetchall()
+print("holding", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_reader_holding_the_sqlite_catalog_is_told_of_and_the_erasure_finished_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader in another process holds a read transaction on the SQLite catalog while a redaction
+    compacts it: the catalog's WAL cannot be emptied, so the old pages (the secret among them) stay
+    in its files. The redaction says so in one line (recorded, bytes not yet erased); ``ledger
+    compact`` once the reader is gone erases them."""
+    import runledger.ledger.lake as lake_module
+
+    monkeypatch.setattr(lake_module, "VACUUM_BUSY_S", 1.0)  # (a reader held past it; 30 s by default)
+    backend = Backend("sqlite", f"sqlite:{tmp_path / 'catalog.sqlite'}", tmp_path / "data")
+    site = LakeSite(tmp_path, backend)
+    note = _note(site)
+    catalog = backend.catalog.split(":", 1)[1]
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_A_READ, catalog], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        with pytest.raises(LedgerError) as told:
+            site.redact(note)
+        line = str(told.value)
+        assert "\n" not in line and "is recorded, but" in line and "a reader held the catalog's WAL" in line
+        assert "ledger compact" in line
+        assert is_redacted(str(site.one("SELECT canonical FROM events WHERE id = ?", [note])))
+        assert site.secret_in_catalog()  # still in the catalog's files: the promise is not yet kept
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
+    from typer.testing import CliRunner
+
+    from runledger.cli.main import app as ledger_app
+
+    compacted = CliRunner().invoke(ledger_app, ["compact", "--ledger", str(site.root)])
+    assert compacted.exit_code == 0, compacted.output
+    assert site.secret_in_catalog() == []
+    assert not Path(catalog + lake_module.VACUUM_PENDING).exists()
     assert verify_ledger(site.root, site.vkey).ok
