@@ -494,13 +494,13 @@ def _plan_launch(cfg: TrainConfig, root: Path, start: Start, env: distributed.Di
                 "resume it or choose another run.run_id"
             )
         step, path = (0, None) if start is None else ckpt.resolve(root, start.checkpoint)
-        if isinstance(start, Fork):
-            parent = _fork_parent(cfg, path)
     else:
         if not previous:
             raise ckpt.CheckpointError(f"nothing to resume: run {cfg.run.run_id!r} has no attempts in {root}")
         step, path = ckpt.resolve(root, start)
     saved = ckpt.saved_config(path) if path is not None else None
+    if isinstance(start, Fork):
+        parent = _fork_parent(cfg, path, saved)
     if saved is not None:
         # A resume or fork may change live keys, never what the checkpoint's shapes and data depend on.
         try:
@@ -537,9 +537,9 @@ def _plan_launch(cfg: TrainConfig, root: Path, start: Start, env: distributed.Di
     )
 
 
-def _fork_parent(cfg: TrainConfig, path: Path | None) -> str:
-    """The run a fork goes on from: the run id its checkpoint was written under (``config.json``)."""
-    saved = ckpt.saved_config(path) if path is not None else None
+def _fork_parent(cfg: TrainConfig, path: Path | None, saved: dict[str, Any] | None) -> str:
+    """The run a fork goes on from: the run id its checkpoint was written under (``saved``, its
+    ``config.json``)."""
     parent = ((saved or {}).get("run") or {}).get("run_id")
     if not isinstance(parent, str) or not parent:
         raise ckpt.CheckpointError(
