@@ -487,6 +487,7 @@ def _plan_launch(cfg: TrainConfig, root: Path, start: Start, env: distributed.Di
     previous = ckpt.attempts(root)
     path: Path | None
     parent: str | None = None
+    forked_from: str | None = None  # a resume from the checkpoint the run forked from: its parent
     if start is None or isinstance(start, Fork):
         if previous:
             raise RunExistsError(
@@ -498,6 +499,9 @@ def _plan_launch(cfg: TrainConfig, root: Path, start: Start, env: distributed.Di
         if not previous:
             raise ckpt.CheckpointError(f"nothing to resume: run {cfg.run.run_id!r} has no attempts in {root}")
         step, path = ckpt.resolve(root, start)
+        if path is None and previous[0].get("parent_run"):  # a fork with no checkpoint of its own yet
+            forked_from = str(previous[0]["parent_run"])
+            step, path = _fork_origin(cfg, previous[0])
     saved = ckpt.saved_config(path) if path is not None else None
     if isinstance(start, Fork):
         parent = _fork_parent(cfg, path, saved)
@@ -510,7 +514,7 @@ def _plan_launch(cfg: TrainConfig, root: Path, start: Start, env: distributed.Di
                 f"{path}/config.json is not a config this trainer reads: {exc}"
             ) from None
         pinned = pinned_changes(diff(before, cfg))
-        if parent:  # a fork's run id is new by definition
+        if parent or forked_from:  # a fork's run id is new by definition
             pinned = [op for op in pinned if op.get("path") != "/run/run_id"]
         if pinned:
             paths = ", ".join(str(op["path"]) for op in pinned)
@@ -535,6 +539,19 @@ def _plan_launch(cfg: TrainConfig, root: Path, start: Start, env: distributed.Di
         previous=len(previous),
         parent_run=parent,
     )
+
+
+def _fork_origin(cfg: TrainConfig, first: dict[str, Any]) -> tuple[int, Path | None]:
+    """(step, path) of the checkpoint a fork's first attempt started from (its register's record):
+    a fork that ended before saving a checkpoint of its own resumes there, not from step 0."""
+    origin = first.get("checkpoint")
+    try:
+        return ckpt.resolve(Path(str(origin)), Path(str(origin)))
+    except ckpt.CheckpointError:
+        raise ckpt.CheckpointError(
+            f"run {cfg.run.run_id!r} has no checkpoint of its own, and the one it forked from "
+            f"({origin}) is no longer complete: cannot resume it"
+        ) from None
 
 
 def _fork_parent(cfg: TrainConfig, path: Path | None, saved: dict[str, Any] | None) -> str:

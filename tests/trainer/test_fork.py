@@ -79,3 +79,37 @@ def test_a_fork_from_a_damaged_checkpoint_config_is_one_line(tmp_path: Path) -> 
         assert code == 2 and len(out.splitlines()) == 1 and out.startswith("error: "), (damage, out)
         assert "config.json" in out
     assert not (tmp_path / "copy").exists()
+
+
+def test_a_fork_stopped_before_its_own_first_checkpoint_resumes_from_the_one_it_forked(
+    tmp_path: Path,
+) -> None:
+    """A fork that ended (stopped, killed) before writing a checkpoint of its own resumes from the
+    checkpoint it forked from, not from step 0 with fresh weights: its attempt 2 goes on at the fork
+    step, and the ledger's line is hero → hero-lr2 from step 4, then hero-lr2's own resume."""
+    code, out = _train(tmp_path, "hero", "--stop-at", "5")
+    assert code == 0, out
+    forked = str(step_dir(tmp_path / "hero", 4))
+    code, out = _train(tmp_path, "hero-lr2", "--fork-from", forked, "--stop-at", "6")
+    assert code == 0, out
+    assert not list((tmp_path / "hero-lr2").glob("step_*"))  # no checkpoint of its own yet
+    complete = Path(forked) / "COMPLETE"
+    kept = complete.read_bytes()
+    complete.unlink()  # the parent's checkpoint incomplete (rotated away, half copied): one line
+    code, out = _train(tmp_path, "hero-lr2", "--resume")
+    assert code == 2 and out.count("\n") == 1, out
+    assert "has no checkpoint of its own, and the one it forked from" in out and "no longer complete" in out
+    complete.write_bytes(kept)
+    code, out = _train(tmp_path, "hero-lr2", "--resume")
+    assert code == 0, out
+    assert "run hero-lr2 attempt 2: completed at step 10" in out
+    ingest(tmp_path / "ledger", tmp_path / "spool")
+    reader = Reader(tmp_path / "ledger")
+    try:
+        launches = reader.sql(
+            "SELECT attempt, kind, start_step, fork_step, parent_run FROM attempts WHERE run_id = ? ORDER BY attempt",
+            ["hero-lr2"],
+        ).rows
+    finally:
+        reader.close()
+    assert launches == [(1, "start", 0, 4, "hero"), (2, "resume", 4, None, None)]
