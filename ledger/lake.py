@@ -517,8 +517,13 @@ def retry_locked(attempt: Callable[[], T]) -> T:
 # pages deleted rows left, the WAL emptied again. A checkpoint waits up to VACUUM_BUSY_S for readers;
 # one still held then (a reader's open transaction) leaves the old pages in the file or the WAL: exit 3.
 VACUUM_TIMEOUT_S = 120
+# How long a catalog's compaction waits for a reader's hold: a SQLite checkpoint's busy timeout,
+# PostgreSQL's lock_timeout for VACUUM FULL (without it, one session idle in a transaction that read
+# the statistics tables kept a redaction waiting for as long as it stayed).
 VACUUM_BUSY_S = 30.0
-VACUUM_PENDING = ".vacuum-pending"  # beside a SQLite catalog whose erased rows may still be in its files
+# The catalog's own ``ducklake_metadata`` row set while its storage may still hold erased rows (set
+# before a compaction, deleted once one succeeds): the next writer or ``maintain`` compacts it again.
+VACUUM_OPTION = "runledger_vacuum_pending"
 _VACUUM_SQLITE = """
 import contextlib, sqlite3, sys
 busy_s = float(sys.argv[2])
@@ -529,6 +534,21 @@ with contextlib.closing(sqlite3.connect(sys.argv[1], timeout=busy_s)) as db:
 if busy:
     sys.exit(f"a reader held the catalog's WAL for {busy_s:g} s")
 """
+
+
+def _still_held(catalog: Catalog, what: str) -> str:
+    return (
+        f"lake catalog {catalog.shown}: {what}, so erased rows may still be in its storage: "
+        "`ledger compact` (or the next commit) erases them once no reader holds it"
+    )
+
+
+def _with_lock_timeout(dsn: str, seconds: float) -> str:
+    """A libpq connection string (keywords, or a URI) whose sessions set ``lock_timeout``."""
+    ms = int(seconds * 1000)
+    if dsn.startswith(("postgres://", "postgresql://")):
+        return f"{dsn}{'&' if '?' in dsn else '?'}options=-c%20lock_timeout%3D{ms}"
+    return f"{dsn} options='-c lock_timeout={ms}'"
 
 
 def _sha256(path: Path) -> str:
@@ -1960,9 +1980,16 @@ class LakeTables:
         return done
 
     def _vacuum_if_pending(self, cur: duckdb.DuckDBPyConnection) -> None:
-        """The SQLite catalog's storage compacted again where an erasure's last try could not
-        (``VACUUM_PENDING``: a reader held its WAL), when statements pause for it."""
-        if self.catalog.kind != "sqlite" or not Path(self.catalog.target + VACUUM_PENDING).exists():
+        """The catalog's storage compacted again where an erasure's last try could not
+        (``VACUUM_OPTION``: a reader held it), when statements pause for it."""
+        meta = f"__ducklake_metadata_{ALIAS}"
+        pending = self._retry(
+            lambda: one_row(
+                cur.execute(f"SELECT 1 FROM {meta}.ducklake_metadata WHERE key = ?", [VACUUM_OPTION])
+            ),
+            con=cur,
+        )
+        if pending is None:
             return
         with self.maintenance.exclusive() as mine:
             if mine:
@@ -1973,37 +2000,57 @@ class LakeTables:
         its tables (a deleted file's column statistics hold values of its rows): a SQLite file is
         vacuumed (its WAL checkpointed before and after), PostgreSQL's statistics tables rewritten
         by ``VACUUM FULL``. What a server keeps elsewhere (PostgreSQL's WAL and backups) is its
-        operator's to expire."""
+        operator's to expire. Each waits ``VACUUM_BUSY_S`` at most for a reader's hold; then a
+        LakeError, and ``VACUUM_OPTION`` stays set for the next writer or maintenance."""
+        self._keep_option(VACUUM_OPTION, "1")
         if self.catalog.kind == "sqlite":
-            # VACUUM by another process's SQLite: DuckDB's runs no statement that returns nothing,
-            # and a second SQLite library in this one would drop DuckDB's locks on the file. The
-            # marker stays until it succeeds, so the next writer or maintenance tries again.
-            pending = Path(self.catalog.target + VACUUM_PENDING)
-            pending.touch()
-            try:
-                done = subprocess.run(
-                    [sys.executable, "-c", _VACUUM_SQLITE, self.catalog.target, str(VACUUM_BUSY_S)],
-                    capture_output=True,
-                    text=True,
-                    timeout=VACUUM_TIMEOUT_S,
-                    check=False,
-                )
-            except subprocess.TimeoutExpired:
-                raise LakeError(
-                    f"lake catalog {self.catalog.target}: VACUUM did not finish in {VACUUM_TIMEOUT_S} s"
-                ) from None
-            if done.returncode != 0:
-                last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
-                raise LakeError(
-                    f"lake catalog {self.catalog.target}: VACUUM failed ({last}), so erased rows may still "
-                    "be in its files: `ledger compact` (or the next commit) erases them once no reader holds it"
-                )
-            pending.unlink(missing_ok=True)
-            return
-        for table in ("ducklake_file_column_stats", "ducklake_table_column_stats"):
-            cur.execute(
-                f"CALL postgres_execute('__ducklake_metadata_{ALIAS}', 'VACUUM FULL {table}', use_transaction => false)"
+            self._vacuum_sqlite()
+        else:
+            self._vacuum_postgres(cur)
+        meta = f"__ducklake_metadata_{ALIAS}"
+        with self.turns.turn(), contextlib.closing(self.con.cursor()) as done:
+            self._retry(
+                lambda: done.execute(f"DELETE FROM {meta}.ducklake_metadata WHERE key = ?", [VACUUM_OPTION]),
+                con=done,
             )
+
+    def _vacuum_sqlite(self) -> None:
+        # VACUUM by another process's SQLite: DuckDB's runs no statement that returns nothing, and a
+        # second SQLite library in this one would drop DuckDB's locks on the file.
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", _VACUUM_SQLITE, self.catalog.target, str(VACUUM_BUSY_S)],
+                capture_output=True,
+                text=True,
+                timeout=VACUUM_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise LakeError(
+                _still_held(self.catalog, f"VACUUM did not finish in {VACUUM_TIMEOUT_S} s")
+            ) from None
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+            raise LakeError(_still_held(self.catalog, f"VACUUM failed ({last})"))
+
+    def _vacuum_postgres(self, cur: duckdb.DuckDBPyConnection) -> None:
+        # Through a connection of its own, made with PostgreSQL's lock_timeout (a server-side
+        # bound: VACUUM FULL waits for every lock on the table, a reader's included).
+        dsn = _with_lock_timeout(self.catalog.target, VACUUM_BUSY_S)
+        cur.execute(f"ATTACH {_literal(dsn)} AS _lake_vacuum (TYPE postgres)")
+        try:
+            for table in ("ducklake_file_column_stats", "ducklake_table_column_stats"):
+                try:
+                    cur.execute(
+                        f"CALL postgres_execute('_lake_vacuum', 'VACUUM FULL {table}', use_transaction => false)"
+                    )
+                except duckdb.Error as exc:
+                    if "lock timeout" not in str(exc):
+                        raise
+                    held = f"VACUUM FULL {table} waited {VACUUM_BUSY_S:g} s for a reader's lock"
+                    raise LakeError(_still_held(self.catalog, held)) from None
+        finally:
+            cur.execute("DETACH _lake_vacuum")
 
     def _maintain(self, older: str, keep_s: float) -> dict[str, int]:
         with contextlib.closing(self.con.cursor()) as cur:
