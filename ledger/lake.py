@@ -543,12 +543,25 @@ def _still_held(catalog: Catalog, what: str) -> str:
     )
 
 
-def _with_lock_timeout(dsn: str, seconds: float) -> str:
-    """A libpq connection string (keywords, or a URI) whose sessions set ``lock_timeout``."""
-    ms = int(seconds * 1000)
+def with_lock_timeout(dsn: str, seconds: float) -> str:
+    """The libpq connection string ``dsn`` (keywords, or a URI) whose sessions also set PostgreSQL's
+    ``lock_timeout``: added to the ``options`` it has (its own settings kept), else as its ``options``."""
+    from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+    setting = f"-c lock_timeout={int(seconds * 1000)}"
     if dsn.startswith(("postgres://", "postgresql://")):
-        return f"{dsn}{'&' if '?' in dsn else '?'}options=-c%20lock_timeout%3D{ms}"
-    return f"{dsn} options='-c lock_timeout={ms}'"
+        parts = urlsplit(dsn)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        had = any(key == "options" for key, _ in query)
+        query = [(k, f"{v} {setting}" if k == "options" else v) for k, v in query]
+        query += [] if had else [("options", setting)]
+        return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))
+    found = re.search(r"\boptions\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", dsn)
+    if found is None:
+        return f"{dsn} options='{setting}'"
+    value = found.group(1)
+    inner = value[1:-1] if value.startswith("'") else value
+    return f"{dsn[: found.start(1)]}'{inner} {setting}'{dsn[found.end(1) :]}"
 
 
 def _sha256(path: Path) -> str:
@@ -2036,7 +2049,7 @@ class LakeTables:
     def _vacuum_postgres(self, cur: duckdb.DuckDBPyConnection) -> None:
         # Through a connection of its own, made with PostgreSQL's lock_timeout (a server-side
         # bound: VACUUM FULL waits for every lock on the table, a reader's included).
-        dsn = _with_lock_timeout(self.catalog.target, VACUUM_BUSY_S)
+        dsn = with_lock_timeout(self.catalog.target, VACUUM_BUSY_S)
         cur.execute(f"ATTACH {_literal(dsn)} AS _lake_vacuum (TYPE postgres)")
         try:
             for table in ("ducklake_file_column_stats", "ducklake_table_column_stats"):

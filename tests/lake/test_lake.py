@@ -17,7 +17,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from runledger.ledger.lake import ORPHAN_MIN_AGE_S, LakeError, LakeReader, LakeTables, fence_table
+from runledger.ledger.lake import (
+    ORPHAN_MIN_AGE_S,
+    LakeError,
+    LakeReader,
+    LakeTables,
+    fence_table,
+    with_lock_timeout,
+)
 from tests.lake.conftest import Backend
 from tests.lake.support import batch, spawn
 
@@ -318,3 +325,25 @@ def test_a_duckdb_file_catalog_is_refused_in_one_line(spec: str, tmp_path: Path)
         "redact beside a writer cannot run: use sqlite:PATH (one host) or postgres:DSN (many hosts)"
     )
     assert not (tmp_path / "data").exists() and not Path("/tmp/x").exists()
+
+
+@pytest.mark.parametrize(
+    ("dsn", "bounded"),
+    [
+        ("dbname=l host=h", "dbname=l host=h options='-c lock_timeout=2500'"),
+        (
+            "dbname=l options='-c search_path=s' host=h",
+            "dbname=l options='-c search_path=s -c lock_timeout=2500' host=h",
+        ),
+        ("dbname=l options=-csearch_path=s", "dbname=l options='-csearch_path=s -c lock_timeout=2500'"),
+        ("postgresql://u@h:5/l", "postgresql://u@h:5/l?options=-c%20lock_timeout%3D2500"),
+        (
+            "postgres://u@h/l?sslmode=disable&options=-c%20search_path%3Ds",
+            "postgres://u@h/l?sslmode=disable&options=-c%20search_path%3Ds%20-c%20lock_timeout%3D2500",
+        ),
+    ],
+)
+def test_a_catalog_dsn_gains_a_lock_timeout_and_keeps_its_own_options(dsn: str, bounded: str) -> None:
+    """The connection a catalog compaction uses on PostgreSQL (``VACUUM FULL``, bounded by the
+    server's ``lock_timeout``): the user's DSN, keyword or URI form, with its own ``options`` kept."""
+    assert with_lock_timeout(dsn, 2.5) == bounded
