@@ -128,3 +128,40 @@ def test_sigkill_then_sigterm_then_resume_loses_nothing(tmp_path: Path) -> None:
     assert superseded <= a2_steps  # the same steps, trained twice, both recorded
     if on_disk == 10:  # the usual case: the kill came two or more steps after that checkpoint
         assert {11, 12} <= superseded
+
+
+@pytest.mark.slow
+def test_a_fork_sigkilled_before_its_own_first_checkpoint_resumes_from_its_origin(tmp_path: Path) -> None:
+    """SIGKILL a fork between its fork step and its first checkpoint of its own: its attempt was
+    registered before it trained, so ``--resume`` finds it a fork and goes on from the checkpoint it
+    forked from (step 4), not from step 0, and every event the killed attempt spooled is kept."""
+    config = tiny_config_file(
+        tmp_path, "run.steps=40", "checkpoint.interval=4", "debug.step_sleep_s=0.03", run_id="hero"
+    )
+    spool, log = tmp_path / "spool", tmp_path / "train.log"
+    parent = _launch(config, spool, log, "--set", f"checkpoint.dir={tmp_path / 'hero'}", "--stop-at", "5")
+    assert parent.wait(timeout=300) == 0, log.read_text()
+    origin = ckpt.step_dir(tmp_path / "hero", 4)
+    fork_dir = tmp_path / "hero-lr2"
+    args = ("--run-id", "hero-lr2", "--set", f"checkpoint.dir={fork_dir}", "--set", "checkpoint.interval=100")
+    proc = _launch(config, spool, log, *args, "--fork-from", str(origin))
+
+    def trained_past_the_fork(events: list[Envelope]) -> bool:
+        return any(
+            e.run_id == "hero-lr2" and e.type == "runledger.step.metrics" and (e.step or 0) >= 7
+            for e in events
+        )
+
+    _wait_for(spool, proc, trained_past_the_fork)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert not list(fork_dir.glob("step_*"))
+    resumed = _launch(config, spool, log, *args, "--resume", "--stop-at", "9")
+    assert resumed.wait(timeout=300) == 0, log.read_text()
+    events = [e for e in read_spool(spool) if e.run_id == "hero-lr2"]
+    [again] = [e for e in events if e.type == "runledger.run.resumed"]
+    assert (again.attempt, again.data.from_checkpoint_step) == (2, 4)
+    assert again.data.checkpoint_path == str(origin)
+    assert_gap_free(events)
+    steps = [e.step for e in events if e.type == "runledger.step.metrics" and e.attempt == 2]
+    assert steps and steps[0] == 5 and steps[-1] == 9
