@@ -30,6 +30,18 @@ Measured (2026-12-06, a shared 2-core machine at load ~19, so wall times are loo
     p50 latency / (half the interval + empty pass p50 + bare POST p50) = 1.18
     idle follower CPU over 10 s: 10 ms; a pass per look (20 looks x 173 ms CPU) would be 3460 ms
 
+Measured again (2026-12-07, the same machine idle, load 0.2; 30 rounds, ``--interval 0.5``):
+
+    commit -> receiver (--follow)    p50    464.3 ms   p99    479.9 ms   (n=30)
+    baseline: bare POST              p50      0.5 ms   p99      1.2 ms   (n=30)
+    baseline: empty pass             p50     36.6 ms   p99     37.6 ms   (n=10)
+    baseline: half the interval         250.0 ms
+    p50 latency / (half the interval + empty pass p50 + bare POST p50) = 1.62
+    idle follower CPU over 10 s: 10 ms; a pass per look (20 looks x 40 ms CPU) would be 806 ms
+
+(the ~180 ms above the parts: the follower's look at the commit records and a pass that has an
+anomaly to deliver, its own process's connection, against an empty pass in this one).
+
 so the latency is the poll's wait plus one pass, nearly all of it opening a Reader at the newest
 snapshot (the POST itself is under a millisecond on 127.0.0.1).
 """
