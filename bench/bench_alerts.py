@@ -39,8 +39,8 @@ Measured again (2026-12-07, the same machine idle, load 0.2; 30 rounds, ``--inte
     p50 latency / (half the interval + empty pass p50 + bare POST p50) = 1.62
     idle follower CPU over 10 s: 10 ms; a pass per look (20 looks x 40 ms CPU) would be 806 ms
 
-(the ~180 ms above the parts: the follower's look at the commit records and a pass that has an
-anomaly to deliver, its own process's connection, against an empty pass in this one).
+(~180 ms above the sum of the parts, not broken down here: the follower's pass runs in its own
+process and has an anomaly to deliver; the empty pass runs in this one with nothing to deliver).
 
 so the latency is the poll's wait plus one pass, nearly all of it opening a Reader at the newest
 snapshot (the POST itself is under a millisecond on 127.0.0.1).
