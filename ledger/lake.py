@@ -387,7 +387,8 @@ def _is_locked(exc: BaseException) -> bool:
     return "database is locked" in text or "database is busy" in text or "sqlite_busy" in text
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """An error's first line (its type's name when it says nothing)."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
@@ -1108,6 +1109,12 @@ class LakeTables:
         finds it without reading data files (DuckLake keeps rows it does not know there)."""
         self._retry(lambda: self._keep_option(ID_OPTION, ledger_id))
 
+    def _drop_option(self, key: str) -> None:
+        """No row ``key`` in the catalog's own ``ducklake_metadata`` (``_keep_option``'s undone)."""
+        meta = f"__ducklake_metadata_{ALIAS}"
+        with self.turns.turn(), contextlib.closing(self.con.cursor()) as cur:
+            cur.execute(f"DELETE FROM {meta}.ducklake_metadata WHERE key = ?", [key])
+
     def _keep_option(self, key: str, value: str) -> None:
         """``key`` = ``value`` in the catalog's own ``ducklake_metadata``, unless a row has the key."""
         meta = f"__ducklake_metadata_{ALIAS}"
@@ -1184,7 +1191,7 @@ class LakeTables:
                     waited = "a lock on" if _is_locked(exc) else "conflicting commits on"
                     raise type(exc)(
                         f"gave up after {tries} retries in {time.monotonic() - started:.1f} s waiting "
-                        f"out {waited} lake catalog {self.catalog.shown}: {_first_line(exc)}"
+                        f"out {waited} lake catalog {self.catalog.shown}: {first_line(exc)}"
                     ) from exc
                 self._rollback(con)
                 tries += 1
@@ -1397,11 +1404,7 @@ class LakeTables:
 
     def _check_bounds_once(self) -> None:
         """Every table's bounds checked, once per lake (one written before writers kept them)."""
-        meta = f"__ducklake_metadata_{ALIAS}"
-        done = one_row(
-            self.con.execute(f"SELECT 1 FROM {meta}.ducklake_metadata WHERE key = ?", [BOUNDS_OPTION])
-        )
-        if done is not None:
+        if _has_option(self.con, BOUNDS_OPTION):
             return
         self._correct_bounds()
         self._keep_option(BOUNDS_OPTION, "1")
@@ -1995,14 +1998,7 @@ class LakeTables:
     def _vacuum_if_pending(self, cur: duckdb.DuckDBPyConnection) -> None:
         """The catalog's storage compacted again where an erasure's last try could not
         (``VACUUM_OPTION``: a reader held it), when statements pause for it."""
-        meta = f"__ducklake_metadata_{ALIAS}"
-        pending = self._retry(
-            lambda: one_row(
-                cur.execute(f"SELECT 1 FROM {meta}.ducklake_metadata WHERE key = ?", [VACUUM_OPTION])
-            ),
-            con=cur,
-        )
-        if pending is None:
+        if not self._retry(lambda: _has_option(cur, VACUUM_OPTION), con=cur):
             return
         with self.maintenance.exclusive() as mine:
             if mine:
@@ -2020,12 +2016,7 @@ class LakeTables:
             self._vacuum_sqlite()
         else:
             self._vacuum_postgres(cur)
-        meta = f"__ducklake_metadata_{ALIAS}"
-        with self.turns.turn(), contextlib.closing(self.con.cursor()) as done:
-            self._retry(
-                lambda: done.execute(f"DELETE FROM {meta}.ducklake_metadata WHERE key = ?", [VACUUM_OPTION]),
-                con=done,
-            )
+        self._retry(lambda: self._drop_option(VACUUM_OPTION))
 
     def _vacuum_sqlite(self) -> None:
         # VACUUM by another process's SQLite: DuckDB's runs no statement that returns nothing, and a
@@ -2173,6 +2164,12 @@ def _files_with_deletions(con: duckdb.DuckDBPyConnection) -> list[tuple[str, int
         "WHERE d.end_snapshot IS NULL ORDER BY 1, 2"
     ).fetchall()
     return [(str(t), int(i)) for t, i in rows if t in TABLES or t in SIDE_TABLES]
+
+
+def _has_option(con: duckdb.DuckDBPyConnection, key: str) -> bool:
+    """Whether the catalog's own ``ducklake_metadata`` has a row ``key`` (``LakeTables._keep_option``)."""
+    meta = f"__ducklake_metadata_{ALIAS}"
+    return one_row(con.execute(f"SELECT 1 FROM {meta}.ducklake_metadata WHERE key = ?", [key])) is not None
 
 
 def _any_file_ended_or_deleted(con: duckdb.DuckDBPyConnection) -> bool:

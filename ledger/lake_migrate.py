@@ -44,6 +44,7 @@ from runledger.ledger.lake import (
     LakeFolder,
     LakeTables,
     Queryable,
+    first_line,
     lake_schema,
     read_positions,
     read_state,
@@ -254,7 +255,7 @@ def _stage(con: duckdb.DuckDBPyConnection, old: OldLedger) -> list[str]:
         for name in ["events", *[n for n in present if n != "events"]]:
             _tagged(con, name)
     except duckdb.Error as exc:
-        raise MigrateError(f"{old.root}: a Parquet file is unreadable ({_first_line(exc)})") from None
+        raise MigrateError(f"{old.root}: a Parquet file is unreadable ({first_line(exc)})") from None
     holding = {r["commit"] for r in old.records if r.get("writer") != COMPACT_WRITER}
     for name in present:
         problem = _untagged(con, name, holding)
@@ -290,10 +291,6 @@ def _derived_incidents(con: duckdb.DuckDBPyConnection) -> bool:
     con.execute(f'CREATE OR REPLACE TEMP TABLE "old_{INCIDENTS}" AS SELECT * FROM _derived_incidents')
     con.unregister("_derived_incidents")
     return True
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 # ----------------------------------------------------------------- writing the lake
@@ -472,7 +469,7 @@ def migrate_into(old_root: Path, new: Path, catalog: str | None = None) -> Migra
             raise MigrateError(f"migrated, but the lake differs: {'; '.join(done.mismatches)}")
     except (LakeError, duckdb.Error) as exc:
         _remove_made(new, made)
-        raise MigrateError(_first_line(exc)) from None
+        raise MigrateError(first_line(exc)) from None
     except BaseException:
         _remove_made(new, made)
         raise

@@ -82,6 +82,7 @@ from runledger.ledger.lake import (
     LakeError,
     LakeFolder,
     LakeTables,
+    first_line,
     missing_catalog,
     wait_for_flock,
 )
@@ -801,8 +802,7 @@ class Ledger:
                 try:
                     result.erased_files = lake.erase_deleted()["files_erased"]
                 except (duckdb.Error, LakeError) as exc:  # (committed: only the bytes' erasure is left)
-                    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                    raise LedgerError(f"commit {result.commit} is recorded, but {first_line}") from None
+                    raise LedgerError(f"commit {result.commit} is recorded, but {first_line(exc)}") from None
             return result
 
     def compact(self) -> dict[str, int]:

@@ -487,7 +487,7 @@ def _plan_launch(cfg: TrainConfig, root: Path, start: Start, env: distributed.Di
     previous = ckpt.attempts(root)
     path: Path | None
     parent: str | None = None
-    forked_from: str | None = None  # a resume from the checkpoint the run forked from: its parent
+    from_origin = False  # a fork's resume from the checkpoint it forked from (its parent's)
     if start is None or isinstance(start, Fork):
         if previous:
             raise RunExistsError(
@@ -499,8 +499,8 @@ def _plan_launch(cfg: TrainConfig, root: Path, start: Start, env: distributed.Di
         if not previous:
             raise ckpt.CheckpointError(f"nothing to resume: run {cfg.run.run_id!r} has no attempts in {root}")
         step, path = ckpt.resolve(root, start)
-        if path is None and previous[0].get("parent_run"):  # a fork with no checkpoint of its own yet
-            forked_from = str(previous[0]["parent_run"])
+        from_origin = path is None and bool(previous[0].get("parent_run"))  # none of its own yet
+        if from_origin:
             step, path = _fork_origin(cfg, previous[0])
     saved = ckpt.saved_config(path) if path is not None else None
     if isinstance(start, Fork):
@@ -514,7 +514,7 @@ def _plan_launch(cfg: TrainConfig, root: Path, start: Start, env: distributed.Di
                 f"{path}/config.json is not a config this trainer reads: {exc}"
             ) from None
         pinned = pinned_changes(diff(before, cfg))
-        if parent or forked_from:  # a fork's run id is new by definition
+        if parent or from_origin:  # a fork's run id is new by definition
             pinned = [op for op in pinned if op.get("path") != "/run/run_id"]
         if pinned:
             paths = ", ".join(str(op["path"]) for op in pinned)
@@ -544,9 +544,9 @@ def _plan_launch(cfg: TrainConfig, root: Path, start: Start, env: distributed.Di
 def _fork_origin(cfg: TrainConfig, first: dict[str, Any]) -> tuple[int, Path | None]:
     """(step, path) of the checkpoint a fork's first attempt started from (its register's record):
     a fork that ended before saving a checkpoint of its own resumes there, not from step 0."""
-    origin = first.get("checkpoint")
+    origin = Path(str(first.get("checkpoint")))
     try:
-        return ckpt.resolve(Path(str(origin)), Path(str(origin)))
+        return ckpt.resolve(origin.parent, origin)
     except ckpt.CheckpointError:
         raise ckpt.CheckpointError(
             f"run {cfg.run.run_id!r} has no checkpoint of its own, and the one it forked from "
