@@ -39,7 +39,6 @@ from runledger.cli.output import (
     SpoolOption,
     commits_counted,
     console,
-    disk_full,
     disk_full_error,
     err_console,
     fail,
@@ -50,6 +49,7 @@ from runledger.cli.output import (
 )
 from runledger.cli.quarantine_summary import QuarantineTally, say_quarantined
 from runledger.ingest.kafka_config import COMMIT_BATCH_MAX
+from runledger.schemas.durable import disk_full
 
 if TYPE_CHECKING:  # the bus and the signer load cryptography (~25 ms): imported by the commands using them
     from runledger.ingest.bus import EventSink

@@ -214,6 +214,7 @@ def user_errors(ledger: Path | None = None) -> Iterator[None]:
     """
     from runledger.ledger.duck import ExtensionMissing  # here, not at the top: pyarrow is slow to import
     from runledger.ledger.records import LedgerError
+    from runledger.schemas.durable import disk_full
 
     try:
         yield
@@ -534,7 +535,6 @@ def _write_text(text: str, output: Path | None) -> None:
 
 # -- a full disk -----------------------------------------------------------------------------------
 
-DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 # The options naming where a command writes: a full disk's line names the fullest of them.
 WRITE_OPTIONS = ("--ledger", "--spool", "--to", "--output", "-o", "--workdir")
 WRITE_ENV = {
@@ -543,49 +543,15 @@ WRITE_ENV = {
 }
 
 
-# How DuckDB words a full disk (it keeps no errno): its own files' errors, and SQLite's SQLITE_FULL
-# from a lake's embedded catalog.
-DUCKDB_DISK_FULL_WORDS = ("No space left on device", "Disk quota exceeded", "database or disk is full")
-
-
-def disk_full(exc: BaseException) -> BaseException | None:
-    """The ENOSPC/EDQUOT ``OSError`` (or SQLite's ``SQLITE_FULL``: the ledger's dedupe index) behind
-    ``exc`` (itself, its cause or its context: a full disk often surfaces while closing a file after
-    the first failure), or None."""
-    import sqlite3
-
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in DISK_FULL_ERRNOS:
-            return current
-        if isinstance(current, sqlite3.OperationalError) and (
-            getattr(current, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
-            or "database or disk is full" in str(current)
-        ):
-            return current
-        # DuckDB's (its files and WAL, or a lake's SQLite catalog seen through DuckDB's sqlite
-        # scanner): an IO error in words, no errno
-        if type(current).__module__.startswith(("duckdb", "_duckdb")) and any(
-            words in str(current) for words in DUCKDB_DISK_FULL_WORDS
-        ):
-            return current
-        # ``raise … from None`` (an error already said in one line) hides its context: so does this.
-        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
-    return None
-
-
 def disk_full_error(exc: BaseException, candidates: Sequence[Path]) -> typer.Exit:
     """One line for a full disk (or an exceeded quota): where, how much is free, what to do. Exit 1.
 
     The path is the one the operating system named, else the candidate on the fullest filesystem
     (pyarrow's and a spool's write errors name no file)."""
+    from runledger.schemas.durable import disk_full, disk_full_path  # (the package: not on --help's path)
+
     found = disk_full(exc)
-    filename = getattr(found, "filename", None)
-    if filename is None and found is not None:  # DuckDB names it in its text: Could not write file "…"
-        named = re.search(r'file "([^"]+)"', str(found))
-        filename = named.group(1) if named else None
+    filename = None if found is None else disk_full_path(found)
     where = Path(filename) if filename else _fullest([Path(c) for c in candidates])
     quota = isinstance(found, OSError) and found.errno == errno.EDQUOT
     what = "disk quota exceeded" if quota else "no space left on device"
@@ -658,6 +624,8 @@ class DiskFullGroup(TyperGroup):
         try:
             return super().invoke(ctx)
         except Exception as exc:
+            from runledger.schemas.durable import disk_full
+
             if disk_full(exc) is None:
                 raise
             raise disk_full_error(exc, write_paths(args)) from None

@@ -27,6 +27,7 @@ stay in ``runledger.ledger.store``):
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import hashlib
@@ -537,10 +538,10 @@ if busy:
 """
 
 
-def _still_held(catalog: Catalog, what: str) -> str:
+def _erasure_pending(catalog: Catalog, what: str, until: str = "no reader holds it") -> str:
     return (
         f"lake catalog {catalog.shown}: {what}, so erased rows may still be in its storage: "
-        "`ledger compact` (or the next commit) erases them once no reader holds it"
+        f"`ledger compact` (or the next commit) erases them once {until}"
     )
 
 
@@ -2031,11 +2032,17 @@ class LakeTables:
             )
         except subprocess.TimeoutExpired:
             raise LakeError(
-                _still_held(self.catalog, f"VACUUM did not finish in {VACUUM_TIMEOUT_S} s")
+                _erasure_pending(self.catalog, f"VACUUM did not finish in {VACUUM_TIMEOUT_S} s")
             ) from None
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
-            raise LakeError(_still_held(self.catalog, f"VACUUM failed ({last})"))
+            if "database or disk is full" in last:  # VACUUM writes a whole copy of the file first
+                raise LakeError(
+                    _erasure_pending(
+                        self.catalog, "VACUUM found no room for its copy", "there is space for it"
+                    )
+                ) from OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.catalog.target)
+            raise LakeError(_erasure_pending(self.catalog, f"VACUUM failed ({last})"))
 
     def _vacuum_postgres(self, cur: duckdb.DuckDBPyConnection) -> None:
         # Through a connection of its own, made with PostgreSQL's lock_timeout (a server-side
@@ -2052,7 +2059,7 @@ class LakeTables:
                     if "lock timeout" not in str(exc):
                         raise
                     held = f"VACUUM FULL {table} waited {VACUUM_BUSY_S:g} s for a reader's lock"
-                    raise LakeError(_still_held(self.catalog, held)) from None
+                    raise LakeError(_erasure_pending(self.catalog, held)) from None
         finally:
             cur.execute("DETACH _lake_vacuum")
 

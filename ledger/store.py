@@ -113,7 +113,7 @@ from runledger.schemas.codec import (
     refused_event,
     stream_run_mismatch,
 )
-from runledger.schemas.durable import remove_dead_temporaries, write_durably
+from runledger.schemas.durable import disk_full, disk_full_path, remove_dead_temporaries, write_durably
 
 log = logging.getLogger(__name__)
 
@@ -802,7 +802,8 @@ class Ledger:
                 try:
                     result.erased_files = lake.erase_deleted()["files_erased"]
                 except (duckdb.Error, LakeError) as exc:  # (committed: only the bytes' erasure is left)
-                    raise LedgerError(f"commit {result.commit} is recorded, but {first_line(exc)}") from None
+                    # (from None: the line says what to run; a full disk's general line would say "run it again")
+                    raise LedgerError(_erasure_stopped(result.commit, exc, lake.catalog)) from None
             return result
 
     def compact(self) -> dict[str, int]:
@@ -812,7 +813,10 @@ class Ledger:
         try:
             return lake.maintain(keep_s=LAKE_KEEP_S)
         except (duckdb.Error, LakeError) as exc:  # (out of memory, a lock never free): one line
-            raise LedgerError(_lake_problem(self.root, self.lake_folder, exc)) from None
+            # (a full disk kept behind it: the command's line names the place and what to do)
+            raise LedgerError(_lake_problem(self.root, self.lake_folder, exc)) from (
+                exc if disk_full(exc) else None
+            )
 
 
 @dataclass
@@ -892,6 +896,23 @@ def _same_ledger(lake: LakeTables, folder: LakeFolder) -> None:
             f"the lake catalog {lake.catalog.shown} holds ledger {stored}, but {folder.folder / LAKE_MARKER} "
             f"names ledger {folder.ledger_id}: the catalog was replaced (restore this ledger's from a backup)"
         )
+
+
+def _erasure_stopped(commit: int, exc: BaseException, catalog: Catalog) -> str:
+    """One line: a rewrite's commit landed and the erasure of the old bytes after it did not; on a
+    full disk, where, and the command that finishes it once there is room (running the rewrite again
+    would be refused: it is recorded)."""
+    full = disk_full(exc)
+    if full is None:
+        return f"commit {commit} is recorded, but {first_line(exc)}"
+    where = disk_full_path(full)
+    if where is None and catalog.kind == "sqlite" and "database or disk is full" in str(full):
+        where = catalog.target  # (SQLite's words, through DuckDB, name no file)
+    return (
+        f"commit {commit} is recorded, but its erasure stopped: no space left on device"
+        f"{f' writing {where}' if where else ''}: free some space there and run `ledger compact` to "
+        "finish it (until then the erased rows may still be in the lake's files)"
+    )
 
 
 def _lake_problem(root: Path, folder: LakeFolder | None, exc: BaseException) -> str:

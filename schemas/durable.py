@@ -13,6 +13,8 @@ code that appends to its own files and fsyncs them itself.
 ``remove_dead_temporaries(folder)``: the temporary files of writes whose process was killed before
 its rename (SIGKILL, power loss) are left behind; a later writer of the folder removes them.
 
+``disk_full(exc)``: the full disk behind an error, however the writer that met it words it.
+
 Standard library only: imported by the catalogue (key files), the client, the trainer, the bus and the
 ledger alike, so it sits at the bottom of the house, beside the catalogue (docs/architecture.md).
 """
@@ -20,12 +22,13 @@ ledger alike, so it sits at the bottom of the house, beside the catalogue (docs/
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import secrets
 from pathlib import Path
 
-__all__ = ["fsync_dir", "remove_dead_temporaries", "write_durably"]
+__all__ = ["disk_full", "fsync_dir", "remove_dead_temporaries", "write_durably"]
 
 # ``write_durably``'s temporary name: ``.<name>.<pid>.<8 hex>.tmp``.
 _TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp")
@@ -107,3 +110,47 @@ def process_running(pid: int) -> bool:
     except (PermissionError, OverflowError):  # another user's process; a number no process has
         return True
     return True
+
+
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+# How DuckDB words a full disk (it keeps no errno): its own files' errors, and SQLite's SQLITE_FULL
+# from a lake's embedded catalog.
+DISK_FULL_WORDS = ("No space left on device", "Disk quota exceeded", "database or disk is full")
+
+
+def disk_full(exc: BaseException) -> BaseException | None:
+    """The ENOSPC/EDQUOT ``OSError``, SQLite's ``SQLITE_FULL`` or DuckDB's full-disk error behind
+    ``exc`` (itself, its cause or its context: a full disk often surfaces while closing a file after
+    the first failure), or None."""
+    import sqlite3
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in DISK_FULL_ERRNOS:
+            return current
+        if isinstance(current, sqlite3.OperationalError) and (
+            getattr(current, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+            or "database or disk is full" in str(current)
+        ):
+            return current
+        # DuckDB's (its files and WAL, or a lake's SQLite catalog seen through DuckDB's sqlite
+        # scanner): an IO error in words, no errno
+        if type(current).__module__.startswith(("duckdb", "_duckdb")) and any(
+            words in str(current) for words in DISK_FULL_WORDS
+        ):
+            return current
+        # ``raise … from None`` (an error already said in one line) hides its context: so does this.
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    return None
+
+
+def disk_full_path(found: BaseException) -> str | None:
+    """The file a full-disk error (``disk_full``'s) names: the operating system's, or DuckDB's in its
+    text (``Could not write file "…"``); None where it names none (pyarrow's, a spool's)."""
+    filename = getattr(found, "filename", None)
+    if filename is None:
+        named = re.search(r'file "([^"]+)"', str(found))
+        filename = named.group(1) if named else None
+    return None if filename is None else str(filename)

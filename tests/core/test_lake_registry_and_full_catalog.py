@@ -9,9 +9,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from runledger.cli.output import disk_full
 from runledger.ledger import registry
 from runledger.ledger.store import Ledger
+from runledger.schemas.durable import disk_full
 from runledger.schemas.note import generate_keypair
 from runledger.schemas.payloads import PolicyChanged, ProducerScope
 

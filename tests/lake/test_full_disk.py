@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,87 @@ def test_a_full_disk_under_a_lake_ingest_is_one_line_and_a_rerun_lands_everythin
     code, out, err = _invoke("verify", "--ledger", ledger)
     assert code == 0 and out.startswith("OK: "), out + err
     assert not list(disk.rglob("*.tmp"))
+
+
+@pytest.mark.parametrize(
+    ("full", "kind"), [("data folder", "sqlite"), ("data folder", "postgres"), ("catalog", "sqlite")]
+)
+def test_a_redaction_on_a_filling_disk_is_refused_or_recorded_and_compact_finishes_its_erasure(
+    tmp_path: Path, small_fs: SmallFs, full: str, kind: str, request: pytest.FixtureRequest
+) -> None:
+    """A secret's redaction while the disk holding the lake's data folder (or its SQLite catalog)
+    has almost no room: tried with 4 KB more free each time until it lands. Each try before that
+    fails on the full disk with nothing recorded; the one that lands either erases the old bytes or
+    is recorded and says in one line that its erasure stopped, where, and that `ledger compact`
+    finishes it once there is room (a second redaction would be refused: it is recorded). While
+    the disk is still full, compact is the full-disk line; with the space back it erases every byte
+    of the secret, and verify reports the one redaction."""
+    from runledger.ledger.integrity import verify_ledger
+    from runledger.ledger.lake import ORPHAN_MIN_AGE_S
+    from runledger.ledger.redaction import is_redacted
+    from runledger.ledger.store import LedgerError
+    from runledger.schemas.durable import disk_full
+    from tests.lake.conftest import Backend
+    from tests.lake.test_redact import SECRET, LakeSite, _note, _vacuum_pending
+    from tests.merkle.test_redaction import _strings_of
+
+    disk = small_fs(8 * 1024)
+    on_disk = full == "data folder"
+    backend = Backend(
+        "sqlite",
+        f"sqlite:{(tmp_path if on_disk else disk) / 'catalog.sqlite'}",
+        (disk if on_disk else tmp_path) / "data",
+    )
+    site = LakeSite(tmp_path, backend)
+    note = _note(site)
+    filler = _fill(disk, 0)
+    size = filler.stat().st_size
+    stopped = None
+    for room_kb in range(0, 2048, 4):
+        os.truncate(filler, max(size - room_kb * 1024, 0))
+        try:
+            site.redact(note)
+        except Exception as exc:
+            if "is recorded" not in str(exc):  # refused before its commit: the full disk, nothing recorded
+                assert disk_full(exc) is not None, repr(exc)
+                assert not is_redacted(str(site.one("SELECT canonical FROM events WHERE id = ?", [note])))
+                continue
+            stopped = str(exc)
+        break
+    assert stopped is not None, "the redaction erased its bytes as soon as it could commit: no window tried"
+    assert isinstance(stopped, str) and "\n" not in stopped
+    found = re.fullmatch(
+        r"commit 1 is recorded, but its erasure stopped: no space left on device writing (?P<path>\S+): "
+        r"free some space there and run `ledger compact` to finish it \(until then the erased rows may "
+        r"still be in the lake's files\)",
+        stopped,
+    )
+    assert found, stopped
+    assert Path(found["path"]).is_relative_to(disk), stopped
+    assert is_redacted(str(site.one("SELECT canonical FROM events WHERE id = ?", [note])))
+
+    os.truncate(filler, size)  # the disk full again: compact says so, and loses nothing
+    code, _, err = _invoke("compact", "--ledger", site.root)
+    assert code == 1 and DISK_FULL.match(err), err
+    filler.unlink()
+    code, out, err = _invoke("compact", "--ledger", site.root)
+    assert code == 0, out + err
+    # DuckDB's own writes that met the full disk (delete files, fences) left empty files that no
+    # snapshot names: they hold no byte, and maintenance deletes them once an hour old (not sooner:
+    # another writer's file is empty, and named by no snapshot, while DuckDB writes it).
+    files = sorted(backend.data.rglob("*.parquet"))
+    empty = [path for path in files if path.stat().st_size == 0]
+    assert SECRET not in _strings_of([path for path in files if path not in empty])
+    assert site.secret_in_catalog() == []
+    assert not _vacuum_pending(backend)
+    hour_ago = time.time() - ORPHAN_MIN_AGE_S - 60
+    for path in empty:
+        os.utime(path, (hour_ago, hour_ago))
+    code, out, err = _invoke("compact", "--ledger", site.root)
+    assert code == 0, out + err
+    assert [path for path in empty if path.exists()] == []
+    with pytest.raises(LedgerError, match="is redacted already"):
+        site.redact(note)
+    report = verify_ledger(site.root, site.vkey)
+    assert report.ok, [p.line() for p in report.problems]
+    assert [r["event_id"] for r in report.redactions] == [note]
