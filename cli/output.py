@@ -221,7 +221,9 @@ def user_errors(ledger: Path | None = None) -> Iterator[None]:
     except ExtensionMissing as exc:  # a wheel the command's extra brings (its line names the extra)
         raise fail(str(exc)) from None
     except LedgerError as exc:
-        if disk_full(exc) is not None:  # (a lake's error in one line, a full disk behind it)
+        # (a lake's error in one line, a full disk behind it; or SQLite's "disk I/O error" where it
+        # could not grow its shared-memory file on a disk with no room)
+        if disk_full(exc) is not None or _io_error_on_a_full_disk(exc, ledger):
             raise disk_full_error(exc, _disk_candidates(ledger)) from None
         message = str(exc)
         hint = ledger_hint(ledger) if ledger is not None and message.startswith("no ledger at") else ""
@@ -236,6 +238,17 @@ def user_errors(ledger: Path | None = None) -> Iterator[None]:
         if disk_full(exc) is None:
             raise
         raise disk_full_error(exc, _disk_candidates(ledger)) from None
+
+
+# Free space under which an I/O error without an errno (SQLite's, through DuckDB) is told as a full disk.
+NEARLY_FULL_BYTES = 1 << 20
+
+
+def _io_error_on_a_full_disk(exc: BaseException, ledger: Path | None) -> bool:
+    if "disk I/O error" not in str(exc):
+        return False
+    usages = [_usage(place) for place in _disk_candidates(ledger)]
+    return any(usage is not None and usage.free < NEARLY_FULL_BYTES for usage in usages)
 
 
 def _disk_candidates(ledger: Path | None) -> list[Path]:

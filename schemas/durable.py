@@ -147,9 +147,10 @@ def disk_full(exc: BaseException) -> BaseException | None:
 
 
 def disk_full_path(found: BaseException) -> str | None:
-    """The file a full-disk error (``disk_full``'s) names: the operating system's, or DuckDB's in its
-    text (``Could not write file "…"``); None where it names none (pyarrow's, a spool's)."""
-    filename = getattr(found, "filename", None)
+    """The file a full-disk error (``disk_full``'s) names: the operating system's (a copy's target,
+    ``filename2``: ``shutil.copyfile`` names its source first), or DuckDB's in its text (``Could not
+    write file "…"``); None where it names none (pyarrow's, a spool's)."""
+    filename = getattr(found, "filename2", None) or getattr(found, "filename", None)
     if filename is None:
         named = re.search(r'file "([^"]+)"', str(found))
         filename = named.group(1) if named else None

@@ -193,3 +193,59 @@ def test_a_redaction_on_a_filling_disk_is_refused_or_recorded_and_compact_finish
     report = verify_ledger(site.root, site.vkey)
     assert report.ok, [p.line() for p in report.problems]
     assert [r["event_id"] for r in report.redactions] == [note]
+
+
+def test_a_publish_to_a_full_destination_names_it_and_a_rerun_finishes_the_upload(
+    tmp_path: Path, small_fs: SmallFs
+) -> None:
+    """DEST on a full disk (the ledger's own disk has room): the line names a file under DEST and
+    DEST's free space, not the ledger's staging folder that the copy reads from (Python's copy
+    names its source first); once there is room the same command finishes, leaves no temporary
+    file, and an outside verifier checks the copy against the log key."""
+    spool, ledger = tmp_path / "spool", tmp_path / "ledger"
+    assert _invoke("simulate", "reference-535b", "--spool", spool, "--steps", "300")[0] == 0
+    assert _invoke("init", "--ledger", ledger, "--allow-unsigned", "*")[0] == 0
+    assert _invoke("ingest", "spool", "--spool", spool, "--ledger", ledger)[0] == 0
+    disk = small_fs(16 * 1024)
+    dest = disk / "site"
+    filler = _fill(disk, 0)
+    code, _, err = _invoke("publish", dest, "--ledger", ledger)
+    assert code == 1, err
+    found = DISK_FULL.match(err)
+    assert found and Path(found["path"]).is_relative_to(dest), err
+    assert "(0 B free of 16.0 MB)" in err, err
+
+    filler.unlink()
+    code, out, err = _invoke("publish", dest, "--ledger", ledger)
+    assert code == 0, out + err
+    assert not [p for p in dest.rglob("*") if "tmp" in p.name], "a temporary file was left in DEST"
+    log_key = ledger / ".keys" / "runledger.pub"
+    code, out, err = _invoke("verify", "--remote", f"file://{dest}", "--log-key", log_key)
+    assert code == 0, out + err
+
+
+def test_a_ledger_on_a_full_disk_is_one_line_for_checkpoint_and_query_and_both_work_once_there_is_room(
+    tmp_path: Path, small_fs: SmallFs
+) -> None:
+    """The whole ledger on a disk with no room: SQLite cannot make the catalog's shared-memory file
+    (its error is "disk I/O error", no errno), so even a read is refused: each command says so as
+    the full disk it is, naming the ledger's disk and its free space, and signs and answers once
+    there is room."""
+    spool = tmp_path / "spool"
+    assert _invoke("simulate", "reference-535b", "--spool", spool, "--steps", "300")[0] == 0
+    disk = small_fs(16 * 1024)
+    ledger = disk / "ledger"
+    assert _invoke("init", "--ledger", ledger, "--allow-unsigned", "*")[0] == 0
+    assert _invoke("ingest", "spool", "--spool", spool, "--ledger", ledger)[0] == 0
+    filler = _fill(disk, 0)
+    for command in (("checkpoint",), ("query", "SELECT count(*) FROM events")):
+        code, _, err = _invoke(*command, "--ledger", ledger)
+        assert code == 1, err
+        found = DISK_FULL.match(err)
+        assert found and Path(found["path"]).is_relative_to(disk) and "(0 B free of 16.0 MB)" in err, err
+
+    filler.unlink()
+    code, out, err = _invoke("checkpoint", "--ledger", ledger)
+    assert code == 0 and out.startswith("signed 3 stream checkpoints"), out + err
+    code, out, err = _invoke("verify", "--ledger", ledger)
+    assert code == 0 and out.startswith("OK: "), out + err
