@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from runledger.cli.output import console, fail, plural, user_errors
+from runledger.cli.output import console, disk_full_error, fail, plural, user_errors
 
 
 def migrate(
@@ -30,6 +30,7 @@ def migrate(
     Example: ledger migrate .runledger/ledger .runledger/lake
     """
     from runledger.ledger.lake_migrate import MigrateError, migrate_into
+    from runledger.schemas.durable import disk_full
 
     # The whole migration or nothing: migrate_into checks OLD before it makes NEW, and removes what it
     # made when a commit fails or the result differs, so a refusal is one line and leaves nothing.
@@ -37,6 +38,8 @@ def migrate(
         try:
             done = migrate_into(old, new, catalog)
         except MigrateError as exc:
+            if disk_full(exc) is not None:  # (NEW is gone again: the line names the disk it was on)
+                raise disk_full_error(exc, [new]) from None
             raise fail(str(exc)) from None
     console.print(
         f"migrated {plural(done.commits, 'commit')} ({plural(done.rows, 'row')}) into {new}: "

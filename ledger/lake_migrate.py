@@ -56,6 +56,7 @@ from runledger.ledger.store import COMMITS
 from runledger.ledger.stream_checkpoints import CHECKPOINTS
 from runledger.schemas import catalogue as c
 from runledger.schemas.codec import Event, decode_event
+from runledger.schemas.durable import disk_full
 
 __all__ = ["MigrateError", "Migration", "OldLedger", "migrate", "migrate_into", "read_old", "table_digests"]
 
@@ -469,7 +470,8 @@ def migrate_into(old_root: Path, new: Path, catalog: str | None = None) -> Migra
             raise MigrateError(f"migrated, but the lake differs: {'; '.join(done.mismatches)}")
     except (LakeError, duckdb.Error) as exc:
         _remove_made(new, made)
-        raise MigrateError(first_line(exc)) from None
+        # (a full disk kept behind it: the command's line names the place and what to do)
+        raise MigrateError(first_line(exc)) from (exc if disk_full(exc) else None)
     except BaseException:
         _remove_made(new, made)
         raise

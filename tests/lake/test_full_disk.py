@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -249,3 +250,32 @@ def test_a_ledger_on_a_full_disk_is_one_line_for_checkpoint_and_query_and_both_w
     assert code == 0 and out.startswith("signed 3 stream checkpoints"), out + err
     code, out, err = _invoke("verify", "--ledger", ledger)
     assert code == 0 and out.startswith("OK: "), out + err
+
+
+def test_a_migration_onto_a_full_disk_is_one_line_leaves_nothing_and_a_rerun_migrates(
+    tmp_path: Path, small_fs: SmallFs
+) -> None:
+    """``ledger migrate`` of the old-format fixture into a folder on a disk with less room than the
+    lake needs, at several sizes: each try is the full-disk line naming that disk (before: DuckDB's
+    "Failed to commit DuckLake transaction." or SQLite's words), and leaves no NEW behind; with room,
+    the same command migrates and the copy verifies against the fixture's log key."""
+    old = tmp_path / "old"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "part-files-ledger" / "ledger", old)
+    disk = small_fs(16 * 1024)
+    new = disk / "new"
+    filler = _fill(disk, 0)
+    size = filler.stat().st_size
+    for room_kb in (0, 64, 256, 512):
+        os.truncate(filler, size - room_kb * 1024)
+        code, _, err = _invoke("migrate", old, new)
+        assert code == 1, err
+        found = DISK_FULL.match(err)
+        assert found and Path(found["path"]).is_relative_to(disk), err
+        assert not new.exists()
+
+    filler.unlink()
+    code, out, err = _invoke("migrate", old, new)
+    assert code == 0 and out.startswith("migrated 8 commits (1511 rows)"), out + err
+    log_key = ROOT / "tests" / "fixtures" / "part-files-ledger" / "log.pub"
+    code, out, err = _invoke("verify", "--ledger", new, "--public-key", log_key)
+    assert code == 0, out + err
