@@ -7,6 +7,7 @@ A "checkpoint" here is a log checkpoint: a signed tree head (C2SP tlog-checkpoin
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -62,16 +63,17 @@ def key_dir(keys: Path | None, ledger: Path) -> Path:
     return found
 
 
-def _log_signing_key(ledger: Path, keys: Path, name: str | None) -> str:
+def _log_signing_key(ledger: Path | Ledger, keys: Path, name: str | None) -> str:
     """The private key a `ledger checkpoint`, `publish` or `redact` signs with: the ledger's log key,
     as its lake records it, from ``keys`` (``--name`` may only name that one); on a lake that records
     none yet (and on part files), chosen without guessing and then recorded (``_chosen_key``). A key
-    folder without the ledger's key, or holding another, is one line naming the keys."""
+    folder without the ledger's key, or holding another, is one line naming the keys. ``ledger``: its
+    folder, or the ledger open already (left open)."""
     from runledger.ledger.log_key import private_keys, recorded_log_key
     from runledger.ledger.store import Ledger
 
     found = private_keys(keys)
-    with Ledger.open(ledger) as opened:
+    with contextlib.nullcontext(ledger) if isinstance(ledger, Ledger) else Ledger.open(ledger) as opened:
         recorded = recorded_log_key(opened)
         if recorded is None:
             chosen = _chosen_key(opened, found, keys, name)
@@ -211,10 +213,11 @@ def checkpoint(
     The key is the ledger's log key (its lake records it), from --keys (default: LEDGER/.keys).
     Example: ledger checkpoint
     """
+    from runledger.ledger.store import Ledger
     from runledger.ledger.stream_checkpoints import sign_checkpoints
 
-    with user_errors(ledger):
-        written = sign_checkpoints(ledger, _log_signing_key(ledger, key_dir(keys, ledger), name))
+    with user_errors(ledger), Ledger.open(ledger) as opened:  # (once: the key is found in it, then signed)
+        written = sign_checkpoints(opened, _log_signing_key(opened, key_dir(keys, ledger), name))
     console.print(f"signed {plural(len(written), 'stream checkpoint')} in {ledger / '_checkpoints'}")
 
 

@@ -26,10 +26,15 @@ def checkpoint_path(root: Path, stream: str) -> Path:
     return root / CHECKPOINTS / (stream.replace("/", "~") + ".txt")
 
 
-def sign_checkpoints(root: str | Path, private_key: str) -> list[Path]:
-    """Sign each stream's current (size, root); write the latest and keep every one signed."""
-    with Ledger.open(root) as ledger:
+def sign_checkpoints(root: str | Path | Ledger, private_key: str) -> list[Path]:
+    """Sign each stream's current (size, root); write the latest and keep every one signed. ``root``:
+    the ledger's folder, or the ledger open already (a command that found its key in it)."""
+    if isinstance(root, Ledger):
+        ledger = root
         heads = sorted(ledger.stream_heads().items())
+    else:
+        with Ledger.open(root) as ledger:
+            heads = sorted(ledger.stream_heads().items())
     signer = parse_private_key(private_key)
     written = []
     for stream, head in heads:
