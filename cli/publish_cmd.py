@@ -70,12 +70,13 @@ def publish(
     Example: AWS_ENDPOINT_URL=http://127.0.0.1:7070 ledger publish s3://public/runledger
     """
     from runledger.ledger.publish import publish as publish_log
+    from runledger.ledger.store import Ledger
     from runledger.ledger.witness import WitnessRefused
 
     dest = _destination(dest)
-    with _one_line(ledger):
+    with _one_line(ledger), Ledger.open(ledger) as opened:  # (once: the key is found in it, then published)
         try:
-            result = publish_log(ledger, dest, _log_signing_key(ledger, key_dir(keys, ledger), None))
+            result = publish_log(opened, dest, _log_signing_key(opened, key_dir(keys, ledger), None))
         except WitnessRefused as exc:
             console.print(f"REFUSED BY A WITNESS: {exc}", style="bold red", highlight=False, markup=False)
             raise typer.Exit(1) from None

@@ -774,11 +774,12 @@ def _check_dest(dest: Dest, state: PublishState) -> None:
         raise PublishError(f"{dest.name}/checkpoint is not the checkpoint last published from this ledger")
 
 
-def publish(root: str | Path, dest: str | Path | Dest, private_key: str) -> PublishResult:
-    """Publish the ledger at ``root`` to ``dest`` (a folder, ``s3://bucket/prefix`` or a ``Dest``):
-    only what is new, safe to kill."""
-    root = Path(root)
-    with Ledger.open(root) as ledger:
+def publish(root: str | Path | Ledger, dest: str | Path | Dest, private_key: str) -> PublishResult:
+    """Publish the ledger at ``root`` (its folder, or the ledger open already) to ``dest`` (a folder,
+    ``s3://bucket/prefix`` or a ``Dest``): only what is new, safe to kill."""
+    if isinstance(root, Ledger):
+        return _publish(root, dest, private_key)
+    with Ledger.open(Path(root)) as ledger:
         return _publish(ledger, dest, private_key)
 
 
