@@ -196,12 +196,6 @@ class Catalog(msgspec.Struct, frozen=True):
     def uri(self) -> str:
         return f"ducklake:{self.kind}:{self.target}"
 
-    @property
-    def one_process(self) -> bool:
-        """Whether one process holds the catalog: never, now (the DuckDB-file kind is withdrawn);
-        kept for callers that still ask."""
-        return False
-
 
 class LakeCommit(msgspec.Struct):
     """What one ``commit`` did: the snapshot it made and the data files it added, or why not."""

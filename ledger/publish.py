@@ -196,7 +196,7 @@ def _lake_stored(ledger: Ledger) -> _Stored:
     listed: list[tuple[str, str, str]] = []  # (table, data file, its name under data/)
     with ledger.lake.reader() as con:
         for table in [*ledger.lake_folder.tables, *SIDE_TABLES]:
-            for data_file, delete_file in lake_file_list(ledger.lake, con, table):
+            for data_file, delete_file in lake_file_list(con, table):
                 if delete_file:  # a raw reader would count the deleted rows: the ledger never deletes
                     raise PublishError(
                         f"lake file {data_file} has deleted rows ({delete_file}): not publishable"

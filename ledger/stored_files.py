@@ -25,7 +25,7 @@ from runledger.ledger.lake import MERGED_PREFIX, LakeError, fetch_object, is_s3,
 from runledger.ledger.parquet_schemas import SIDE_TABLES, TABLES, tables_of
 
 if TYPE_CHECKING:
-    from runledger.ledger.lake import LakeReader, LakeTables
+    from runledger.ledger.lake import LakeReader
     from runledger.ledger.store import Ledger
 
 
@@ -108,7 +108,7 @@ class StoredFiles:
             check.snapshot = con.snapshot
             for table in [*self.tables, *SIDE_TABLES]:
                 files = self._lake_files[table] = []
-                for data_file, delete_file in lake_file_list(lake, con, table):
+                for data_file, delete_file in lake_file_list(con, table):
                     strays = [
                         p for p in (data_file, delete_file) if p and not plain_file_under(lake.data_path, p)
                     ]
@@ -149,12 +149,12 @@ class StoredFiles:
         self.close()
 
 
-def lake_file_list(lake: LakeTables, con: LakeReader, table: str) -> list[tuple[str, str | None]]:
+def lake_file_list(con: LakeReader, table: str) -> list[tuple[str, str | None]]:
     """(data file, its delete file or None) of ``table`` at the snapshot ``con`` is pinned at, by path:
     DuckLake's own list (``ducklake_list_files``), never a glob."""
     rows = con.execute(
         "SELECT data_file, delete_file FROM ducklake_list_files(?, ?) ORDER BY data_file",
-        ["snap" if not lake.catalog.one_process else "lake", table],
+        ["snap", table],
     ).fetchall()
     return [(str(data_file), delete_file or None) for data_file, delete_file in rows]
 

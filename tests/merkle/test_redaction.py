@@ -125,7 +125,7 @@ def _table_files(root: Path, table: str) -> list[Path]:
     with Ledger.open(root) as ledger:
         assert ledger.lake is not None
         with ledger.lake.reader() as con:
-            return [Path(data) for data, _ in lake_file_list(ledger.lake, con, table)]
+            return [Path(data) for data, _ in lake_file_list(con, table)]
 
 
 def _strings_of_table(root: Path, table: str) -> str:
