@@ -116,6 +116,12 @@ def _reader(ledger: Path, snapshot: int | None = None, at_checkpoint: Path | Non
     return reader
 
 
+def _earlier_first(from_step: int | None, to_step: int | None) -> None:
+    """A range of steps given the wrong way round is the user's slip, not an empty answer."""
+    if from_step is not None and to_step is not None and from_step > to_step:
+        raise fail(f"--from-step {from_step} is after --to-step {to_step}: give the earlier step first", 2)
+
+
 def resolve_run(reader, run: str) -> str:
     """The run a RUN argument names: `latest` is the run started most recently (every command that
     takes a run id: history, state, diff, blame, report, plot)."""
@@ -395,9 +401,11 @@ def history(
     full: FullOption = False,
     from_step: Annotated[
         int | None,
-        typer.Option("--from-step", help="Every event from this step on (with --to-step: a range)."),
+        typer.Option("--from-step", min=0, help="Every event from this step on (with --to-step: a range)."),
     ] = None,
-    to_step: Annotated[int | None, typer.Option("--to-step", help="Every event up to this step.")] = None,
+    to_step: Annotated[
+        int | None, typer.Option("--to-step", min=0, help="Every event up to this step.")
+    ] = None,
     every: Annotated[bool, typer.Option("--all", help="Every event of the run, not a summary.")] = False,
     run_only: RunOnlyOption = False,
 ) -> None:
@@ -415,6 +423,7 @@ def history(
     from runledger.ledger.lineage import line_text
 
     fmt = resolve_format(fmt, output)
+    _earlier_first(from_step, to_step)
     with user_errors(ledger):
         reader = _reader(ledger, snapshot, at_checkpoint)
         run = resolve_run(reader, run)
@@ -535,8 +544,8 @@ def state(
 
 def diff(
     run: RunArgument,
-    from_step: Annotated[int, typer.Option("--from-step", help="Earlier step.")],
-    to_step: Annotated[int, typer.Option("--to-step", help="Later step.")],
+    from_step: Annotated[int, typer.Option("--from-step", min=0, help="Earlier step.")],
+    to_step: Annotated[int, typer.Option("--to-step", min=0, help="Later step.")],
     ledger: LedgerOption = DEFAULT_LEDGER,
     snapshot: SnapshotOption = None,
     at_checkpoint: AtCheckpointOption = None,
@@ -554,6 +563,7 @@ def diff(
     Example: ledger diff latest --from-step 50 --to-step 150
     """
     fmt = resolve_format(fmt, output)
+    _earlier_first(from_step, to_step)
     with user_errors(ledger):
         reader = _reader(ledger, snapshot, at_checkpoint)
         run = resolve_run(reader, run)

@@ -270,6 +270,16 @@ def test_diff_speaks_as_history_and_blame_do(ledger: Path) -> None:
     assert "  config unchanged\n" in out
 
 
+@pytest.mark.parametrize("command", ["diff", "history"])
+def test_a_range_of_steps_the_wrong_way_round_is_a_usage_error_not_an_empty_answer(
+    ledger: Path, command: str
+) -> None:
+    code, out = invoke(command, "run-a", "--from-step", "26", "--to-step", "5", "--ledger", ledger)
+    assert (code, out) == (2, "error: --from-step 26 is after --to-step 5: give the earlier step first\n")
+    code, out = invoke(command, "run-a", "--from-step", "-1", "--to-step", "5", "--ledger", ledger)
+    assert code == 2 and "Invalid value for '--from-step'" in out
+
+
 def test_blame_of_a_section_prints_json(ledger: Path) -> None:
     code, out = invoke("blame", "run-a", "moe", "--ledger", ledger)
     assert code == 0
