@@ -43,7 +43,7 @@ import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import duckdb
 import msgspec
@@ -78,10 +78,6 @@ __all__ = [
 ]
 
 CatalogKind = Literal["sqlite", "postgres"]
-_EXTENSIONS: dict[CatalogKind, list[str]] = {
-    "sqlite": ["ducklake", "sqlite_scanner"],
-    "postgres": ["ducklake", "postgres_scanner"],
-}
 ALIAS = "lake"
 POSITIONS = "ledger_positions"
 STATE = "ledger_state"
@@ -155,26 +151,32 @@ class LakeError(RuntimeError):
 
 
 class Catalog(msgspec.Struct, frozen=True):
-    """Where the DuckLake catalog lives: ``sqlite:PATH`` or ``postgres:DSN``."""
+    """Where the DuckLake catalog lives: ``sqlite:PATH`` or ``postgres:DSN``. One class per kind
+    (``SqliteCatalog``, ``PostgresCatalog``), as DuckLake keeps one metadata manager per kind: what
+    differs between them is said here once, and the lake's code asks the catalog, never its kind."""
 
-    kind: CatalogKind
     target: str  # a file path, or a libpq DSN ("dbname=ledger host=127.0.0.1 port=5432 user=postgres")
+    kind: ClassVar[CatalogKind]
+    extensions: ClassVar[tuple[str, ...]]  # the DuckDB extensions that attach it
+    # SQLite lets one writer at a time: writers take turns around their transactions (``CommitTurns``),
+    # move their fences in turn and keep the writer's own tables inlined in the catalog.
+    writers_take_turns: ClassVar[bool] = False
 
-    @classmethod
-    def parse(cls, spec: str) -> Catalog:
+    @staticmethod
+    def parse(spec: str) -> Catalog:
         """``postgres:DSN`` / ``sqlite:PATH``; a bare path ending in .sqlite/.sqlite3/.db is SQLite.
         A DuckDB-file catalog (``duckdb:PATH``, a bare ``.ducklake``/``.duckdb`` path) is refused."""
-        for kind in ("postgres", "sqlite"):
-            if spec.startswith(kind + ":"):
-                target = spec[len(kind) + 1 :]
+        for kind in _CATALOG_KINDS:
+            if spec.startswith(kind.kind + ":"):
+                target = spec[len(kind.kind) + 1 :]
                 if not target:
-                    raise LakeError(f"catalog {spec!r}: nothing after {kind}:")
-                return cls(kind, target)
+                    raise LakeError(f"catalog {spec!r}: nothing after {kind.kind}:")
+                return kind(target)
         if not spec:
             raise LakeError("catalog: empty (give sqlite:PATH or postgres:DSN)")
         suffix = Path(spec).suffix
         if suffix in {".sqlite", ".sqlite3", ".db"}:
-            return cls("sqlite", spec)
+            return SqliteCatalog(spec)
         if spec.startswith("duckdb:") or suffix in {".ducklake", ".duckdb", ""}:
             raise LakeError(f"catalog {spec!r}: {DUCKDB_FILE_REFUSED}")
         raise LakeError(f"catalog {spec!r}: give sqlite:PATH or postgres:DSN")
@@ -185,16 +187,168 @@ class Catalog(msgspec.Struct, frozen=True):
         return f"{self.kind}:{self.target}"
 
     @property
-    def extensions(self) -> list[str]:
-        return _EXTENSIONS[self.kind]
-
-    @property
     def shown(self) -> str:
         """The spec as a message may show it: a DSN's password left out."""
         return re.sub(r"(password\s*=\s*)\S+", r"\1***", self.spec)
 
     def uri(self) -> str:
         return f"ducklake:{self.kind}:{self.target}"
+
+    @property
+    def file(self) -> Path | None:
+        """The catalog's file on this host; None for a server."""
+        return None
+
+    def beside(self, suffix: str) -> Path | None:
+        """A lock file of the lake's own beside the catalog's file; None for a server (its hosts share
+        no folder: the server's own locks serve)."""
+        return None
+
+    def in_folder(self, folder: Path) -> Catalog:
+        """The catalog with its file named from ``folder`` (a ledger's marker keeps it so when it is
+        inside); a server's as it is."""
+        return self
+
+    def resolved_in(self, folder: Path) -> Catalog:
+        """The catalog with a relative file named from ``folder`` joined to it (``in_folder``'s inverse)."""
+        return self
+
+    def attach_options(self) -> str:
+        """What DuckLake's ATTACH is given for this kind, after the lake's own options."""
+        return ""
+
+    def newest_snapshot(
+        self, con: duckdb.DuckDBPyConnection, snapshot: int | None
+    ) -> tuple[int, bool] | None:
+        """(the newest snapshot id, whether ``snapshot`` is still there) read from the catalog's own
+        ``ducklake_snapshot`` table without attaching the lake (attaching it, asking, detaching cost
+        ~45 ms of every read command); None where only DuckLake can be asked."""
+        return None
+
+    def cleanup_cutoff(self, keep_s: float) -> str:
+        """``older_than`` for ``ducklake_cleanup_old_files``: files scheduled for deletion before it go."""
+        return _timestamptz(datetime.now(UTC) - timedelta(seconds=keep_s))
+
+    def compact_storage(self, cur: duckdb.DuckDBPyConnection) -> None:
+        """Rewrite the catalog's storage so rows it deleted leave it, not only its tables; waits
+        ``VACUUM_BUSY_S`` at most for a reader's hold, then a LakeError."""
+        raise NotImplementedError
+
+
+class SqliteCatalog(Catalog, frozen=True):
+    """A SQLite file: the embedded catalog of a ledger on one host."""
+
+    kind: ClassVar[CatalogKind] = "sqlite"
+    extensions: ClassVar[tuple[str, ...]] = ("ducklake", "sqlite_scanner")
+    writers_take_turns: ClassVar[bool] = True
+
+    @property
+    def file(self) -> Path:
+        return Path(self.target)
+
+    def beside(self, suffix: str) -> Path:
+        return Path(self.target + suffix)
+
+    def in_folder(self, folder: Path) -> Catalog:
+        with contextlib.suppress(ValueError):
+            return SqliteCatalog(Path(self.target).resolve().relative_to(folder.resolve()).as_posix())
+        return self
+
+    def resolved_in(self, folder: Path) -> Catalog:
+        return self if self.file.is_absolute() else SqliteCatalog(str(folder / self.target))
+
+    def attach_options(self) -> str:
+        # WAL (kept in the file): readers never wait for a commit, writers only for each other's.
+        # Set by DuckDB's own SQLite: a second SQLite library in this process would drop the
+        # first's POSIX locks on the file whenever it closed it (SQLite's "multiple copies" hazard).
+        return ", METADATA_PARAMETERS MAP {'JOURNAL_MODE': 'wal'}"
+
+    def newest_snapshot(
+        self, con: duckdb.DuckDBPyConnection, snapshot: int | None
+    ) -> tuple[int, bool] | None:
+        # (a SQLite file through DuckDB's own SQLite, never Python's: see ``attach_options``)
+        con.execute(f"ATTACH {_literal(self.target)} AS _lake_catalog (TYPE sqlite, READ_ONLY)")
+        try:
+            row = one_row(
+                con.execute(
+                    "SELECT max(snapshot_id), count(*) FILTER (WHERE snapshot_id = ?) "
+                    "FROM _lake_catalog.ducklake_snapshot",
+                    [snapshot],
+                )
+            )
+        finally:
+            con.execute("DETACH _lake_catalog")
+        if row is None or row[0] is None:
+            raise LakeError(f"{self.target} is not a lake catalog (no snapshot)")
+        return int(row[0]), bool(row[1])
+
+    def cleanup_cutoff(self, keep_s: float) -> str:
+        # DuckLake 1.5.5 compares a SQLite catalog's stored schedule times as text ('2026-12-02
+        # 14:37:18+00') with the parameter's ISO text ('2026-12-02T13:37:24'), so every file scheduled
+        # on the parameter's date or before goes, however recent: measured here, a cleanup with
+        # ``now() - 1 hour`` deleted files scheduled a second before, and pinned readers then counted
+        # 0 rows in them. So the cutoff is the day before the true one: nothing younger than
+        # ``keep_s`` goes, and a file goes at most a day late.
+        cutoff = datetime.now(UTC) - timedelta(seconds=keep_s)
+        return _timestamptz(cutoff.replace(hour=12, minute=0, second=0, microsecond=0) - timedelta(days=1))
+
+    def compact_storage(self, cur: duckdb.DuckDBPyConnection) -> None:
+        # VACUUM (its WAL checkpointed before and after) by another process's SQLite: DuckDB's runs
+        # no statement that returns nothing, and a second SQLite library in this one would drop
+        # DuckDB's locks on the file.
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", _VACUUM_SQLITE, self.target, str(VACUUM_BUSY_S)],
+                capture_output=True,
+                text=True,
+                timeout=VACUUM_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise LakeError(
+                _erasure_pending(self, f"VACUUM did not finish in {VACUUM_TIMEOUT_S} s")
+            ) from None
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+            if "database or disk is full" in last:  # VACUUM writes a whole copy of the file first
+                raise LakeError(
+                    _erasure_pending(self, "VACUUM found no room for its copy", "there is space for it")
+                ) from OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.target)
+            raise LakeError(_erasure_pending(self, f"VACUUM failed ({last})"))
+
+
+class PostgresCatalog(Catalog, frozen=True):
+    """A PostgreSQL database: the catalog of a lake many hosts write."""
+
+    kind: ClassVar[CatalogKind] = "postgres"
+    extensions: ClassVar[tuple[str, ...]] = ("ducklake", "postgres_scanner")
+
+    def compact_storage(self, cur: duckdb.DuckDBPyConnection) -> None:
+        # The two statistics tables rewritten by VACUUM FULL (the server's WAL and backups are its
+        # operator's), through a connection of its own made with PostgreSQL's lock_timeout (a
+        # server-side bound: VACUUM FULL waits for every lock on the table, a reader's included).
+        dsn = with_lock_timeout(self.target, VACUUM_BUSY_S)
+        cur.execute(f"ATTACH {_literal(dsn)} AS _lake_vacuum (TYPE postgres)")
+        try:
+            for table in ("ducklake_file_column_stats", "ducklake_table_column_stats"):
+                try:
+                    cur.execute(
+                        f"CALL postgres_execute('_lake_vacuum', 'VACUUM FULL {table}', use_transaction => false)"
+                    )
+                except duckdb.Error as exc:
+                    if "lock timeout" not in str(exc):
+                        raise
+                    held = f"VACUUM FULL {table} waited {VACUUM_BUSY_S:g} s for a reader's lock"
+                    raise LakeError(_erasure_pending(self, held)) from None
+        finally:
+            cur.execute("DETACH _lake_vacuum")
+
+
+_CATALOG_KINDS: tuple[type[Catalog], ...] = (PostgresCatalog, SqliteCatalog)
+
+
+def _timestamptz(moment: datetime) -> str:
+    return f"TIMESTAMPTZ '{moment.strftime('%Y-%m-%d %H:%M:%S.%f')}+00'"
 
 
 class LakeCommit(msgspec.Struct):
@@ -421,7 +575,7 @@ class MaintenanceLock:
     every statement and every commit hold it shared and maintenance exclusive."""
 
     def __init__(self, catalog: Catalog) -> None:
-        self.path = Path(catalog.target + ".maintain.lock") if catalog.kind == "sqlite" else None
+        self.path = catalog.beside(".maintain.lock")
 
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:
@@ -458,7 +612,7 @@ class CommitTurns:
     A file lock beside the catalog, held from BEGIN to COMMIT, keeps every flush alone."""
 
     def __init__(self, catalog: Catalog) -> None:
-        self.path = Path(catalog.target + ".commit.lock") if catalog.kind == "sqlite" else None
+        self.path = catalog.beside(".commit.lock")
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
@@ -762,9 +916,10 @@ class LakeFolder(msgspec.Struct, frozen=True):
             data = str(folder / data)  # relative to the folder: a copied folder reads its own files
         catalog = obj["catalog"]
         parsed = Catalog.parse(catalog)
-        if parsed.kind != "postgres" and not Path(parsed.target).is_absolute():
-            catalog = f"{parsed.kind}:{folder / parsed.target}"
-        if parsed.kind != "postgres" and not Path(catalog.split(":", 1)[1]).is_file():
+        if parsed.file is not None and not parsed.file.is_absolute():
+            catalog = parsed.resolved_in(folder).spec
+        file = Catalog.parse(catalog).file
+        if file is not None and not file.is_file():
             raise LakeError(missing_catalog(catalog, folder))
         tables = tuple(t for t in obj.get("tables") or TABLES if t in TABLES)
         return cls(folder, catalog, data, str(obj.get("ledger_id") or "ledger"), tables)
@@ -776,8 +931,7 @@ class LakeFolder(msgspec.Struct, frozen=True):
 
     def relative_catalog(self) -> Catalog:
         """The catalog, its file named from the folder when it is inside it."""
-        parsed = Catalog.parse(self.catalog)
-        return parsed if parsed.kind == "postgres" else Catalog(parsed.kind, self._inside(parsed.target))
+        return Catalog.parse(self.catalog).in_folder(self.folder)
 
     def relative_data_path(self) -> str:
         """The data path, named from the folder when it is inside it."""
@@ -836,12 +990,12 @@ def open_snapshot(
     ``lake.<table>`` or not, sees that one moment.
     For a process that only reads (``ledger query``)."""
     spec = Catalog.parse(catalog) if isinstance(catalog, str) else catalog
-    if spec.kind != "postgres" and not Path(spec.target).exists():
+    if spec.file is not None and not spec.file.exists():
         raise LakeError(f"no lake catalog at {spec.target}")
     con = connect_data(spec, data_path, probe=True)
     try:
         where = f"DATA_PATH {_literal(data_path)}, OVERRIDE_DATA_PATH true"
-        known = _catalog_snapshots(con, spec, snapshot)
+        known = spec.newest_snapshot(con, snapshot)
         if known is None:  # PostgreSQL: asked through DuckLake, then attached again pinned
             con.execute(f"ATTACH {_literal(spec.uri())} AS {ALIAS} (READ_ONLY, {where})")
             row = one_row(con.execute(f"FROM {ALIAS}.current_snapshot()"))
@@ -869,32 +1023,6 @@ def open_snapshot(
         con.close()
         raise
     return con, snapshot
-
-
-def _catalog_snapshots(
-    con: duckdb.DuckDBPyConnection, spec: Catalog, snapshot: int | None
-) -> tuple[int, bool] | None:
-    """(the newest snapshot id, whether ``snapshot`` is still there) read from a file catalog's own
-    ``ducklake_snapshot`` table, without attaching the lake (attaching it, asking, detaching cost
-    ~45 ms of every read command); None for PostgreSQL."""
-    if spec.kind == "sqlite":
-        # (a SQLite file through DuckDB's own SQLite, never Python's: see ``_attach_writer``)
-        con.execute(f"ATTACH {_literal(spec.target)} AS _lake_catalog (TYPE sqlite, READ_ONLY)")
-        try:
-            row = one_row(
-                con.execute(
-                    "SELECT max(snapshot_id), count(*) FILTER (WHERE snapshot_id = ?) "
-                    "FROM _lake_catalog.ducklake_snapshot",
-                    [snapshot],
-                )
-            )
-        finally:
-            con.execute("DETACH _lake_catalog")
-    else:
-        return None
-    if row is None or row[0] is None:
-        raise LakeError(f"{spec.target} is not a lake catalog (no snapshot)")
-    return int(row[0]), bool(row[1])
 
 
 # A catalog's file path must be plain: no glob (DuckDB would expand it) and no control character.
@@ -1051,10 +1179,11 @@ class LakeTables:
         self.named_now = False  # whether this instance created the lake and named it so
         self.new_catalog = new_catalog
         # A catalog is made only with a new ledger: attaching a missing one would make it empty.
-        if self.catalog.kind != "postgres" and not new_catalog and not Path(self.catalog.target).is_file():
+        file = self.catalog.file
+        if file is not None and not new_catalog and not file.is_file():
             raise LakeError(f"no lake catalog at {self.catalog.shown}")
-        if self.catalog.kind != "postgres":
-            Path(self.catalog.target).parent.mkdir(parents=True, exist_ok=True)
+        if file is not None:
+            file.parent.mkdir(parents=True, exist_ok=True)
         if "://" not in self.data_path:
             Path(self.data_path).mkdir(parents=True, exist_ok=True)
         self.con = self._retry(self._attach_writer)
@@ -1125,11 +1254,7 @@ class LakeTables:
         # OVERRIDE_DATA_PATH: a lake folder copied or moved (its catalog names the old data path;
         # DuckLake keeps each file's path relative to it) is read and written where it is now.
         options = f"DATA_PATH {_literal(self.data_path)}, OVERRIDE_DATA_PATH true, DATA_INLINING_ROW_LIMIT 0"
-        if self.catalog.kind == "sqlite":
-            # WAL (kept in the file): readers never wait for a commit, writers only for each other's.
-            # Set by DuckDB's own SQLite: a second SQLite library in this process would drop the
-            # first's POSIX locks on the file whenever it closed it (SQLite's "multiple copies" hazard).
-            options += ", METADATA_PARAMETERS MAP {'JOURNAL_MODE': 'wal'}"
+        options += self.catalog.attach_options()
         if not self.new_catalog:  # (a PostgreSQL database without one would be given a new lake)
             options += ", CREATE_IF_NOT_EXISTS false"
         for tries in range(INIT_RACE_RETRIES + 1):
@@ -1141,7 +1266,7 @@ class LakeTables:
                 con.close()
                 text = str(exc)
                 if "creating a new DuckLake is explicitly disabled" in text:
-                    if self.catalog.kind == "sqlite":  # (the file is there: ``__init__`` checked)
+                    if self.catalog.file is not None:  # (the file is there: ``__init__`` checked)
                         raise LakeError(f"lake catalog {self.catalog.shown} holds no lake") from None
                     raise LakeError(f"no lake catalog at {self.catalog.shown}") from None
                 if _lost_init_race(text) and tries < INIT_RACE_RETRIES:
@@ -1488,7 +1613,7 @@ class LakeTables:
         """Inside the transaction: the inlining option set on each committed writer table this commit
         writes that lacks it (``WRITER_INLINED_ROWS``); the tables it holds after COMMIT. One catalog
         read while a table may lack it, none once every one is known to have it."""
-        if self.catalog.kind != "sqlite":  # (deletes of inlined rows are not raced on PostgreSQL here)
+        if not self.catalog.writers_take_turns:  # (deletes of inlined rows are not raced otherwise here)
             return set()
         wanted = {POSITIONS, STATE} | {fence_table(s) for s in positions}
         if wanted <= self._inlined:
@@ -1575,7 +1700,7 @@ class LakeTables:
         """Inside the transaction: check each source's stored next position and move it. A racing
         copy that moves the same fence conflicts at COMMIT (both delete its one row). Each fence's
         position after this commit (every one this writer knows of) is returned."""
-        if self.catalog.kind == "sqlite":
+        if self.catalog.writers_take_turns:
             return self._fence_in_turn(positions)
         stale: dict[str, int] = {}
         for source, (expected, new) in sorted(positions.items()):
@@ -1816,7 +1941,7 @@ class LakeTables:
         snapshot younger than ``keep_s`` answers the same during and after it. Runs on its own
         cursor, so a commit may run beside it in another thread."""
         erased = self.erase_deleted()  # a redaction killed after its commit: finished here
-        older = _cleanup_cutoff(self.catalog.kind, keep_s)
+        older = self.catalog.cleanup_cutoff(keep_s)
         start = self.current_snapshot()
         first_file = self._retry(self._next_file_id)
         with self.maintenance.exclusive() as mine:
@@ -2007,55 +2132,8 @@ class LakeTables:
         operator's to expire. Each waits ``VACUUM_BUSY_S`` at most for a reader's hold; then a
         LakeError, and ``VACUUM_OPTION`` stays set for the next writer or maintenance."""
         self._keep_option(VACUUM_OPTION, "1")
-        if self.catalog.kind == "sqlite":
-            self._vacuum_sqlite()
-        else:
-            self._vacuum_postgres(cur)
+        self.catalog.compact_storage(cur)
         self._retry(lambda: self._drop_option(VACUUM_OPTION))
-
-    def _vacuum_sqlite(self) -> None:
-        # VACUUM by another process's SQLite: DuckDB's runs no statement that returns nothing, and a
-        # second SQLite library in this one would drop DuckDB's locks on the file.
-        try:
-            done = subprocess.run(
-                [sys.executable, "-c", _VACUUM_SQLITE, self.catalog.target, str(VACUUM_BUSY_S)],
-                capture_output=True,
-                text=True,
-                timeout=VACUUM_TIMEOUT_S,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            raise LakeError(
-                _erasure_pending(self.catalog, f"VACUUM did not finish in {VACUUM_TIMEOUT_S} s")
-            ) from None
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
-            if "database or disk is full" in last:  # VACUUM writes a whole copy of the file first
-                raise LakeError(
-                    _erasure_pending(
-                        self.catalog, "VACUUM found no room for its copy", "there is space for it"
-                    )
-                ) from OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.catalog.target)
-            raise LakeError(_erasure_pending(self.catalog, f"VACUUM failed ({last})"))
-
-    def _vacuum_postgres(self, cur: duckdb.DuckDBPyConnection) -> None:
-        # Through a connection of its own, made with PostgreSQL's lock_timeout (a server-side
-        # bound: VACUUM FULL waits for every lock on the table, a reader's included).
-        dsn = with_lock_timeout(self.catalog.target, VACUUM_BUSY_S)
-        cur.execute(f"ATTACH {_literal(dsn)} AS _lake_vacuum (TYPE postgres)")
-        try:
-            for table in ("ducklake_file_column_stats", "ducklake_table_column_stats"):
-                try:
-                    cur.execute(
-                        f"CALL postgres_execute('_lake_vacuum', 'VACUUM FULL {table}', use_transaction => false)"
-                    )
-                except duckdb.Error as exc:
-                    if "lock timeout" not in str(exc):
-                        raise
-                    held = f"VACUUM FULL {table} waited {VACUUM_BUSY_S:g} s for a reader's lock"
-                    raise LakeError(_erasure_pending(self.catalog, held)) from None
-        finally:
-            cur.execute("DETACH _lake_vacuum")
 
     def _maintain(self, older: str, keep_s: float) -> dict[str, int]:
         with contextlib.closing(self.con.cursor()) as cur:
@@ -2229,21 +2307,6 @@ def _call(con: duckdb.DuckDBPyConnection, sql: str) -> Callable[[], list[Any]]:
 
 def _ids(held: list[tuple[str, int]]) -> str:
     return ", ".join(str(i) for _, i in held)
-
-
-def _cleanup_cutoff(kind: CatalogKind, keep_s: float) -> str:
-    """``older_than`` for ``ducklake_cleanup_old_files``: files scheduled for deletion before it go.
-
-    On a SQLite catalog DuckLake 1.5.5 compares the stored schedule times as text
-    ('2026-12-02 14:37:18+00') with the parameter's ISO text ('2026-12-02T13:37:24'), so every file
-    scheduled on the parameter's date or before goes, however recent: measured here, a cleanup with
-    ``now() - 1 hour`` deleted files scheduled a second before, and pinned readers then counted 0 rows
-    in them. There the cutoff is the day before the true one: nothing younger than ``keep_s`` goes,
-    and a file goes at most a day late."""
-    cutoff = datetime.now(UTC) - timedelta(seconds=keep_s)
-    if kind == "sqlite":
-        cutoff = cutoff.replace(hour=12, minute=0, second=0, microsecond=0) - timedelta(days=1)
-    return f"TIMESTAMPTZ '{cutoff.strftime('%Y-%m-%d %H:%M:%S.%f')}+00'"
 
 
 def _file_count(con: duckdb.DuckDBPyConnection) -> int:

@@ -325,7 +325,7 @@ def _foreign_entry(folder: Path, lake: LakeTables) -> Path | None:
     or its still empty data folder."""
     if not folder.is_dir():
         return None
-    catalog = Path(lake.catalog.target) if lake.catalog.kind != "postgres" else None
+    catalog = lake.catalog.file
     data = Path(lake.data_path) if "://" not in lake.data_path else None
     for entry in sorted(folder.iterdir()):
         beside_catalog = catalog is not None and entry.parent.resolve() == catalog.parent.resolve()

@@ -65,11 +65,11 @@ class PinnedFiles(msgspec.Struct, frozen=True):
 def sqlite_snapshot_files(lake: LakeFolder, snapshot: int | None = None) -> PinnedFiles | None:
     """``lake``'s files at ``snapshot`` (default: the newest), read with ``sqlite3``; None where the
     caller must read through DuckLake instead (see the module's text)."""
-    catalog = Catalog.parse(lake.catalog)
-    if catalog.kind != "sqlite" or "://" in lake.data_path:
+    file = Catalog.parse(lake.catalog).file
+    if file is None or "://" in lake.data_path:
         return None
     try:
-        with contextlib.closing(_read_only(Path(catalog.target))) as db:
+        with contextlib.closing(_read_only(file)) as db:
             # One read transaction: every table below is read as of one moment of the file.
             db.execute("BEGIN")
             try:

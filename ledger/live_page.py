@@ -567,9 +567,9 @@ class LedgerWatch:
         record appeared (a writer here), a SQLite catalog's files changed, or ``LAKE_POLL_S`` passed
         (another host's commit, which leaves no sign here)."""
         stamp: list[Any] = [(self.root / COMMITS / f"{self.commit + 1:010d}.json").exists()]
-        catalog = Catalog.parse(lake.catalog)
-        if catalog.kind == "sqlite":
-            for name in (catalog.target, catalog.target + "-wal"):
+        file = Catalog.parse(lake.catalog).file
+        if file is not None:
+            for name in (str(file), f"{file}-wal"):
                 with contextlib.suppress(OSError):
                     info = os.stat(name)
                     stamp.append((info.st_mtime_ns, info.st_size))

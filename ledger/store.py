@@ -906,8 +906,8 @@ def _erasure_stopped(commit: int, exc: BaseException, catalog: Catalog) -> str:
     if full is None:
         return f"commit {commit} is recorded, but {first_line(exc)}"
     where = disk_full_path(full)
-    if where is None and catalog.kind == "sqlite" and "database or disk is full" in str(full):
-        where = catalog.target  # (SQLite's words, through DuckDB, name no file)
+    if where is None and catalog.file is not None and "database or disk is full" in str(full):
+        where = str(catalog.file)  # (SQLite's words, through DuckDB, name no file)
     return (
         f"commit {commit} is recorded, but its erasure stopped: no space left on device"
         f"{f' writing {where}' if where else ''}: free some space there and run `ledger compact` to "
@@ -925,9 +925,9 @@ def _lake_problem(root: Path, folder: LakeFolder | None, exc: BaseException) -> 
         )
     where = str(root)
     if isinstance(exc, duckdb.Error) and folder is not None:
-        catalog = Catalog.parse(folder.catalog)  # (``LakeFolder.read`` parsed it: it parses)
-        if catalog.kind != "postgres":
-            where += f": lake catalog {catalog.target}"
+        file = Catalog.parse(folder.catalog).file  # (``LakeFolder.read`` parsed it: it parses)
+        if file is not None:  # (a server's DSN is not shown: it may hold a password)
+            where += f": lake catalog {file}"
     return f"{where}: {str(exc).strip().splitlines()[0]}"
 
 

@@ -82,13 +82,13 @@ def lake(request: pytest.FixtureRequest, tmp_path: Path, spool: Path, sqlite_lak
     tmp = tmp_path
     if request.param == "sqlite":
         shutil.copytree(sqlite_lake, tmp / "ledger")
-        catalog = Catalog("sqlite", str(tmp / "ledger" / "catalog.sqlite"))
+        catalog = Catalog.parse(f"sqlite:{tmp / 'ledger' / 'catalog.sqlite'}")
     else:
         server = request.getfixturevalue("postgres")
         if isinstance(server, str):
             pytest.skip(server)
         assert isinstance(server, Postgres)
-        catalog = Catalog("postgres", server.database())
+        catalog = Catalog.parse(f"postgres:{server.database()}")
         Ledger.create_on_lake(tmp / "ledger", catalog.spec).close()
         assert _cli("ingest", "spool", "--spool", spool, "--ledger", tmp / "ledger")[0] == 0
     made = Lake(tmp, catalog)
