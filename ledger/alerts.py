@@ -22,7 +22,6 @@ import hashlib
 import http.client
 import json
 import math
-import os
 import socket
 import ssl
 import time
@@ -39,7 +38,7 @@ import msgspec
 
 from runledger.ledger.lake import LakeError, LakeFolder
 from runledger.ledger.query import Reader
-from runledger.ledger.records import COMMITS, LedgerError
+from runledger.ledger.records import LedgerError, newest_commit_number, read_commit_record
 from runledger.schemas.durable import write_durably
 
 ANOMALY_TYPE = "ledger.anomaly"
@@ -517,13 +516,13 @@ class CommitWatch:
     looked_at: float = -math.inf  # time.monotonic() of the last full pass
 
     def worth_a_pass(self, cursor_position: int) -> bool:
-        newest = _newest_commit(Path(self.ledger) / COMMITS)
+        newest = newest_commit_number(Path(self.ledger))
         if newest is None or time.monotonic() - self.looked_at >= self.full_look_s:
             return True
         if newest != self.seen_commit:
             self.seen_commit, self.next_position = (
                 newest,
-                _next_anomaly_position(Path(self.ledger) / COMMITS, newest),
+                _next_anomaly_position(Path(self.ledger), newest),
             )
         return self.next_position is None or self.next_position - 1 > cursor_position
 
@@ -531,21 +530,10 @@ class CommitWatch:
         self.looked_at = time.monotonic()
 
 
-def _newest_commit(folder: Path) -> int | None:
-    """The number of the newest commit record in ``folder`` (None: no records there to go by)."""
-    try:
-        numbers = [
-            int(name[:-5]) for name in os.listdir(folder) if name.endswith(".json") and name[:-5].isdigit()
-        ]
-    except OSError:
-        return None
-    return max(numbers) if numbers else None
-
-
-def _next_anomaly_position(folder: Path, commit: int) -> int | None:
+def _next_anomaly_position(root: Path, commit: int) -> int | None:
     """The position the ledger's next anomaly takes as of ``commit`` (None: unreadable)."""
     try:
-        record = json.loads((folder / f"{commit:010d}.json").read_bytes())
+        record = read_commit_record(root, commit)
         return int(record["positions"].get(ANOMALY_SOURCE, 0))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

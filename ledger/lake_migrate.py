@@ -51,8 +51,8 @@ from runledger.ledger.lake import (
 )
 from runledger.ledger.parquet_schemas import SALTS, TABLES, tables_of
 from runledger.ledger.projectors import FoldState, RowBuffer, rows_for_event
+from runledger.ledger.records import COMMITS, commit_record_paths
 from runledger.ledger.redaction import REDACTED_PREFIX
-from runledger.ledger.store import COMMITS
 from runledger.ledger.stream_checkpoints import CHECKPOINTS
 from runledger.schemas import catalogue as c
 from runledger.schemas.codec import Event, decode_event
@@ -139,7 +139,7 @@ def _json_file(path: Path) -> dict[str, Any]:
 
 def _commit_records(root: Path) -> list[dict[str, Any]]:
     """Every commit record, checked to be numbered 0, 1, ... with none missing."""
-    paths = sorted((root / COMMITS).glob("*.json"))
+    paths = commit_record_paths(root)
     if not paths:
         raise MigrateError(f"{root / COMMITS}: no commit records (an empty or damaged ledger)")
     records: list[dict[str, Any]] = []

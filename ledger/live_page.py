@@ -58,6 +58,7 @@ from runledger.ledger.lake import LAKE_MARKER, Catalog, LakeError, LakeFolder, o
 from runledger.ledger.log_checkpoint import parse_and_verify_checkpoint, parse_checkpoint
 from runledger.ledger.monitor import DEFAULT_DEADLINE_S, MonitorError, check_quorum
 from runledger.ledger.query import QueryError, Reader, RecordHead
+from runledger.ledger.records import COMMITS, commit_record_path, read_commit_record
 from runledger.ledger.remote import RemoteError, default_state_path, fetch_copy, verify_remote
 from runledger.ledger.report import CURVES, MARKER_KINDS, asset, build_report, lineage_title, script_json
 from runledger.ledger.run_search import (
@@ -69,7 +70,6 @@ from runledger.ledger.run_search import (
     parse_time,
     search_runs,
 )
-from runledger.ledger.store import COMMITS
 from runledger.ledger.stream_checkpoints import checkpoint_path
 from runledger.ledger.witness import parse_cosignature_key, verify_cosignatures
 from runledger.schemas import Envelope, decode_event
@@ -524,7 +524,7 @@ class LedgerWatch:
         """Part files: take every commit record written since the last poll, in order."""
         moved = False
         while True:
-            path = self.root / COMMITS / f"{self.commit + 1:010d}.json"
+            path = commit_record_path(self.root, self.commit + 1)
             try:
                 record = json.loads(path.read_bytes())
             except FileNotFoundError:
@@ -566,7 +566,7 @@ class LedgerWatch:
         """Whether to ask the catalog (a connection and an attach): when this folder's next commit
         record appeared (a writer here), a SQLite catalog's files changed, or ``LAKE_POLL_S`` passed
         (another host's commit, which leaves no sign here)."""
-        stamp: list[Any] = [(self.root / COMMITS / f"{self.commit + 1:010d}.json").exists()]
+        stamp: list[Any] = [commit_record_path(self.root, self.commit + 1).exists()]
         file = Catalog.parse(lake.catalog).file
         if file is not None:
             for name in (str(file), f"{file}-wal"):
@@ -1121,7 +1121,7 @@ def _wait_for_files(root: Path, commit: int, wait_s: float = 5.0) -> None:
     if commit < 0:
         return
     try:
-        files = json.loads((root / COMMITS / f"{commit:010d}.json").read_bytes()).get("files", [])
+        files = read_commit_record(root, commit).get("files", [])
     except (OSError, ValueError):
         return
     deadline = time.monotonic() + wait_s

@@ -57,8 +57,9 @@ from runledger.ledger.log_checkpoint import parse_checkpoint, sign_checkpoint
 from runledger.ledger.merkle import EMPTY_ROOT, CompactRange, leaf_hash, verify_consistency
 from runledger.ledger.parquet_schemas import SIDE_TABLES, tables_of
 from runledger.ledger.publish_dest import Dest, FolderDest, open_dest
+from runledger.ledger.records import commit_record_paths
 from runledger.ledger.redaction import entry_digest, is_redacted, read_marker
-from runledger.ledger.store import COMMITS, SALTS, Ledger
+from runledger.ledger.store import SALTS, Ledger
 from runledger.ledger.stored_files import lake_file_list, recorded_sha256
 from runledger.ledger.tiles import (
     MAX_ENTRY_BYTES,
@@ -396,7 +397,7 @@ def _read_commits(stored: _Stored, after: int) -> list[dict[str, Any]]:
     """The commit records after ``after`` (on a lake, up to its snapshot), each with what a publish
     reads: its files, removed files, stream heads, and per appended stream the count of its events."""
     records = []
-    for path in sorted((stored.root / COMMITS).glob("*.json")):
+    for path in commit_record_paths(stored.root):
         if int(path.stem) > after:
             r = _decode_record.decode(path.read_bytes())
             files = r.files

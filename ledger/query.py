@@ -66,7 +66,7 @@ from runledger.ledger.lineage import (
 )
 from runledger.ledger.merkle import CompactRange
 from runledger.ledger.parquet_schemas import lake_columns, tables_of
-from runledger.ledger.records import COMMITS, LedgerError, StreamHead
+from runledger.ledger.records import LedgerError, StreamHead, commit_record_paths
 from runledger.ledger.redaction_marker import REDACTED_PREFIX, is_redacted, read_marker
 from runledger.ledger.sql_guard import (
     QueryLimits,
@@ -959,7 +959,7 @@ def _lake_stream_root(lake: LakeFolder, stream: str, size: int) -> bytes | None:
 def _folder_stream_root(root: Path, stream: str, size: int) -> bytes | None:
     """``Reader.stream_root`` on part files: the newest commit record whose head of ``stream`` has
     ``size`` leaves (records from the newest back, until the stream is shorter)."""
-    for path in sorted((root / COMMITS).glob("*.json"), reverse=True):
+    for path in reversed(commit_record_paths(root)):
         heads = json.loads(path.read_bytes()).get("streams", {})
         head = heads.get(stream)
         if head is None or head["size"] < size:

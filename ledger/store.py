@@ -89,7 +89,14 @@ from runledger.ledger.lake import (
 from runledger.ledger.merkle import CompactRange, leaf_hash
 from runledger.ledger.parquet_schemas import SALTS, SIDE_TABLES, TABLES, Table
 from runledger.ledger.projectors import FoldState, RowBuffer, rows_for_event
-from runledger.ledger.records import COMMITS, LedgerError, StreamHead  # (re-exported: light, for readers)
+from runledger.ledger.records import (  # (re-exported: light, for readers)
+    COMMITS,
+    LedgerError,
+    StreamHead,
+    commit_record_path,
+    commit_record_paths,
+    read_commit_record,
+)
 from runledger.ledger.seen_index import SeenIndex, record_digest, record_key, seen_key
 from runledger.schemas.codec import (
     CONFLICT,
@@ -385,17 +392,17 @@ class Ledger:
                     f"lake commit {commit_id} is not ledger commit {newest + 1}: the lake's records have a gap"
                 )
             record = record | _lake_named(commit_id, snapshot, self.lake.added_files(snapshot))
-            write_durably(self.root / COMMITS / f"{newest + 1:010d}.json", json.dumps(record))
+            write_durably(commit_record_path(self.root, newest + 1), json.dumps(record))
             newest += 1
             copied += 1
         return copied
 
     # ----------------------------------------------------------------- state
     def commit_paths(self) -> list[Path]:
-        return sorted((self.root / COMMITS).glob("*.json"))
+        return commit_record_paths(self.root)
 
     def read_commit(self, number: int) -> dict[str, Any]:
-        return json.loads((self.root / COMMITS / f"{number:010d}.json").read_bytes())
+        return read_commit_record(self.root, number)
 
     def _newest(self, paths: list[Path]) -> dict[str, Any]:
         """The newest commit record of ``paths`` (a sorted listing), parsed once."""
@@ -438,7 +445,7 @@ class Ledger:
 
     def _commit_bytes(self, number: int) -> bytes | None:
         try:
-            return (self.root / COMMITS / f"{number:010d}.json").read_bytes()
+            return commit_record_path(self.root, number).read_bytes()
         except FileNotFoundError:
             return None
 
@@ -622,7 +629,7 @@ class Ledger:
         assert done.snapshot is not None
         record_json |= _lake_named(done.commit_id, done.snapshot, done.files)
         record_text = json.dumps(record_json)
-        write_durably(self.root / COMMITS / f"{number:010d}.json", record_text)
+        write_durably(commit_record_path(self.root, number), record_text)
         self._newest_record = record_json
         self._last_commit = self._folded_commit = number
         self._positions = positions
