@@ -264,9 +264,14 @@ def _disk_candidates(ledger: Path | None) -> list[Path]:
     data, catalog = str(marker.get("data_path") or ""), str(marker.get("catalog") or "")
     if data and "://" not in data:
         out.append(ledger / data if not Path(data).is_absolute() else Path(data))
-    kind, _, target = catalog.partition(":")
-    if kind in ("duckdb", "sqlite") and target:
-        out.append((ledger / target if not Path(target).is_absolute() else Path(target)).parent)
+    from runledger.ledger.lake import Catalog, LakeError  # (a full disk's line only: not on every start)
+
+    try:
+        file = Catalog.parse(catalog).file if catalog else None
+    except LakeError:
+        file = None
+    if file is not None:
+        out.append((file if file.is_absolute() else ledger / file).parent)
     return out
 
 
