@@ -227,8 +227,9 @@ def test_an_unfinished_rename_is_read_as_recovery_would_finish_it(old: Path, tmp
 
 
 def test_migrate_reads_the_old_ledger_without_its_writer() -> None:
-    """lake_migrate takes only the commit folder's name from runledger.ledger.store: nothing of the part-file
-    writer, its compaction, its recovery (all deleted) or its dedupe index."""
+    """lake_migrate takes nothing from runledger.ledger.store: the commit records are read through
+    runledger.ledger.records (the one reader of them), and nothing of the part-file writer, its
+    compaction, its recovery (all deleted) or its dedupe index is used."""
     import runledger.ledger.lake_migrate as module
 
     tree = ast.parse(Path(module.__file__).read_text())
@@ -238,7 +239,10 @@ def test_migrate_reads_the_old_ledger_without_its_writer() -> None:
         if isinstance(node, ast.ImportFrom)
         for alias in node.names
     }
-    assert {name for mod, name in imported if mod == "runledger.ledger.store"} == {"COMMITS"}
+    assert not {name for mod, name in imported if mod == "runledger.ledger.store"}
+    assert {"COMMITS", "commit_record_paths"} <= {
+        name for mod, name in imported if mod == "runledger.ledger.records"
+    }
     assert not {
         mod for mod, _ in imported if mod in {"runledger.ledger.compaction", "runledger.ledger.seen_index"}
     }
