@@ -22,13 +22,15 @@ run. The baseline is ``bench_ledger.pyarrow_ceiling`` over the same values (no e
 hashing, durability), timed in the same process right after. Each size is run ``--repeat`` times;
 medians are printed.
 
-``max_load`` (the fifth router stat of issue 39) has no ``log_router`` field
-(``runledger.client.Run.log_router``), so a user logs it as 48 named scalars a step
-(``router/max_load/L00`` … ``L47``, in the step's ``run.log``). ``--max-load on`` measures that way,
-with the same 48 values a step in the pyarrow baseline's per-layer table (a ``max_load`` column) and
-in its events' JSON; ``both`` (the default) measures with and without them.
+``max_load``, the fifth router stat of issue 39, is measured three ways (``--max-load``, any of them;
+default ``off field``): ``off``, not logged; ``field``, through ``log_router(max_load=…)`` (its
+router field, a ``moe_layer_stats.max_load`` column); ``scalars``, as a user had to log it before
+that field existed, 48 named scalars a step (``router/max_load/L00`` … ``L47``, in the step's
+``run.log``). With either of the last two the pyarrow baseline holds the same 48 values a step in its
+per-layer table (a ``max_load`` column) and in its events' JSON. The part-file format predates the
+field: its store is measured ``off`` and ``scalars`` only.
 
-    python -m bench.bench_peer [--steps 500 1000 2000] [--repeat 3] [--max-load off|on|both]
+    python -m bench.bench_peer [--steps 500 1000 2000] [--repeat 3] [--max-load off field scalars]
                                [--stores new files] [--lake] [--profile FILE]
 """
 
@@ -46,7 +48,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -58,6 +60,8 @@ from runledger.ledger.projectors import STEP_SCALARS
 
 TOKENS = 4096
 MAX_LOAD_NAMES = [f"router/max_load/L{layer:02d}" for layer in range(LAYERS)]  # the workaround's scalars
+MaxLoad = Literal["off", "field", "scalars"]  # how the 48 per-layer max loads are logged (the module's text)
+MAX_LOAD_LABELS: dict[str, str] = {"off": "-", "field": "field", "scalars": "48 sc."}
 
 
 @dataclass
@@ -139,9 +143,9 @@ NEW_LEDGER = "new ledger (lake)"  # Ledger.create on a new folder: the embedded 
 STORE_CHOICES = {"new": NEW_LEDGER, "files": PART_FILES}  # --stores
 
 
-def step_scalars(steps: PeerSteps, max_load: bool) -> list[dict[str, float]]:
-    """Each step's ``run.log`` dict; with ``max_load`` its 48 per-layer values as named scalars."""
-    if not max_load:
+def step_scalars(steps: PeerSteps, max_load: MaxLoad) -> list[dict[str, float]]:
+    """Each step's ``run.log`` dict; with ``max_load`` "scalars" its 48 per-layer values as named scalars."""
+    if max_load != "scalars":
         return steps.scalars
     return [
         values | dict(zip(MAX_LOAD_NAMES, loads, strict=True))
@@ -156,12 +160,12 @@ def run_peer(
     batch_size: int = 5000,
     *,
     store: str = NEW_LEDGER,
-    max_load: bool = False,
+    max_load: MaxLoad = "off",
 ) -> PeerTimes:
     """The client-library path, timed: init → log/log_router → finish → ingest_spool (``store``: a
     lake is on DuckLake with the embedded SQLite catalog, as ``ledger init --catalog sqlite:…``;
     NEW_LEDGER: what ``ledger ingest spool`` makes of a new folder; PART_FILES: the old format).
-    ``max_load``: each step also logs the 48 per-layer max loads as named scalars."""
+    ``max_load``: how each step logs the 48 per-layer max loads (``MaxLoad``)."""
     import runledger
     from runledger.ingest.spool_ingester import ingest_spool
     from runledger.ledger.store import Ledger
@@ -172,6 +176,7 @@ def run_peer(
         Ledger.create_on_lake(ledger_dir, catalog).close()
     n = len(steps.scalars)
     scalars = step_scalars(steps, max_load)  # the user's dicts, built before the clock starts
+    loads = [np.asarray(row) for row in steps.max_load]  # (as a trainer holds them: one array a step)
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     run = runledger.init(
@@ -190,7 +195,10 @@ def run_peer(
             run.config.update({"lr": lr}, cause="schedule", step=step)
         run.log(scalars[i], step=step)
         r = steps.router[i]
-        run.log_router(step, top_k=TOP_K, **r)
+        if max_load == "field":
+            run.log_router(step, top_k=TOP_K, max_load=loads[i], **r)
+        else:
+            run.log_router(step, top_k=TOP_K, **r)
     run.finish()
     t1 = time.perf_counter()
     if run.dropped:
@@ -207,9 +215,9 @@ def run_peer(
     return PeerTimes(t1 - t0, t2 - t1, time.process_time() - cpu0, stats.accepted, stats.metric_values)
 
 
-def values_of(w: Workload, max_load: bool = False) -> int:
+def values_of(w: Workload, max_load: MaxLoad = "off") -> int:
     counted = sum(1 for step in range(1, w.steps + 1) if step in w.expert_counts)
-    per_step = 20 + LAYERS * 5 + (LAYERS if max_load else 0)
+    per_step = 20 + LAYERS * 5 + (LAYERS if max_load != "off" else 0)
     return w.steps * per_step + counted * LAYERS * EXPERTS
 
 
@@ -284,7 +292,7 @@ def pyarrow_ceiling_max_load(work: Path, w: Workload, max_load: list[list[float]
 
 
 def measure(
-    work: Path, n_steps: int, repeat: int, *, store: str = NEW_LEDGER, max_load: bool = False
+    work: Path, n_steps: int, repeat: int, *, store: str = NEW_LEDGER, max_load: MaxLoad = "off"
 ) -> dict[str, Any]:
     w = make_workload(n_steps)
     steps = peer_steps(w)
@@ -298,7 +306,7 @@ def measure(
         peers.append(run_peer(here / "peer", steps, store=store, max_load=max_load))
         (here / "arrow").mkdir()
         cpu0 = time.process_time()
-        if max_load:
+        if max_load != "off":
             ceiling_s, rows = pyarrow_ceiling_max_load(here / "arrow", w, steps.max_load)
         else:
             ceiling_s, rows = pyarrow_ceiling(here / "arrow", w)
@@ -327,7 +335,7 @@ def measure(
 BASELINE_TIMEOUT_S = 3600
 
 
-def measure_part_files(work: Path, n_steps: int, repeat: int, *, max_load: bool) -> dict[str, Any]:
+def measure_part_files(work: Path, n_steps: int, repeat: int, *, max_load: MaxLoad) -> dict[str, Any]:
     """The part-file store's figures, measured by this bench as commit 36b09ff had it (the last with
     that format), in a subprocess on that commit's files: the same workload, client and pyarrow
     baseline, the format's own code."""
@@ -335,7 +343,7 @@ def measure_part_files(work: Path, n_steps: int, repeat: int, *, max_load: bool)
     if not (folder / "bench" / "bench_peer.py").exists():
         unpack_base(folder)
     args = ["--stores", "files", "--steps", str(n_steps), "--repeat", str(repeat)]
-    args += ["--max-load", "on" if max_load else "off", "--json"]
+    args += ["--max-load", "on" if max_load == "scalars" else "off", "--json"]
     env = {**os.environ, "PYTHONPATH": str(folder)}
     done = subprocess.run(
         [sys.executable, "-m", "bench.bench_peer", *args],
@@ -349,7 +357,7 @@ def measure_part_files(work: Path, n_steps: int, repeat: int, *, max_load: bool)
     if done.returncode != 0:
         raise RuntimeError(f"the baseline's bench_peer failed: {done.stderr.strip()[-2000:]}")
     (figures,) = json.loads(done.stdout.strip().splitlines()[-1])
-    return dict(figures)
+    return dict(figures) | {"max_load": max_load}  # (that bench says it as a bool)
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
@@ -360,13 +368,14 @@ def print_table(results: list[dict[str, Any]]) -> None:
     )
     for r in results:
         print(
-            f"{r['store']:>17} {'48 sc.' if r['max_load'] else '-':>8} {r['steps']:6,d} {r['values']:10,d} {r['events']:7,d} {r['log_s']:14.2f} {r['ingest_s']:9.2f} "
+            f"{r['store']:>17} {MAX_LOAD_LABELS[r['max_load']]:>8} {r['steps']:6,d} {r['values']:10,d} {r['events']:7,d} {r['log_s']:14.2f} {r['ingest_s']:9.2f} "
             f"{r['total_s']:13.2f} {r['ceiling_s']:10.2f} {r['ratio']:15.0%}   "
             f"{r['cpu_s']:6.2f} {r['ceiling_cpu_s']:14.2f} {r['cpu_ratio']:10.0%}"
         )
     print("client/pyarrow: the pyarrow time over the client library's end-to-end time (goal >= 50%);")
     print("CPU: process CPU seconds (all threads), the figure that a loaded machine disturbs least")
-    print("max_load '48 sc.': the 48 per-layer max loads logged as named scalars (no router field)")
+    print("max_load: the 48 per-layer max loads not logged (-), through log_router's field (field), or as")
+    print("48 named scalars a step (48 sc., the way before the field; the part-file format knows only this)")
 
 
 def main() -> None:
@@ -387,16 +396,17 @@ def main() -> None:
     )
     parser.add_argument(
         "--max-load",
-        choices=["off", "on", "both"],
-        default="both",
-        help="log the 48 per-layer max loads as named scalars a step (on), not (off), or measure both",
+        nargs="+",
+        choices=["off", "field", "scalars"],
+        default=["off", "field"],
+        help="how the 48 per-layer max loads are logged: not (off), log_router's field, 48 named scalars",
     )
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
     parser.add_argument("--profile", type=Path, help="cProfile one client-library run of the largest size")
     args = parser.parse_args()
     if min(args.steps) < 1 or args.repeat < 1:
         parser.error("--steps and --repeat must be positive")
-    loads = {"off": [False], "on": [True], "both": [False, True]}[args.max_load]
+    loads: list[MaxLoad] = args.max_load
     work = Path(tempfile.mkdtemp(prefix="runledger-peer-"))
     try:
         if args.profile is not None:
@@ -421,6 +431,7 @@ def main() -> None:
             for n in args.steps
             for with_loads in loads
             for store in stores
+            if not (store == PART_FILES and with_loads == "field")  # (the format predates the field)
         ]
         print_table(results)
         if args.json:

@@ -55,6 +55,7 @@ import pyarrow.parquet as pq
 from runledger.ledger.lake import fetch_object, is_s3
 from runledger.ledger.log_checkpoint import parse_checkpoint, sign_checkpoint
 from runledger.ledger.merkle import EMPTY_ROOT, CompactRange, leaf_hash, verify_consistency
+from runledger.ledger.parquet_footer import FooterError, copy_without_trailing_columns
 from runledger.ledger.parquet_schemas import SIDE_TABLES, tables_of
 from runledger.ledger.publish_dest import Dest, FolderDest, open_dest
 from runledger.ledger.records import commit_record_paths
@@ -246,21 +247,33 @@ def _without_lake_columns(path: Path, copy: Path, *, move: bool = False) -> Path
     download of the publish's own, moved to ``copy`` (or deleted once copied)."""
     if copy.exists():  # lake file names are fresh UUIDs and never rewritten: a copy made once holds
         return copy
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    try:  # DuckLake's lineage columns come last: a footer that no longer names them hides them
+        hidden = copy_without_trailing_columns(path, copy, LAKE_INTERNAL)
+    except FooterError:
+        hidden = _reencoded_without_lake_columns(path, copy)
+    if not hidden:
+        return path.replace(copy) if move else path
+    if move:
+        path.unlink()
+    return copy
+
+
+def _reencoded_without_lake_columns(path: Path, copy: Path) -> bool:
+    """``_without_lake_columns`` for a footer ``runledger.ledger.parquet_footer`` does not rewrite:
+    the file read and written again without the lineage columns (False, nothing written: none)."""
     source = pq.ParquetFile(path)
     names = source.schema_arrow.names
     keep = [n for n in names if not n.startswith(LAKE_INTERNAL)]
     if len(keep) == len(names):
-        return path.replace(copy) if move else path
-    copy.parent.mkdir(parents=True, exist_ok=True)
+        return False
     tmp = copy.with_name(copy.name + ".tmp")
     schema = pa.schema([source.schema_arrow.field(n) for n in keep])
     with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
         for group in range(source.num_row_groups):
             writer.write_table(source.read_row_group(group, columns=keep))
     os.replace(tmp, copy)
-    if move:
-        path.unlink()
-    return copy
+    return True
 
 
 # -------------------------------------------------------------------------------------------- entries
