@@ -279,3 +279,31 @@ def test_publish_fetches_each_object_and_refuses_one_not_recorded(
         f"modified: stream ?: {shown}: its bytes are not the SHA-256 its commit record names"
         in verified.output
     )
+
+
+def test_a_merged_s3_lake_publishes_its_files_without_their_lineage(
+    tmp_path: Path, s3: dict[str, str]
+) -> None:
+    """A compacted lake on S3: the merge's files (written by DuckDB, lineage column last) are fetched,
+    checked, and published with their footer rewritten (still DuckDB's bytes); no download is left."""
+    spool = tmp_path / "spool"
+    _cli("simulate", "reference-535b", "--spool", spool, *SMALL)
+    lake, keys = tmp_path / "lake", tmp_path / "keys"
+    data = f"s3://{BUCKET}/merged-{os.getpid()}"
+    init: list[str | Path] = ["init", "--keys", keys, "--allow-unsigned", "*", "--ledger", lake]
+    _cli(*init, "--catalog", f"sqlite:{tmp_path / 'catalog.sqlite'}", "--data", data)
+    _cli("ingest", "spool", "--spool", spool, "--ledger", lake, "--batch-size", "100")
+    assert "merged" in _cli("compact", "--ledger", lake)
+    _cli("publish", tmp_path / "site", "--ledger", lake, "--keys", keys)
+    files = sorted((tmp_path / "site" / "data").rglob("*.parquet"))
+    writers = {pq.ParquetFile(f).metadata.created_by.split(" version")[0] for f in files}
+    assert "DuckDB" in writers, writers  # the merge's files, their footers rewritten (not re-encoded)
+    assert not [f for f in files if any(n.startswith("_ducklake_") for n in pq.read_schema(f).names)]
+    published = pq.read_table(
+        [str(p) for p in files if p.parent.parent.name == "metrics"], partitioning=None
+    ).column("value")
+    with Reader(lake) as reader:
+        values = [row[0] for row in reader.sql("SELECT value FROM _metrics").rows]
+    assert sorted(published.to_pylist()) == sorted(values) and len(values) > 1000
+    left = [p.name for p in (lake / "_publish" / "lake-files").rglob("*") if p.suffix in (".fetched", ".tmp")]
+    assert not left, left
