@@ -6,7 +6,7 @@ becomes ledger events:
   RunStarted     the config given to ``wandb.init`` (``_wandb`` internals dropped), its config_hash,
                  ``external`` = wandb_run_id / wandb_project / wandb_entity / wandb_file
   ConfigChanged  one per mid-run ``config.update`` (RFC 6902 add/replace/remove, cause "api")
-  StepMetrics    one per history row, as the live bridge records it (``runledger.wandb_rows``):
+  StepMetrics    one per history row, as the live bridge records it (``runledger.schemas.wandb_rows``):
                  every number under the name it was logged with, the typed fields (loss, lr,
                  grad_norm, tokens…) filled from it (``train/loss`` → loss); bools as 1/0;
                  NaN/±inf → null (JSON cannot carry them); strings, media, histograms are skipped.
@@ -55,7 +55,7 @@ from runledger.ingest.bus import EventSink
 from runledger.schemas import Envelope, config_hash, make_event
 from runledger.schemas import payloads as p
 from runledger.schemas.launch import Provenance, launch_event, launch_fields
-from runledger.wandb_rows import StepAxis, step_metrics_of_row
+from runledger.schemas.wandb_rows import StepAxis, step_metrics_of_row
 
 log = logging.getLogger("runledger.wandb")
 

@@ -16,7 +16,7 @@ re-import from scratch gives the same ids and bytes: duplicates, never conflicts
                                them), at the row's ``define_metric`` step metric (the run config's
                                ``_wandb.m``: the Hugging Face Trainer's ``train/global_step``), else
                                at W&B's ``_step``; consecutive rows at one step (a train row and its
-                               eval row) are one event. All of it ``runledger.wandb_rows``'s, as the
+                               eval row) are one event. All of it ``runledger.schemas.wandb_rows``'s, as the
                                offline import and the bridge do it
   ``wandb-api:E/P/R/system``   RankStats (rank 0) per system-metrics sample, ``system.*`` keys
 
@@ -58,7 +58,7 @@ from runledger.ingest.wandb_import import RUN_ID_RE, history_values
 from runledger.schemas import config_hash, make_event
 from runledger.schemas import payloads as p
 from runledger.schemas.launch import Provenance, launch_event, launch_fields
-from runledger.wandb_rows import StepAxis, step_metrics_of_row
+from runledger.schemas.wandb_rows import StepAxis, step_metrics_of_row
 
 log = logging.getLogger("runledger.wandb")
 

@@ -12,7 +12,7 @@ What it finds by itself: git commit/branch/dirty of the script's checkout, host,
 the bus from the environment (``open_rank_sink``: the spool, or Kafka with
 ``RUNLEDGER_KAFKA_BOOTSTRAP``; signed with ``RUNLEDGER_PRODUCER_KEY``), and the attempt number
 (``runledger.attempts``). Events are the trainer's own (``runledger.schemas.payloads``), built by the
-same functions (``runledger.step_payloads``) and emitted by the same background emitter
+same functions (``runledger.schemas.step_payloads``) and emitted by the same background emitter
 (``runledger.emitter``), with source ``trainer/<run_id>/a<attempt>/rank<rank>``.
 
 Ranks: run-level events (launch, step metrics, router stats, config changes, checkpoints, finish)
@@ -72,7 +72,7 @@ from runledger.schemas.payloads import (
     RunSummary,
     StepSkipped,
 )
-from runledger.step_payloads import layer_stats_from_arrays, metrics_from_values
+from runledger.schemas.step_payloads import layer_stats_from_arrays, metrics_from_values
 
 log = logging.getLogger("runledger.client")
 

@@ -17,7 +17,7 @@ Each call runs W&B's own code first, then tells a ``runledger`` run (``runledger
                           (``commit=False`` and same-step calls merge; a step below the current one
                           is dropped, as W&B drops it); nested dicts flattened with ``.`` as W&B
                           names them; every value under the name it was logged with, the typed
-                          fields (loss, lr, grad_norm…) filled from it (``runledger.wandb_rows``, as
+                          fields (loss, lr, grad_norm…) filled from it (``runledger.schemas.wandb_rows``, as
                           the importers do); numbers and bools (0/1) kept, NaN/inf as null,
                           strings/media skipped
   ``define_metric``       the row's ledger step is its step metric's value (the Hugging Face
@@ -66,7 +66,7 @@ except ModuleNotFoundError as exc:
 
 from runledger import attempts as attempts_lib
 from runledger import client, host_values
-from runledger.wandb_rows import StepAxis, step_metrics_of_row
+from runledger.schemas.wandb_rows import StepAxis, step_metrics_of_row
 
 log = logging.getLogger("runledger.wandb")
 
@@ -180,7 +180,7 @@ def _user_config(config: Any) -> dict[str, Any]:
 
 
 def _log_row(ledger: client.Run, values: dict[str, float | int | None], step: int) -> None:
-    """One row as ``step.metrics`` at ``step``, its names as logged (``runledger.wandb_rows``); the
+    """One row as ``step.metrics`` at ``step``, its names as logged (``runledger.schemas.wandb_rows``); the
     run's step counter moves as ``Run.log``'s does (its finish reports the last step)."""
     # An empty log moves the run's step counter (its last step, for finish, crash and summary) and
     # sends nothing; the row itself goes to the emitter, since Run.log would rename its keys.

@@ -30,7 +30,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from runledger.step_payloads import report_fields
+from runledger.schemas.step_payloads import report_fields
 from runledger.trainer.telemetry import StepReport
 
 log = logging.getLogger(__name__)

@@ -13,12 +13,12 @@ Router statistics (per MoE layer, summed over the step's micro-batches, on the d
   * z loss: mean over tokens of logsumexp(logits)², likewise before its coefficient;
   * routing entropy: mean over tokens of −Σᵢ pᵢ log pᵢ of the router's softmax (nats);
   * max load: the busiest expert's kept tokens over the mean kept tokens per expert (from the
-    counts, on the host: ``runledger.step_payloads.max_load_of_counts``).
+    counts, on the host: ``runledger.schemas.step_payloads.max_load_of_counts``).
 
 Everything a step reports (loss, squared gradient norm, the router block) is stacked into one
 tensor, all-reduced once across ranks, and read with one ``.tolist()``: one device-to-host transfer.
 
-The payloads are built by ``runledger.step_payloads`` and emitted by ``runledger.emitter``: the same
+The payloads are built by ``runledger.schemas.step_payloads`` and emitted by ``runledger.emitter``: the same
 path the client library (``runledger.init``) uses.
 """
 
@@ -33,7 +33,7 @@ import torch
 # re-exported here for the trainer's callers.
 from runledger.emitter import Emitter, open_rank_sink, rank_spool
 from runledger.schemas.payloads import MoeLayerStats
-from runledger.step_payloads import (
+from runledger.schemas.step_payloads import (
     StepReport,
     finite,
     layer_stats_from_arrays,

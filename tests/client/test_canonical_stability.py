@@ -18,7 +18,7 @@ from runledger import host_values
 from runledger.client import _router_columns, _router_payload
 from runledger.ledger.merkle import leaf_hash, root_from_leaf_hashes
 from runledger.schemas.codec import Event, decode_event, encode_event, make_event
-from runledger.step_payloads import metrics_from_values
+from runledger.schemas.step_payloads import metrics_from_values
 
 LAYERS, EXPERTS = 6, 8
 START = datetime(2026, 12, 6, 12, 0, 0, 123456, tzinfo=UTC)

@@ -14,7 +14,12 @@ import runledger
 from runledger.ledger.lake import EMBEDDED_CATALOG, LAKE_MARKER
 from runledger.schemas.canonical import canonical_bytes
 from runledger.schemas.payloads import MoeLayerStats
-from runledger.step_payloads import StepReport, layer_stats_from_arrays, max_load_of_counts, step_metrics
+from runledger.schemas.step_payloads import (
+    StepReport,
+    layer_stats_from_arrays,
+    max_load_of_counts,
+    step_metrics,
+)
 from tests.client.ledger_support import cli_json, ingest, of_type
 from tests.support.sinks import ListSink
 
@@ -151,7 +156,7 @@ def test_the_mirrors_load_imbalance_is_the_trainers_max_load() -> None:
     """runledger's W&B mirror logs ``router/load_imbalance``; teed back it is the trainer's own
     ``max_load`` step scalar, to the bit."""
     pytest.importorskip("torch")
-    from runledger.step_payloads import metrics_from_values
+    from runledger.schemas.step_payloads import metrics_from_values
     from runledger.trainer.mirror import step_values
 
     counts = np.array([[2, 4, 7], [3, 3, 3]])

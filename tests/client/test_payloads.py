@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from runledger.schemas.payloads import MoeLayerStats, StepMetrics
-from runledger.step_payloads import (
+from runledger.schemas.step_payloads import (
     StepReport,
     layer_stats_from_arrays,
     ledger_names,

@@ -4,7 +4,7 @@ run bridged live and the same run imported later say the same thing.
 
 **Names.** Every value is kept under the name it was logged with (``train/loss`` stays
 ``train/loss``, a named scalar), and the typed fields are filled from the first name that means them
-(``loss``, else ``train/loss``, ``lm loss``…: ``runledger.step_payloads.ALIASES``), so reports and
+(``loss``, else ``train/loss``, ``lm loss``…: ``runledger.schemas.step_payloads.ALIASES``), so reports and
 ``loss``-based answers work for every stack. A name that *is* a typed field (``loss``) is recorded
 once, as the field. Nothing is invented: a step that logged no token count has no ``tokens``.
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runledger.schemas.payloads import StepMetrics
-from runledger.step_payloads import ALIASES, COUNT_FIELDS, STEP_FIELDS
+from runledger.schemas.step_payloads import ALIASES, COUNT_FIELDS, STEP_FIELDS
 
 TYPED_FIELDS = (*STEP_FIELDS, *COUNT_FIELDS)
 # Each typed field's names, the field's own first: the first one a row holds fills the field.
