@@ -420,35 +420,40 @@ def router_collapse(
     standard deviations of the window, so the noise of a router still settling is not one) or an
     entropy collapse (value / median)."""
     found = []
-    size, enough = rule.window_steps, rule.min_steps
+    size, enough, drop_jump, ratio = rule.window_steps, rule.min_steps, rule.drop_jump, rule.entropy_ratio
     by_layer = state.layers.get((stream, attempt), {})
+    isfinite = math.isfinite
+    # (Runs for every layer of every router event: the common case, a value judged fine with no
+    # episode open, touches no median, no metric name and no episode.)
     for layer in stats.layers:
-        windows = by_layer.get(layer.layer) or state.layer_windows(stream, attempt, layer.layer, size)
-        window, entropy_window = windows
+        number = layer.layer
+        window, entropy_window = by_layer.get(number) or state.layer_windows(stream, attempt, number, size)
         rate = layer.token_drop_rate
         # (A jump needs rate > drop_jump, the median being >= 0: most layers never compute it.)
         if len(window) >= enough:
             median = jump = 0.0
-            if rate > rule.drop_jump:
+            if rate > drop_jump:
                 median = statistics.median(window)
                 jump = rate - median
-            tripped = jump > rule.drop_jump and jump > rule.k * MAD_TO_SIGMA * _mad(window, median)
-            metric = _layer_metrics(layer.layer)[0]
-            if (tripped or state.episodes) and state.news(rule, (stream, attempt, metric), tripped):
-                found.append(Finding(rule, metric, rate, median, jump))
+            tripped = jump > drop_jump and jump > rule.k * MAD_TO_SIGMA * _mad(window, median)
+            if tripped or state.episodes:
+                metric = _layer_metrics(number)[0]
+                if state.news(rule, (stream, attempt, metric), tripped):
+                    found.append(Finding(rule, metric, rate, median, jump))
         window.append(rate)
         entropy = layer.routing_entropy
-        if entropy is None or not math.isfinite(entropy):
+        if entropy is None or not isfinite(entropy):
             continue
         # (A collapse needs entropy below ratio × the window's largest: most never compute the median.)
         if len(entropy_window) >= enough:
             median = 0.0
-            if entropy < rule.entropy_ratio * max(entropy_window):
+            if entropy < ratio * max(entropy_window):
                 median = statistics.median(entropy_window)
-            tripped = median > 0 and entropy < rule.entropy_ratio * median
-            metric = _layer_metrics(layer.layer)[1]
-            if (tripped or state.episodes) and state.news(rule, (stream, attempt, metric), tripped):
-                found.append(Finding(rule, metric, entropy, median, entropy / median))
+            tripped = median > 0 and entropy < ratio * median
+            if tripped or state.episodes:
+                metric = _layer_metrics(number)[1]
+                if state.news(rule, (stream, attempt, metric), tripped):
+                    found.append(Finding(rule, metric, entropy, median, entropy / median))
         entropy_window.append(entropy)
     return found
 
