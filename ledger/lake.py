@@ -1523,10 +1523,12 @@ class LakeTables:
             return correct_bounds(con or self.con, ALIAS, LEDGER_TABLES if tables is None else tables)
 
     def _check_bounds_once(self) -> None:
-        """Every table's bounds checked, once per lake (one written before writers kept them)."""
+        """Every table's bounds checked, once per lake (one written before writers kept them). A
+        lake this instance has just made holds no file of a writer that did not keep them."""
         if _has_option(self.con, BOUNDS_OPTION):
             return
-        self._correct_bounds()
+        if not self.named_now:
+            self._correct_bounds()
         self._keep_option(BOUNDS_OPTION, "1")
 
     def _commit_once(
