@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka import errors as kafka_errors
@@ -248,8 +248,11 @@ class _GroupIngester(Ingester):
         self.group_check_due = False
         group = str(self.settings.config["group_id"])
         try:
-            members = _group_members(self.kwargs, group, self.settings.session_timeout_s)
-        except (KafkaError, BrokerUnavailableError) as exc:
+            members = _within(
+                2 * self.settings.session_timeout_s,
+                lambda: _group_members(self.kwargs, group, self.settings.session_timeout_s),
+            )
+        except (KafkaError, BrokerUnavailableError, TimeoutError) as exc:
             log.info("group size not checked: %s", exc)
             return
         counts = {
@@ -415,6 +418,32 @@ def _letter(
     return value, key, headers
 
 
+_T = TypeVar("_T")
+
+
+def _within(timeout_s: float, ask: Callable[[], _T]) -> _T:
+    """``ask()``'s answer, or TimeoutError after ``timeout_s``: kafka-python's blocking calls wait on
+    its IO thread without a bound of their own, and advice must never hold up the ingest loop (an
+    answer that never comes leaves one daemon thread behind, not a stuck ingester)."""
+    answer: list[_T] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            answer.append(ask())
+        except BaseException as exc:  # handed to the caller
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="runledger-ask", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if failed:
+        raise failed[0]
+    if not answer:
+        raise TimeoutError(f"no answer within {timeout_s:g} s")
+    return answer[0]
+
+
 def _group_members(kwargs: dict[str, Any], group: str, timeout_s: float) -> int:
     """How many members consumer group ``group`` has now (one DescribeGroups; its coordinator is
     known, since this consumer was just assigned through it)."""
@@ -533,7 +562,13 @@ def check_topics(
     deadline = time.monotonic() + max(0.0, wait_s)
     with admin_client_for(kwargs, connect_timeout_s, "topic-check") as admin:
         while True:
-            problems = _topic_problems(admin, topics)
+            try:
+                problems = _within(2 * connect_timeout_s, lambda: _topic_problems(admin, topics))
+            except TimeoutError:
+                raise BrokerUnavailableError(
+                    f"Kafka at {describe(kwargs)} did not describe {', '.join(topics)} "
+                    f"within {2 * connect_timeout_s:g} s"
+                ) from None
             if not problems or time.monotonic() >= deadline:
                 break
             time.sleep(min(interval_s, max(0.0, deadline - time.monotonic())))

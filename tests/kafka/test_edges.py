@@ -23,7 +23,7 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 
-from runledger.ingest.kafka_ingester import topic_problem
+from runledger.ingest.kafka_ingester import _within, topic_problem
 from runledger.ingest.kafka_sink import UNDELIVERED_EXIT_CODE
 from runledger.ingest.spool import SpoolReader
 from runledger.ledger.query import Reader
@@ -155,7 +155,10 @@ def test_missing_topic_is_one_line_or_waited_for(kafka_broker, tmp_path: Path) -
     events = workload(2, 40)
     args = ingest_args(ledger, kafka_broker.bootstrap, "edges-wait", missing, "--wait-for-topic", "90")
     admin = KafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap, request_timeout_ms=15000)
-    proc = IngesterProc([*args, "--until-idle", "3"], tmp_path / "ingest.log")
+    # INFO: its assignments are in its log, should it not end (see IngesterProc.wait).
+    proc = IngesterProc(
+        [*args, "--until-idle", "3"], tmp_path / "ingest.log", env={"RUNLEDGER_LOG_LEVEL": "INFO"}
+    )
 
     def create_and_produce() -> None:
         time.sleep(1.0)  # the ingester is starting: most often it is already waiting
@@ -191,6 +194,26 @@ def test_missing_topic_is_one_line_or_waited_for(kafka_broker, tmp_path: Path) -
 def test_topic_problem_reads_kafkas_metadata_answer(described: dict, problem: str | None) -> None:
     """The topic states a single test broker cannot show (no ACLs there): what the metadata says."""
     assert topic_problem(described) == problem
+
+
+def test_advice_asked_of_kafka_is_bounded_by_the_ingester() -> None:
+    """The group-size check asks kafka-python, whose blocking calls wait on its IO thread without a
+    bound of their own: the ingester waits a bounded time, then goes on without the answer."""
+    assert _within(5, lambda: 3) == 3
+
+    def refused() -> int:
+        raise OSError("refused")
+
+    with pytest.raises(OSError, match="refused"):
+        _within(5, refused)
+    never = threading.Event()
+    started = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError, match=r"no answer within 0\.3 s"):
+            _within(0.3, lambda: int(never.wait(60)))
+        assert time.monotonic() - started < 5
+    finally:
+        never.set()  # the left-behind thread ends
 
 
 def test_a_client_run_says_how_many_events_wait_off_kafka(tmp_path: Path) -> None:

@@ -231,7 +231,7 @@ class IngesterProc:
             [LEDGER_BIN, "ingest", "kafka", *args],
             stdout=self._handle,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})},  # SIGABRT: every thread's stack
             cwd=REPO,
         )
 
@@ -247,11 +247,15 @@ class IngesterProc:
 
     def wait(self, timeout: float) -> int:
         """Its exit status; past ``timeout`` it is killed (no ingester outlives its test) and
-        TimeoutExpired raised."""
+        TimeoutExpired raised, with the end of its log."""
         try:
             return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as exc:
+            with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
+                self.proc.send_signal(signal.SIGABRT)  # where it hangs, into its log (faulthandler)
+                self.proc.wait(10)
             self.kill()
+            exc.add_note(f"its log, last lines:\n{self.output()[-4000:]}")  # why it did not end
             raise
         finally:
             self._handle.close()
