@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from kafka import KafkaAdminClient
@@ -166,4 +167,30 @@ def admin_client_for(
         yield admin
     finally:
         with contextlib.suppress(Exception):
-            admin.close()
+            answer_within(connect_timeout_s, admin.close)
+
+
+_T = TypeVar("_T")
+
+
+def answer_within(timeout_s: float, ask: Callable[[], _T]) -> _T:
+    """``ask()``'s answer (or what it raised), or TimeoutError after ``timeout_s``. kafka-python's
+    blocking calls wait on its IO thread without a bound of their own (``close`` joins that thread
+    without one): an answer that never comes leaves one daemon thread behind, not a stuck caller."""
+    answer: list[_T] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            answer.append(ask())
+        except BaseException as exc:  # handed to the caller
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="runledger-ask", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if failed:
+        raise failed[0]
+    if not answer:
+        raise TimeoutError(f"no answer within {timeout_s:g} s")
+    return answer[0]

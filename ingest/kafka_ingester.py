@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka import errors as kafka_errors
@@ -49,6 +49,7 @@ from runledger.ingest.kafka_config import (
     BrokerUnavailableError,
     TopicUnavailableError,
     admin_client_for,
+    answer_within,
     client_kwargs,
     deadletter_topic,
     describe,
@@ -248,7 +249,7 @@ class _GroupIngester(Ingester):
         self.group_check_due = False
         group = str(self.settings.config["group_id"])
         try:
-            members = _within(
+            members = answer_within(
                 2 * self.settings.session_timeout_s,
                 lambda: _group_members(self.kwargs, group, self.settings.session_timeout_s),
             )
@@ -418,32 +419,6 @@ def _letter(
     return value, key, headers
 
 
-_T = TypeVar("_T")
-
-
-def _within(timeout_s: float, ask: Callable[[], _T]) -> _T:
-    """``ask()``'s answer, or TimeoutError after ``timeout_s``: kafka-python's blocking calls wait on
-    its IO thread without a bound of their own, and advice must never hold up the ingest loop (an
-    answer that never comes leaves one daemon thread behind, not a stuck ingester)."""
-    answer: list[_T] = []
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            answer.append(ask())
-        except BaseException as exc:  # handed to the caller
-            failed.append(exc)
-
-    thread = threading.Thread(target=run, name="runledger-ask", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if failed:
-        raise failed[0]
-    if not answer:
-        raise TimeoutError(f"no answer within {timeout_s:g} s")
-    return answer[0]
-
-
 def _group_members(kwargs: dict[str, Any], group: str, timeout_s: float) -> int:
     """How many members consumer group ``group`` has now (one DescribeGroups; its coordinator is
     known, since this consumer was just assigned through it)."""
@@ -563,7 +538,7 @@ def check_topics(
     with admin_client_for(kwargs, connect_timeout_s, "topic-check") as admin:
         while True:
             try:
-                problems = _within(2 * connect_timeout_s, lambda: _topic_problems(admin, topics))
+                problems = answer_within(2 * connect_timeout_s, lambda: _topic_problems(admin, topics))
             except TimeoutError:
                 raise BrokerUnavailableError(
                     f"Kafka at {describe(kwargs)} did not describe {', '.join(topics)} "

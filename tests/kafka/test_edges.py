@@ -23,7 +23,8 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 
-from runledger.ingest.kafka_ingester import _within, topic_problem
+from runledger.ingest.kafka_config import answer_within
+from runledger.ingest.kafka_ingester import topic_problem
 from runledger.ingest.kafka_sink import UNDELIVERED_EXIT_CODE
 from runledger.ingest.spool import SpoolReader
 from runledger.ledger.query import Reader
@@ -199,18 +200,18 @@ def test_topic_problem_reads_kafkas_metadata_answer(described: dict, problem: st
 def test_advice_asked_of_kafka_is_bounded_by_the_ingester() -> None:
     """The group-size check asks kafka-python, whose blocking calls wait on its IO thread without a
     bound of their own: the ingester waits a bounded time, then goes on without the answer."""
-    assert _within(5, lambda: 3) == 3
+    assert answer_within(5, lambda: 3) == 3
 
     def refused() -> int:
         raise OSError("refused")
 
     with pytest.raises(OSError, match="refused"):
-        _within(5, refused)
+        answer_within(5, refused)
     never = threading.Event()
     started = time.monotonic()
     try:
         with pytest.raises(TimeoutError, match=r"no answer within 0\.3 s"):
-            _within(0.3, lambda: int(never.wait(60)))
+            answer_within(0.3, lambda: int(never.wait(60)))
         assert time.monotonic() - started < 5
     finally:
         never.set()  # the left-behind thread ends
