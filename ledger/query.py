@@ -480,8 +480,16 @@ class Reader:
         ).rows[0]
         return None if first is None else (first, last)
 
-    def last_step(self, run_id: str) -> int | None:
-        return self.sql("SELECT max(step) FROM events WHERE stream = ?", [run_id]).rows[0][0]
+    def last_step(self, run_id: str, *, reached: int | None = None) -> int | None:
+        """The run's highest step. ``reached``: a step one of its events is known to hold (a state
+        event's): only rows at or above it are read, so Parquet statistics skip the row groups of
+        every step before it (the whole run's events otherwise: ~1.1M rows for the reference run)."""
+        if reached is None:
+            return self.sql("SELECT max(step) FROM events WHERE stream = ?", [run_id]).rows[0][0]
+        found = self.sql(
+            "SELECT max(step) FROM events WHERE stream = ? AND step >= ?", [run_id, reached]
+        ).rows[0][0]
+        return reached if found is None else found
 
     def state(
         self,
@@ -518,13 +526,13 @@ class Reader:
         # A step at or below a state event's is in range without scanning the run's last step.
         known = max((e.step for e in events if e.step is not None), default=None)
         if step is not None and (step < 0 or known is None or step > known):
-            last = self.last_step(run_id)
+            last = self.last_step(run_id, reached=known)
             if step < 0 or (last is not None and step > last):
                 raise QueryError(f"step {step} is out of range for run {run_id} (steps 0..{last})")
         attempts = attempts_of(events)
         repository = next((a.repository for a in attempts.values() if a.repository), None)
         if step is None and at is None:
-            step = self.last_step(run_id)
+            step = self.last_step(run_id, reached=known)
         if github is None:
             github = self.github_rows(repository, text=github_text)
         state = fold_run(

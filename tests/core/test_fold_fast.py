@@ -87,6 +87,28 @@ def test_state_table_gives_the_answers_of_a_full_scan(tmp_path: Path) -> None:
                 raise AssertionError(f"step {bad} accepted")
 
 
+def test_the_last_step_read_from_a_reached_step_is_the_runs_last_step(tmp_path: Path) -> None:
+    """``last_step(reached=K)`` reads only rows at or above a step K an event holds: the same answer as
+    the whole scan, for every state event's step, also when the run ended below its highest step (a
+    resume went back) and its events arrived in several commits (files)."""
+    run = RunBuilder()
+    run.start()
+    for step in range(1, 101):
+        run.step(step, loss=1 / step)
+        if step % 10 == 0:
+            run.checkpoint(step)
+    run.crash(100)
+    run.resume(50)
+    for step in range(51, 81):
+        run.step(step, loss=1 / step)
+    reader = _ledger(tmp_path / "l", run)
+    assert reader.last_step("run-a") == 100
+    reached = {e.step for e in reader.events("run-a") if e.step is not None}
+    assert {50, 100} <= reached  # the resume and the crash
+    assert {k: reader.last_step("run-a", reached=k) for k in reached} == {k: 100 for k in reached}
+    assert reader.state("run-a").step == 100
+
+
 def test_long_history_is_summarised_and_a_range_is_shown_in_full(tmp_path: Path) -> None:
     reader = _ledger(tmp_path / "l", _long_run())
     items = reader.history("run-a")
