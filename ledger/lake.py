@@ -1072,6 +1072,60 @@ class TableFiles(msgspec.Struct, frozen=True):
 
     paths: list[str]
     partition: str | None = None
+    ids: list[int] = msgspec.field(default_factory=list)  # each path's data_file_id in the catalog
+
+
+class ColumnBounds(msgspec.Struct, frozen=True):
+    """One column's statistics in one data file, as the catalog keeps them
+    (``ducklake_file_column_stats``): its least and greatest value as text (None: no value), how many
+    of its values are NULL, and how many are not (DuckLake's ``value_count``)."""
+
+    min_value: str | None
+    max_value: str | None
+    nulls: int | None
+    values: int | None
+
+    def all_null(self) -> bool:
+        """Whether the file holds no value of the column but NULL."""
+        return self.min_value is None and self.max_value is None and self.values == 0
+
+
+# The columns whose bounds in each data file a reader reads with a snapshot's file list, so that its
+# own statements open only the files that can hold their rows, as DuckLake's own scan does
+# (``runledger.ledger.query.Reader``: a run's last step past a step it reached, and its events admitted
+# unsigned). Numbers and booleans only: DuckLake may keep a text bound cut to a prefix.
+BOUNDED_COLUMNS: dict[str, tuple[str, ...]] = {"events": ("step", "authenticated")}
+
+
+def file_bounds_sql(meta: str = "") -> str:
+    """SQL over a catalog's own tables (``meta``: their schema with its dot, or "" where they are
+    the database's) answering (data file id, column, min, max, nulls, values) for ``BOUNDED_COLUMNS``
+    of every file live at the snapshot bound as ``$snap``."""
+    wanted = " OR ".join(
+        f"(t.table_name = '{table}' AND c.column_name IN ({', '.join(repr(c) for c in columns)}))"
+        for table, columns in BOUNDED_COLUMNS.items()
+    )
+    return (
+        "SELECT s.data_file_id, c.column_name, s.min_value, s.max_value, s.null_count, s.value_count "
+        f"FROM {meta}ducklake_file_column_stats s "
+        f"JOIN {meta}ducklake_data_file f ON f.data_file_id = s.data_file_id AND {live_at_snap('f')} "
+        f"JOIN {meta}ducklake_table t ON t.table_id = f.table_id AND {live_at_snap('t')} "
+        f"JOIN {meta}ducklake_column c ON c.table_id = s.table_id AND c.column_id = s.column_id "
+        f"AND c.parent_column IS NULL AND {live_at_snap('c')} WHERE {wanted}"
+    )
+
+
+def file_bounds(rows: Sequence[Sequence[Any]]) -> dict[int, dict[str, ColumnBounds]]:
+    """``file_bounds_sql``'s rows as data file id -> column -> its bounds."""
+    out: dict[int, dict[str, ColumnBounds]] = {}
+    for file_id, column, low, high, nulls, values in rows:
+        out.setdefault(int(file_id), {})[str(column)] = ColumnBounds(
+            None if low is None else str(low),
+            None if high is None else str(high),
+            None if nulls is None else int(nulls),
+            None if values is None else int(values),
+        )
+    return out
 
 
 _PLAIN_VALUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
@@ -1099,7 +1153,7 @@ def snapshot_files(
     rows = con.execute(
         f"SELECT t.table_name, s.path, s.path_is_relative, t.path, t.path_is_relative, f.path, "
         f"f.path_is_relative, EXISTS (SELECT 1 FROM {meta}.ducklake_delete_file d "
-        f"WHERE d.data_file_id = f.data_file_id AND {live_at_snap('d')}), v.partition_value "
+        f"WHERE d.data_file_id = f.data_file_id AND {live_at_snap('d')}), v.partition_value, f.data_file_id "
         f"FROM {meta}.ducklake_data_file f "
         f"JOIN {meta}.ducklake_table t ON t.table_id = f.table_id AND {live_at_snap('t')} "
         f"JOIN {meta}.ducklake_schema s ON s.schema_id = t.schema_id AND {live_at_snap('s')} "
@@ -1123,14 +1177,26 @@ def table_files(
     data_path: str, rows: Sequence[Sequence[Any]], inlined: set[str]
 ) -> dict[str, TableFiles | None]:
     """Each table's full paths and partition column from a snapshot's file rows (table, schema path,
-    relative?, table path, relative?, file path, relative?, has deletions, first partition value), as
-    the catalog lists them; None: a table with a file carrying deletions, or with rows inlined in the
-    catalog (read through DuckLake)."""
+    relative?, table path, relative?, file path, relative?, has deletions, first partition value, data
+    file id), as the catalog lists them; None: a table with a file carrying deletions, or with rows
+    inlined in the catalog (read through DuckLake)."""
     paths: dict[str, list[str]] = {}
+    ids: dict[str, list[int]] = {}
     named: dict[str, bool] = {}  # table -> every file so far names its partition value
     columns: dict[str, str | None] = {}  # table -> its partition column (None: not a ledger table)
     out: dict[str, TableFiles | None] = dict.fromkeys(inlined)
-    for table, schema_path, schema_rel, table_path, table_rel, path, file_rel, deleted, value in rows:
+    for (
+        table,
+        schema_path,
+        schema_rel,
+        table_path,
+        table_rel,
+        path,
+        file_rel,
+        deleted,
+        value,
+        file_id,
+    ) in rows:
         if table in out:  # (None: read through DuckLake)
             continue
         if deleted:
@@ -1140,6 +1206,7 @@ def table_files(
             data_path, (schema_path, bool(schema_rel)), (table_path, bool(table_rel)), (path, bool(file_rel))
         )
         paths.setdefault(table, []).append(full)
+        ids.setdefault(table, []).append(int(file_id))
         if table not in columns:
             columns[table] = _spec(table).partition if table in TABLES or table in SIDE_TABLES else None
         column = columns[table]
@@ -1148,7 +1215,7 @@ def table_files(
         )
     for table, listed in paths.items():
         if table not in out:
-            out[table] = TableFiles(listed, columns[table] if named[table] else None)
+            out[table] = TableFiles(listed, columns[table] if named[table] else None, ids[table])
     return out
 
 

@@ -26,8 +26,11 @@ import msgspec
 from runledger.ledger.lake import (
     ID_OPTION,
     Catalog,
+    ColumnBounds,
     LakeFolder,
     TableFiles,
+    file_bounds,
+    file_bounds_sql,
     live_at_snap,
     plain_file_under,
     table_files,
@@ -38,7 +41,7 @@ BUSY_TIMEOUT_S = 5.0  # the longest a read waits on a writer's lock before readi
 _FILES_SQL = (
     "SELECT t.table_name, s.path, s.path_is_relative, t.path, t.path_is_relative, f.path, "
     "f.path_is_relative, EXISTS (SELECT 1 FROM ducklake_delete_file d "
-    f"WHERE d.data_file_id = f.data_file_id AND {live_at_snap('d')}), v.partition_value "
+    f"WHERE d.data_file_id = f.data_file_id AND {live_at_snap('d')}), v.partition_value, f.data_file_id "
     "FROM ducklake_data_file f "
     f"JOIN ducklake_table t ON t.table_id = f.table_id AND {live_at_snap('t')} "
     f"JOIN ducklake_schema s ON s.schema_id = t.schema_id AND {live_at_snap('s')} "
@@ -51,7 +54,9 @@ _INLINED_SQL = (
     f"JOIN ducklake_table t ON t.table_id = i.table_id AND {live_at_snap('t')}"
 )
 
-FileRow = tuple[str, str, int, str, int, str, int, int, str | None]
+_BOUNDS_SQL = file_bounds_sql()
+
+FileRow = tuple[str, str, int, str, int, str, int, int, str | None, int]
 
 
 class PinnedFiles(msgspec.Struct, frozen=True):
@@ -60,6 +65,8 @@ class PinnedFiles(msgspec.Struct, frozen=True):
 
     snapshot: int
     files: dict[str, TableFiles | None]
+    # the ``BOUNDED_COLUMNS``' bounds in each file (data file id -> column -> bounds)
+    bounds: dict[int, dict[str, ColumnBounds]] = msgspec.field(default_factory=dict)
 
 
 def sqlite_snapshot_files(lake: LakeFolder, snapshot: int | None = None) -> PinnedFiles | None:
@@ -98,7 +105,7 @@ def _pinned_files(db: sqlite3.Connection, lake: LakeFolder, snapshot: int | None
     # does), and so is a path that is not a plain file under the data path (DuckLake's path refuses it).
     if any(files.get(name, False) is None for name in lake.tables) or not _plain(lake.data_path, files):
         return None
-    return PinnedFiles(pinned, files)
+    return PinnedFiles(pinned, files, file_bounds(db.execute(_BOUNDS_SQL, params).fetchall()))
 
 
 def _plain(data_path: str, files: dict[str, TableFiles | None]) -> bool:

@@ -40,11 +40,15 @@ from runledger.ledger.history import (
 from runledger.ledger.lake import (
     ALIAS,
     Catalog,
+    ColumnBounds,
     LakeError,
     LakeFolder,
     MaintenanceLock,
+    TableFiles,
     attached_ledger_id,
     checkpoint_snapshot,
+    file_bounds,
+    file_bounds_sql,
     is_s3,
     live_at_snap,
     open_snapshot,
@@ -84,7 +88,9 @@ from runledger.ledger.views import (
     empty_rows,
     incident_range_facts,
     incident_ranges_query,
+    lake_rows,
     lake_views_sql,
+    stored_name,
 )
 from runledger.schemas import Envelope, decode_event
 from runledger.schemas import catalogue as c
@@ -167,6 +173,10 @@ class Reader:
         # The tables with a data file (or rows read another way) at a lake's snapshot: a statement
         # over any other answers nothing, so the reader's own is not run (None: a published copy).
         self._tables_with_rows: frozenset[str] | None = None
+        # A lake's files at the snapshot, and the catalog's bounds of ``BOUNDED_COLUMNS`` in each
+        # (``_rows_within``: the reader's own statements open only the files that can hold their rows).
+        self._files: dict[str, TableFiles | None] = {}
+        self._bounds: dict[int, dict[str, ColumnBounds]] = {}
         self.limits = limits if limits is not None else QueryLimits()
         try:
             lake = LakeFolder.read(self.root)
@@ -217,6 +227,7 @@ class Reader:
             self.snapshot = listed.snapshot
             views = lake_views_sql(lake.tables, files=dict(listed.files), rows={}, stored_schema=True)
             self._tables_with_rows = frozenset(name for name in lake.tables if name in listed.files)
+            self._files, self._bounds = dict(listed.files), listed.bounds
         else:
             views = self._ducklake_views(lake, snapshot, at_checkpoint)
         # -- end issue 41
@@ -260,7 +271,12 @@ class Reader:
         # ledger id (a catalog row, no data file read) must be the one LAKE.json names.
         try:
             _same_ledger(pinned, lake)
-            views, self._tables_with_rows = _pinned_views(pinned, lake, self.snapshot)
+            views, self._tables_with_rows, self._files = _pinned_views(pinned, lake, self.snapshot)
+            self._bounds = file_bounds(
+                pinned.execute(
+                    file_bounds_sql(f"__ducklake_metadata_{ALIAS}."), {"snap": self.snapshot}
+                ).fetchall()
+            )
         except (
             duckdb.Error
         ) as exc:  # a damaged SQLite catalog loads, and fails here (DuckDB's file: at attach)
@@ -449,10 +465,14 @@ class Reader:
 
     def unauthenticated(self, run_id: str) -> frozenset[tuple[str, str]]:
         """(source, id) of the run's events admitted unsigned under the ledger's policy (the events
-        table's ``authenticated`` column; Parquet statistics skip the row groups with none)."""
+        table's ``authenticated`` column: only the files whose bounds hold a false are read, and
+        Parquet statistics skip their row groups with none)."""
+        rows_from = self._rows_within("events", "authenticated", _may_hold_false)
+        if rows_from is None:
+            return frozenset()  # (no file holds one: nothing to read)
         try:
             rows = self.sql(
-                "SELECT source, id FROM events WHERE stream = ? AND authenticated = false", [run_id]
+                f"SELECT source, id FROM {rows_from} WHERE stream = ? AND authenticated = false", [run_id]
             ).rows
         except QueryError:  # a ledger from before the column: nothing was admitted unsigned by policy
             return frozenset()
@@ -486,10 +506,33 @@ class Reader:
         every step before it (the whole run's events otherwise: ~1.1M rows for the reference run)."""
         if reached is None:
             return self.sql("SELECT max(step) FROM events WHERE stream = ?", [run_id]).rows[0][0]
+        rows_from = self._rows_within("events", "step", lambda bounds: _may_reach(bounds, reached))
+        if rows_from is None:
+            return reached
         found = self.sql(
-            "SELECT max(step) FROM events WHERE stream = ? AND step >= ?", [run_id, reached]
+            f"SELECT max(step) FROM {rows_from} WHERE stream = ? AND step >= ?", [run_id, reached]
         ).rows[0][0]
         return reached if found is None else found
+
+    def _rows_within(self, table: str, column: str, may_hold: Callable[[ColumnBounds], bool]) -> str | None:
+        """What a statement of the reader's own reads ``table``'s rows from when it wants only rows
+        whose ``column`` ``may_hold`` allows by a file's bounds (the catalog's, read with the
+        snapshot's file list): its view where the reader knows no bounds (a published copy, a table
+        with deletions) or every file may hold such rows; the rows of the files that may, as a
+        subquery; None when no file may (a file without bounds always may)."""
+        listed = self._files.get(table)
+        if listed is None or len(listed.ids) != len(listed.paths):
+            return stored_name(table)
+        kept = [
+            path
+            for path, file_id in zip(listed.paths, listed.ids, strict=True)
+            if (bounds := self._bounds.get(file_id, {}).get(column)) is None or may_hold(bounds)
+        ]
+        if not kept:
+            return None
+        if len(kept) == len(listed.paths):
+            return stored_name(table)
+        return f"({lake_rows(table, ALIAS, {table: TableFiles(kept, listed.partition)})})"
 
     def state(
         self,
@@ -986,16 +1029,31 @@ def _same_ledger(pinned: duckdb.DuckDBPyConnection, lake: LakeFolder) -> None:
         )
 
 
+def _may_reach(bounds: ColumnBounds, step: int) -> bool:
+    """Whether a file whose ``step`` column has ``bounds`` may hold ``step`` or a later one."""
+    if bounds.all_null():
+        return False
+    try:
+        return bounds.max_value is None or int(bounds.max_value) >= step
+    except ValueError:  # (not a number the catalog wrote: the file is read)
+        return True
+
+
+def _may_hold_false(bounds: ColumnBounds) -> bool:
+    """Whether a file whose boolean column has ``bounds`` may hold a false (false sorts first)."""
+    return not bounds.all_null() and bounds.min_value not in ("true", "1")
+
+
 def _pinned_views(
     pinned: duckdb.DuckDBPyConnection, lake: LakeFolder, snapshot: int
-) -> tuple[str, frozenset[str]]:
+) -> tuple[str, frozenset[str], dict[str, TableFiles | None]]:
     """The views over the lake's Parquet files at ``snapshot``, listed on ``pinned`` (the catalog
     attached as ``lake``): each table's files by name; a table whose files carry deletions (a
     redaction's, until its erasure ends) reads them without the deleted rows; a table with rows
     inlined in the catalog (another writer's setting) refuses to be read rather than drop them. The
     names and their meanings are every reader's (``runledger.ledger.views.named_views``), ``lake.<table>``
     the stored rows as when the lake itself is attached as ``lake``. With them, the tables that have
-    rows at the snapshot (files, or rows read another way)."""
+    rows at the snapshot (files, or rows read another way), and each table's files."""
     files = snapshot_files(pinned, lake.data_path, snapshot)
     whole = {name: listed for name, listed in files.items() if listed is not None}
     # Only the ledger's own table names become views: a name is the catalog's text, not ours.
@@ -1016,7 +1074,7 @@ def _pinned_views(
         for name in partial
     }
     views = lake_views_sql(lake.tables, files=whole, rows=rows, stored_schema=True)
-    return views, frozenset(name for name in lake.tables if name in whole or name in rows)
+    return views, frozenset(name for name in lake.tables if name in whole or name in rows), files
 
 
 # Characters a path read by read_parquet must not hold: glob patterns DuckDB expands, and controls.

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from runledger.cli.main import app
 from runledger.ledger.history import HistoryItem, history_range, summarise_history
-from runledger.ledger.query import Reader
+from runledger.ledger.lake import ColumnBounds
+from runledger.ledger.query import Reader, _may_hold_false, _may_reach
 from runledger.ledger.store import Ledger, SourceRecord
 from tests.support.factory import RunBuilder
 
@@ -105,8 +106,30 @@ def test_the_last_step_read_from_a_reached_step_is_the_runs_last_step(tmp_path: 
     assert reader.last_step("run-a") == 100
     reached = {e.step for e in reader.events("run-a") if e.step is not None}
     assert {50, 100} <= reached  # the resume and the crash
-    assert {k: reader.last_step("run-a", reached=k) for k in reached} == {k: 100 for k in reached}
-    assert reader.state("run-a").step == 100
+    # Both ways of listing a snapshot's files (DuckLake's, and the catalog read with sqlite3) know
+    # each file's step bounds: only the files that can hold a step at or above K are read.
+    for listed in (reader, Reader(tmp_path / "l", sqlite3_catalog=True)):
+        assert {k: listed.last_step("run-a", reached=k) for k in reached} == {k: 100 for k in reached}
+        assert listed.state("run-a").step == 100
+        files = listed._files["events"]
+        assert files is not None and len(files.paths) > 1
+        read = listed._rows_within("events", "step", lambda bounds: _may_reach(bounds, 100))
+        assert read is not None and 0 < sum(path in read for path in files.paths) < len(files.paths)
+
+
+def test_a_files_bounds_say_whether_it_can_hold_a_row() -> None:
+    """The catalog's bounds of a file's column (``ducklake_file_column_stats``: text min/max, NULLs,
+    non-NULL values) rule a file out only when they are known."""
+    step = ColumnBounds("10", "20", 0, 11)
+    assert _may_reach(step, 20) and _may_reach(step, 5) and not _may_reach(step, 21)
+    assert not _may_reach(ColumnBounds(None, None, 4, 0), 0)  # every step NULL
+    assert _may_reach(ColumnBounds(None, None, None, None), 10**9)  # nothing known: read it
+    assert _may_reach(ColumnBounds("1", "x", 0, 2), 5)  # not a number: read it
+    assert _may_hold_false(ColumnBounds("false", "true", 0, 2))
+    assert _may_hold_false(ColumnBounds("false", "false", 3, 2))
+    assert not _may_hold_false(ColumnBounds("true", "true", 1, 5))
+    assert not _may_hold_false(ColumnBounds(None, None, 7, 0))  # no registry: every row NULL
+    assert _may_hold_false(ColumnBounds(None, None, None, None))
 
 
 def test_long_history_is_summarised_and_a_range_is_shown_in_full(tmp_path: Path) -> None:
