@@ -105,7 +105,11 @@ def _pinned_files(db: sqlite3.Connection, lake: LakeFolder, snapshot: int | None
     # does), and so is a path that is not a plain file under the data path (DuckLake's path refuses it).
     if any(files.get(name, False) is None for name in lake.tables) or not _plain(lake.data_path, files):
         return None
-    return PinnedFiles(pinned, files, file_bounds(db.execute(_BOUNDS_SQL, params).fetchall()))
+    try:
+        bounds = file_bounds(db.execute(_BOUNDS_SQL, params).fetchall())
+    except sqlite3.Error:  # (bounds only spare reads: without them every file is read)
+        bounds = {}
+    return PinnedFiles(pinned, files, bounds)
 
 
 def _plain(data_path: str, files: dict[str, TableFiles | None]) -> bool:

@@ -272,11 +272,7 @@ class Reader:
         try:
             _same_ledger(pinned, lake)
             views, self._tables_with_rows, self._files = _pinned_views(pinned, lake, self.snapshot)
-            self._bounds = file_bounds(
-                pinned.execute(
-                    file_bounds_sql(f"__ducklake_metadata_{ALIAS}."), {"snap": self.snapshot}
-                ).fetchall()
-            )
+            self._bounds = _pinned_bounds(pinned, self.snapshot)
         except (
             duckdb.Error
         ) as exc:  # a damaged SQLite catalog loads, and fails here (DuckDB's file: at attach)
@@ -1027,6 +1023,17 @@ def _same_ledger(pinned: duckdb.DuckDBPyConnection, lake: LakeFolder) -> None:
         raise QueryError(
             f"{lake.folder}: {replaced_catalog(lake.catalog, lake.folder, stored, lake.ledger_id)}"
         )
+
+
+def _pinned_bounds(pinned: duckdb.DuckDBPyConnection, snapshot: int) -> dict[int, dict[str, ColumnBounds]]:
+    """The ``BOUNDED_COLUMNS``' bounds in each file at ``snapshot``, read on ``pinned`` (the catalog
+    attached as ``lake``); none where the catalog does not answer them (bounds only spare reads:
+    without them every file is read)."""
+    try:
+        sql = file_bounds_sql(f"__ducklake_metadata_{ALIAS}.")
+        return file_bounds(pinned.execute(sql, {"snap": int(snapshot)}).fetchall())
+    except duckdb.Error:
+        return {}
 
 
 def _may_reach(bounds: ColumnBounds, step: int) -> bool:
